@@ -1,0 +1,41 @@
+"""vapo_jax: VAPO (Value-model-based Augmented PPO) for LLM reasoners in JAX/Flax."""
+
+import setuptools
+
+setuptools.setup(
+    name="vapo_jax",
+    version="0.1.0",
+    description="VAPO reinforcement learning for LLM reasoners in JAX / Flax NNX.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["vapo_jax", "vapo_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.10,<0.11",
+        "flax>=0.12.8,<0.13",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12,<0.13",
+        "ml-collections>=1.0,<2",
+        "absl-py>=2.0",
+        "numpy>=1.26",
+        "sympy>=1.13,<2",
+        "safetensors>=0.4",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        # Parity tests use transformers (PyTorch, CPU) as the oracle for the model.
+        "test": [
+            "pytest>=8",
+            "torch>=2.5",
+            "transformers>=5,<6",
+            "tokenizers>=0.20",
+            "pyarrow>=15",
+        ],
+        "hf": ["transformers>=5,<6", "tokenizers>=0.20"],
+        "parquet": ["pyarrow>=15"],
+        "tfds": ["tensorflow-datasets>=4.9"],
+        "tpu": ["jax[tpu]>=0.10,<0.11"],
+        # Peers that benchmarks compare against; not needed to use the package.
+        "bench": ["torch>=2.5", "transformers>=5,<6", "rlax>=0.1.8", "math-verify>=0.7"],
+    },
+)
