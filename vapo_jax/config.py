@@ -1,0 +1,390 @@
+"""The run configuration: `ml_collections.ConfigDict` at the edge, frozen dataclasses inside.
+
+An experiment is one file in `configs/` whose `get_config(preset)` returns a ConfigDict with
+the sections below. `main.py` turns it into a :class:`Config` with :func:`from_config_dict`,
+which checks every field — unknown names, wrong types, values out of range — and raises a
+:class:`ConfigError` naming the field before anything is compiled. Library code only ever
+sees the frozen dataclasses.
+
+Each of VAPO's seven changes is one switch (see `PRESETS` for whole rows of the paper's
+ablation table, and the plain-PPO / GRPO / DAPO baselines):
+
+  value pretraining      value_pretrain.enabled
+  decoupled GAE          rl.decoupled_gae      (critic λ = rl.lam_critic, else the policy's λ)
+  length-adaptive GAE    rl.length_adaptive    (λ_policy = 1 − 1/(α·l), else rl.lam_policy)
+  token-level loss       rl.token_level_loss   (else the per-sequence mean of token means)
+  Clip-Higher            rl.clip_higher        (ε_high = rl.eps_high, else ε_high = ε_low)
+  positive-example NLL   rl.nll_coef           (μ; 0 switches it off)
+  group sampling         rl.group_sampling     (n responses per prompt, else n prompts × 1)
+"""
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+  """A config field is missing, unknown, of the wrong type, or out of range."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+  hf_path: str = ""            # HF checkpoint directory; "" builds a small random model
+  tokenizer: str = "char"      # "char" (built-in, for synthetic tasks) or "hf" (hf_path's)
+  critic_path: str = ""        # optional HF reward model / saved critic to start the critic
+  model_type: str = "qwen2"    # for a model built from the fields below
+  hidden_size: int = 128
+  intermediate_size: int = 384
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 32
+  rope_theta: float = 10000.0
+  tie_word_embeddings: bool = True
+  param_dtype: str = "float32"
+  dtype: str = "float32"
+  remat: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+  source: str = "synthetic"    # synthetic | jsonl | parquet | tfds
+  train_path: str = ""
+  eval_path: str = ""
+  layout: str = ""             # a named layout (e.g. "gsm8k", "math", "dapo", "aime") or ""
+  problem_field: str = ""
+  answer_field: str = ""
+  template: str = "{problem}\n"
+  chat_template: bool = False  # wrap the template in the tokenizer's chat template
+  max_prompt_tokens: int = 64
+  synthetic_min_steps: int = 2
+  synthetic_max_steps: int = 3
+  synthetic_max_operand: int = 9
+  synthetic_ops: str = "+-*"
+  num_train: int = 4096
+  num_eval: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSection:
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  max_new_tokens: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSection:
+  fn: str = "vapo_jax.rewards.math:score"
+  num_workers: int = 0         # 0: score in-process (each check still time-bounded)
+  timeout_s: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+  policy_lr: float = 1e-6
+  critic_lr: float = 2e-6
+  sft_lr: float = 1e-3
+  warmup_steps: int = 0
+  weight_decay: float = 0.01
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  grad_clip: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSection:
+  enabled: bool = False
+  steps: int = 0
+  batch_size: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ValuePretrainSection:
+  enabled: bool = True
+  max_steps: int = 50
+  min_steps: int = 1
+  stop_value_loss: float = 0.0          # stop once the value loss is below this (0: off)
+  stop_explained_variance: float = 1.0  # stop once explained variance reaches this (1: off)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSection:
+  steps: int = 100
+  prompts_per_step: int = 512
+  responses_per_prompt: int = 16
+  group_sampling: bool = True
+  use_critic: bool = True               # False: GRPO/DAPO-style group-relative advantages
+  gamma: float = 1.0
+  decoupled_gae: bool = True
+  lam_critic: float = 1.0
+  length_adaptive: bool = True
+  alpha: float = 0.05
+  lam_policy: float = 0.95              # λ_policy when length_adaptive is off
+  token_level_loss: bool = True
+  clip_higher: bool = True
+  eps_low: float = 0.2
+  eps_high: float = 0.28
+  dual_clip: float = 0.0                # c of dual-clip PPO; 0: off
+  nll_coef: float = 0.1                 # μ of the positive-example NLL; 0: off
+  nll_threshold: float = 1.0            # a response is correct when its score >= this
+  group_std_norm: bool = True           # GRPO: divide by the group's std (without a critic)
+  whiten_advantages: bool = False
+  value_clip: float = 0.0               # PPO value clipping range; 0: off
+  ppo_epochs: int = 1
+  num_minibatches: int = 1
+  micro_batch_size: int = 0             # 0: the whole mini-batch at once
+  gae_impl: str = "blocked"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+  data: int = 1
+  fsdp: int = -1
+  tensor: int = 1
+  rules: tuple = ()                     # () = vapo_jax.sharding.DEFAULT_RULES
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+  every: int = 0                        # RL steps between evaluations; 0: start and end only
+  num_examples: int = 256
+  samples_per_problem: int = 4          # k of avg@k and pass@k
+  batch_prompts: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  seed: int = 0
+  log_every: int = 1
+  model: ModelSection = ModelSection()
+  data: DataSection = DataSection()
+  sampling: SamplingSection = SamplingSection()
+  reward: RewardSection = RewardSection()
+  optim: OptimSection = OptimSection()
+  sft: SFTSection = SFTSection()
+  value_pretrain: ValuePretrainSection = ValuePretrainSection()
+  rl: RLSection = RLSection()
+  mesh: MeshSection = MeshSection()
+  eval: EvalSection = EvalSection()
+
+  # ---- derived quantities (one place, so every caller agrees)
+  @property
+  def responses_per_prompt(self) -> int:
+    return self.rl.responses_per_prompt if self.rl.group_sampling else 1
+
+  @property
+  def prompts_per_step(self) -> int:
+    """Without group sampling the same generation budget goes to n× more prompts."""
+    rl = self.rl
+    return rl.prompts_per_step if rl.group_sampling else rl.prompts_per_step * rl.responses_per_prompt
+
+  @property
+  def eps_high(self) -> float:
+    return self.rl.eps_high if self.rl.clip_higher else self.rl.eps_low
+
+  @property
+  def loss_mode(self) -> str:
+    return "token" if self.rl.token_level_loss else "seq_mean_token_mean"
+
+
+def default_config_dict() -> ml_collections.ConfigDict:
+  """A ConfigDict holding every field at its default (configs/*.py start from it)."""
+  return ml_collections.ConfigDict(_to_dict(Config()))
+
+
+# Whole rows of the paper's ablation table, and the baselines, as field overrides.
+PRESETS: dict[str, dict[str, Any]] = {
+    "vapo": {},
+    "no_value_pretrain": {"value_pretrain.enabled": False},
+    "no_decoupled_gae": {"rl.decoupled_gae": False},
+    "no_length_adaptive": {"rl.length_adaptive": False},
+    "no_clip_higher": {"rl.clip_higher": False},
+    "no_token_level_loss": {"rl.token_level_loss": False},
+    "no_positive_nll": {"rl.nll_coef": 0.0},
+    "no_group_sampling": {"rl.group_sampling": False},
+    # Plain PPO (as in the paper's first row): λ = 0.95 for both, per-sequence loss,
+    # symmetric clipping, no NLL, no value pretraining, one response per prompt.
+    "ppo": {"value_pretrain.enabled": False, "rl.decoupled_gae": False,
+            "rl.length_adaptive": False, "rl.lam_policy": 0.95,
+            "rl.token_level_loss": False, "rl.clip_higher": False, "rl.nll_coef": 0.0,
+            "rl.group_sampling": False},
+    # GRPO: no critic, group-normalised advantages, per-sequence loss, symmetric clipping.
+    "grpo": {"rl.use_critic": False, "value_pretrain.enabled": False,
+             "rl.token_level_loss": False, "rl.clip_higher": False, "rl.nll_coef": 0.0,
+             "rl.group_std_norm": True},
+    # DAPO (without dynamic sampling / overlong shaping): GRPO + token-level + Clip-Higher.
+    "dapo": {"rl.use_critic": False, "value_pretrain.enabled": False,
+             "rl.token_level_loss": True, "rl.clip_higher": True, "rl.nll_coef": 0.0,
+             "rl.group_std_norm": True},
+}
+
+
+def apply_preset(config: ml_collections.ConfigDict, preset: str) -> ml_collections.ConfigDict:
+  """Applies a named preset (see PRESETS) to a ConfigDict, in place; returns it."""
+  if preset not in PRESETS:
+    raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+  for dotted, value in PRESETS[preset].items():
+    section, name = dotted.split(".")
+    config[section][name] = value
+  return config
+
+
+def from_config_dict(config: ml_collections.ConfigDict | dict) -> Config:
+  """Checks a ConfigDict in full and freezes it into a :class:`Config`.
+
+  Raises:
+    ConfigError: naming the first bad field (`config.rl.eps_low=1.5: must be in [0, 1)`).
+  """
+  if isinstance(config, ml_collections.ConfigDict):
+    config = config.to_dict()
+  cfg = _build(Config, config, "config")
+  validate(cfg)
+  return cfg
+
+
+def validate(cfg: Config) -> None:
+  """Range and consistency checks; raises ConfigError naming the field."""
+
+  def need(ok, field, value, allowed):
+    if not ok:
+      raise ConfigError(f"config.{field}={value!r}: must be {allowed}")
+
+  m, d, s, r, o, rl = cfg.model, cfg.data, cfg.sampling, cfg.reward, cfg.optim, cfg.rl
+  need(cfg.log_every >= 1, "log_every", cfg.log_every, ">= 1")
+  need(m.tokenizer in ("char", "hf"), "model.tokenizer", m.tokenizer, '"char" or "hf"')
+  need(m.tokenizer == "char" or m.hf_path, "model.tokenizer", m.tokenizer,
+       '"char" unless model.hf_path is set')
+  for name in ("param_dtype", "dtype"):
+    need(getattr(m, name) in ("float32", "bfloat16", "float16"), f"model.{name}",
+         getattr(m, name), "float32, bfloat16 or float16")
+  if not m.hf_path:
+    need(m.model_type in ("qwen2", "qwen3", "llama"), "model.model_type", m.model_type,
+         "qwen2, qwen3 or llama")
+    for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim"):
+      need(getattr(m, name) >= 1, f"model.{name}", getattr(m, name), ">= 1")
+    need(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", m.num_kv_heads,
+         f"a divisor of model.num_heads={m.num_heads}")
+  need(d.source in ("synthetic", "jsonl", "parquet", "tfds"), "data.source", d.source,
+       "synthetic, jsonl, parquet or tfds")
+  need(d.source == "synthetic" or d.train_path, "data.train_path", d.train_path,
+       f"set for data.source={d.source!r}")
+  need("{problem}" in d.template, "data.template", d.template, 'a format string with "{problem}"')
+  need(d.max_prompt_tokens >= 1, "data.max_prompt_tokens", d.max_prompt_tokens, ">= 1")
+  need(d.num_train >= 1 and d.num_eval >= 1, "data.num_train", d.num_train,
+       ">= 1 (and data.num_eval >= 1)")
+  need(s.temperature > 0, "sampling.temperature", s.temperature, "> 0")
+  need(0 < s.top_p <= 1, "sampling.top_p", s.top_p, "in (0, 1]")
+  need(s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0: off)")
+  need(s.max_new_tokens >= 1, "sampling.max_new_tokens", s.max_new_tokens, ">= 1")
+  need(":" in r.fn, "reward.fn", r.fn, '"module:function"')
+  need(r.num_workers >= 0, "reward.num_workers", r.num_workers, ">= 0")
+  need(r.timeout_s > 0, "reward.timeout_s", r.timeout_s, "> 0")
+  for name in ("policy_lr", "critic_lr", "sft_lr", "weight_decay", "grad_clip"):
+    need(getattr(o, name) >= 0, f"optim.{name}", getattr(o, name), ">= 0")
+  need(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, ">= 0")
+  need(0 <= o.b1 < 1 and 0 <= o.b2 < 1, "optim.b1", o.b1, "in [0, 1) (and optim.b2 too)")
+  need(not cfg.sft.enabled or cfg.sft.steps >= 1, "sft.steps", cfg.sft.steps,
+       ">= 1 when sft.enabled")
+  need(cfg.sft.batch_size >= 1, "sft.batch_size", cfg.sft.batch_size, ">= 1")
+  vp = cfg.value_pretrain
+  need(vp.max_steps >= vp.min_steps >= 0, "value_pretrain.min_steps", vp.min_steps,
+       f"in [0, value_pretrain.max_steps={vp.max_steps}]")
+  need(not (vp.enabled and not rl.use_critic), "value_pretrain.enabled", vp.enabled,
+       "False when rl.use_critic is False (there is no critic to pretrain)")
+  need(rl.steps >= 0, "rl.steps", rl.steps, ">= 0")
+  need(rl.prompts_per_step >= 1, "rl.prompts_per_step", rl.prompts_per_step, ">= 1")
+  need(rl.responses_per_prompt >= 1, "rl.responses_per_prompt", rl.responses_per_prompt, ">= 1")
+  need(rl.use_critic or cfg.responses_per_prompt >= 2, "rl.responses_per_prompt",
+       rl.responses_per_prompt, ">= 2 with rl.group_sampling when rl.use_critic is False "
+       "(group-relative advantages need a group)")
+  need(0 < rl.gamma <= 1, "rl.gamma", rl.gamma, "in (0, 1]")
+  need(0 <= rl.lam_critic <= 1, "rl.lam_critic", rl.lam_critic, "in [0, 1]")
+  need(0 <= rl.lam_policy <= 1, "rl.lam_policy", rl.lam_policy, "in [0, 1]")
+  need(rl.alpha > 0, "rl.alpha", rl.alpha, "> 0")
+  need(0 <= rl.eps_low < 1, "rl.eps_low", rl.eps_low, "in [0, 1)")
+  need(rl.eps_high >= 0, "rl.eps_high", rl.eps_high, ">= 0")
+  need(rl.dual_clip == 0 or rl.dual_clip > 1, "rl.dual_clip", rl.dual_clip, "0 (off) or > 1")
+  need(rl.nll_coef >= 0, "rl.nll_coef", rl.nll_coef, ">= 0")
+  need(rl.value_clip >= 0, "rl.value_clip", rl.value_clip, ">= 0 (0: off)")
+  need(rl.ppo_epochs >= 1, "rl.ppo_epochs", rl.ppo_epochs, ">= 1")
+  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  need(rl.num_minibatches >= 1 and rows % rl.num_minibatches == 0, "rl.num_minibatches",
+       rl.num_minibatches, f"a divisor of the rollout batch ({rows} responses)")
+  mini = rows // rl.num_minibatches
+  need(rl.micro_batch_size >= 0 and (rl.micro_batch_size == 0 or mini % rl.micro_batch_size == 0),
+       "rl.micro_batch_size", rl.micro_batch_size,
+       f"0 or a divisor of the mini-batch ({mini} responses)")
+  need(rl.gae_impl in ("scan", "associative", "blocked"), "rl.gae_impl", rl.gae_impl,
+       "scan, associative or blocked")
+  mesh = cfg.mesh
+  sizes = (mesh.data, mesh.fsdp, mesh.tensor)
+  need(all(x == -1 or x >= 1 for x in sizes) and sizes.count(-1) <= 1, "mesh", sizes,
+       "sizes >= 1 with at most one -1 (data, fsdp, tensor)")
+  for rule in mesh.rules:
+    need(isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str),
+         "mesh.rules", rule, "(logical name, mesh axes) pairs")
+  e = cfg.eval
+  need(e.every >= 0, "eval.every", e.every, ">= 0")
+  need(e.num_examples >= 1 and e.samples_per_problem >= 1 and e.batch_prompts >= 1,
+       "eval.num_examples", e.num_examples,
+       ">= 1 (and eval.samples_per_problem, eval.batch_prompts >= 1)")
+
+
+# --------------------------------------------------------------------------- internals
+
+
+def _to_dict(obj) -> dict:
+  out = {}
+  for f in dataclasses.fields(obj):
+    value = getattr(obj, f.name)
+    out[f.name] = _to_dict(value) if dataclasses.is_dataclass(value) else value
+  return out
+
+
+def _build(cls, values: dict, path: str):
+  if not isinstance(values, dict):
+    raise ConfigError(f"{path} must be a section (a ConfigDict), got {type(values).__name__}")
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - set(fields))
+  if unknown:
+    raise ConfigError(f"{path}.{unknown[0]} is not a known field; {path} has: "
+                      f"{', '.join(sorted(fields))}")
+  hints = typing.get_type_hints(cls)
+  kwargs = {}
+  for name, f in fields.items():
+    if name not in values:
+      continue
+    value, hint, where = values[name], hints[name], f"{path}.{name}"
+    if dataclasses.is_dataclass(hint):
+      kwargs[name] = _build(hint, value, where)
+    else:
+      kwargs[name] = _coerce(value, hint, where)
+  return cls(**kwargs)
+
+
+def _coerce(value, hint, where):
+  if hint is bool:
+    if isinstance(value, bool):
+      return value
+  elif hint is int:
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+  elif hint is float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+  elif hint is str:
+    if isinstance(value, str):
+      return value
+  elif hint is tuple or typing.get_origin(hint) is tuple:
+    if isinstance(value, (tuple, list)):
+      return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+  elif isinstance(hint, types.UnionType):
+    return value
+  name = getattr(hint, "__name__", str(hint))
+  raise ConfigError(f"{where}={value!r}: must be of type {name}, got {type(value).__name__}")
