@@ -25,6 +25,7 @@ masked out by kv_mask, so reusing the buffer changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
@@ -37,6 +38,8 @@ import numpy as np
 
 from vapo_jax import rollout as rollout_lib
 from vapo_jax import sampling
+from vapo_jax import sharding as shd
+from vapo_jax.models import transformer
 
 Rollout = rollout_lib.Rollout
 InitCacheFn = Callable[[int, int], Any]
@@ -155,16 +158,19 @@ class Sampler:
   Usage:
     graphdef, state = nnx.split(model)
     sampler = Sampler(graphdef, functools.partial(init_cache, model_cfg, dtype=...), cfg,
-                      mesh=mesh)
+                      mesh=mesh)       # or Sampler.for_transformer(graphdef, model_cfg, cfg)
     rollout = sampler(state, [[1, 2, 3], [4, 5]], jax.random.key(0))
+
+  Sharding: prompts and every row-major array (the cache's batch axis included) are split
+  over the mesh axes the rules give the logical axis "batch" (data and fsdp by default);
+  parameters keep the sharding they arrive with (`hf_io.from_pretrained(mesh=...)`).
 
   Holds one donated KV cache per row count and reuses it across calls. Shapes compiled:
   one per (number of prompts, prompt bucket).
   """
 
   def __init__(self, graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig, *,
-               mesh: jax.sharding.Mesh | None = None,
-               batch_axes: Sequence[str] = ("data", "fsdp")):
+               mesh: jax.sharding.Mesh | None = None, rules: shd.Rules = shd.DEFAULT_RULES):
     self.cfg = cfg
     self.mesh = mesh
     self._init_cache = init_cache
@@ -172,11 +178,29 @@ class Sampler:
     if not self._axes or self._axes[0][1] is None or self._axes[0][0] is None:
       raise ValueError("init_cache(batch, max_len) must return arrays whose first leaf has "
                        "a batch axis and a sequence axis")
-    self.batch_axes = tuple(a for a in batch_axes if mesh is not None and a in mesh.axis_names)
+    self.batch_axes = ()
+    if mesh is not None:
+      axes = shd.logical_to_spec(("batch",), rules, mesh)[0]
+      self.batch_axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
     self.batch_shards = int(np.prod([mesh.shape[a] for a in self.batch_axes])) if mesh else 1
     self._caches: dict[int, Any] = {}
     fn = functools.partial(_generate, graphdef, init_cache, cfg, self._axes, self._constrain)
     self._generate = jax.jit(fn, donate_argnums=(3,))
+
+  @classmethod
+  def for_transformer(cls, graphdef, model_cfg, cfg: sampling.SamplingConfig, *,
+                      mesh: jax.sharding.Mesh | None = None, rules: shd.Rules = shd.DEFAULT_RULES,
+                      cache_dtype: Any = None) -> "Sampler":
+    """A sampler for `vapo_jax.models.Transformer` (graphdef from `nnx.split`).
+
+    If `cfg.vocab_size` is None it takes the model's `real_vocab_size`, so the embedding's
+    padding rows are never sampled. The cache dtype defaults to the compute dtype.
+    """
+    if cfg.vocab_size is None and model_cfg.real_vocab_size is not None:
+      cfg = dataclasses.replace(cfg, vocab_size=model_cfg.real_vocab_size)
+    init = functools.partial(transformer.init_cache, model_cfg, dtype=cache_dtype)
+    return cls(graphdef, lambda batch, max_len: init(batch, max_len), cfg, mesh=mesh,
+               rules=rules)
 
   def _constrain(self, x, batch_axis: int | None):
     """Batch-shards arrays (batch_axis=0) or every cache leaf (batch_axis=None)."""
