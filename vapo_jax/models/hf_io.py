@@ -14,6 +14,7 @@ with attention heads split out):
   model.layers.i.mlp.down_proj.weight      [D, F]      blocks/i/mlp/down [F, D]
   model.norm.weight                        [D]         final_norm/scale
   lm_head.weight                           [V, D]      lm_head [D, V] (untied)
+  score.weight (sequence classification)   [1, D]      critic score [D]
 
 Loading places each tensor straight into its sharding with
 `jax.make_array_from_callback`: the callback reads, from a memory-mapped
@@ -37,8 +38,8 @@ from vapo_jax.models import safetensors_io as st_io
 from vapo_jax.models.config import ModelConfig
 from vapo_jax.models.transformer import Transformer
 
-COPY, LINEAR, IN_HEADS, OUT_HEADS, BIAS_HEADS = (
-    "copy", "linear", "in_heads", "out_heads", "bias_heads")
+COPY, LINEAR, IN_HEADS, OUT_HEADS, BIAS_HEADS, ROW = (
+    "copy", "linear", "in_heads", "out_heads", "bias_heads", "row")
 
 # Tensors some checkpoints carry that carry no parameters of ours.
 _ALWAYS_IGNORED = (r".*rotary_emb\.inv_freq$",)
@@ -92,6 +93,8 @@ def hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[2], shape[0] * shape[1])
   if kind == BIAS_HEADS:
     return (shape[0] * shape[1],)
+  if kind == ROW:
+    return (1,) + tuple(shape)
   raise ValueError(kind)
 
 
@@ -118,6 +121,8 @@ def read_slice(kind: str, hf: np.ndarray, index: tuple[slice, ...],
     h, d = idx
     dh = shape[1]
     return np.asarray(hf[h.start * dh:h.stop * dh]).reshape(-1, dh)[:, d]
+  if kind == ROW:
+    return np.asarray(hf[(0,) + idx])
   raise ValueError(kind)
 
 
@@ -133,6 +138,8 @@ def to_hf_layout(kind: str, x: np.ndarray) -> np.ndarray:
     return x.reshape(-1, x.shape[2]).T
   if kind == BIAS_HEADS:
     return x.reshape(-1)
+  if kind == ROW:
+    return x[None]
   raise ValueError(kind)
 
 
@@ -146,7 +153,8 @@ def path_str(path) -> str:
 
 def load_state(files: st_io.CheckpointFiles, abs_state: Any, shardings: Any,
                name_fn: Callable[[str], tuple[str, str]],
-               ignore: tuple[str, ...] = ()) -> Any:
+               ignore: tuple[str, ...] = (),
+               zeros_if_missing: tuple[str, ...] = ()) -> Any:
   """Fills an abstract nnx State from checkpoint tensors, sharded.
 
   Args:
@@ -155,6 +163,8 @@ def load_state(files: st_io.CheckpointFiles, abs_state: Any, shardings: Any,
     shardings: matching State of NamedShardings.
     name_fn: our path string -> (HF name, layout kind).
     ignore: regexes of checkpoint tensors that may be left unused.
+    zeros_if_missing: our paths that start at zero when the checkpoint lacks
+      them (e.g. a fresh value head).
 
   Returns:
     The State with jax Arrays. Raises ValueError naming every missing tensor,
@@ -169,6 +179,10 @@ def load_state(files: st_io.CheckpointFiles, abs_state: Any, shardings: Any,
     name, kind = name_fn(ours)
     abs_v = var.get_value()
     want = hf_shape(kind, abs_v.shape)
+    if name not in files and ours in zeros_if_missing:
+      plan.append((var, sh.get_value() if _is_var(sh) else sh, None, kind,
+                   abs_v))
+      continue
     if name not in files:
       missing.append(f"{name} (for {ours}, shape {want})")
       continue
@@ -195,6 +209,10 @@ def load_state(files: st_io.CheckpointFiles, abs_state: Any, shardings: Any,
                      "config:\n" + "\n".join(errors))
   new_leaves = []
   for var, sharding, name, kind, abs_v in plan:
+    if name is None:
+      new_leaves.append(var.replace(jax.device_put(
+          jnp.zeros(abs_v.shape, abs_v.dtype), sharding)))
+      continue
     hf = files.array(name)
     dtype = abs_v.dtype
 

@@ -50,7 +50,8 @@ class RMSNorm(nnx.Module):
     x32 = x.astype(jnp.float32)
     var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
     y = (x32 * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
-    return y * self.scale[...].astype(x.dtype)
+    scale = self.scale[...].astype(x.dtype)
+    return y * scale.reshape((1,) * (x.ndim - 1) + scale.shape)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
@@ -84,7 +85,8 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
 def rope_tables(positions_BxT: jax.Array, inv_freq: np.ndarray
                 ) -> tuple[jax.Array, jax.Array]:
   """cos, sin of angles positions * inv_freq, float32 [B, T, Dh/2]."""
-  angles = positions_BxT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+  angles = (positions_BxT.astype(jnp.float32)[..., None]
+            * jnp.asarray(inv_freq)[None, None, :])
   return jnp.cos(angles), jnp.sin(angles)
 
 
@@ -96,6 +98,12 @@ def apply_rope(x_BxTxNxDh: jax.Array, cos_BxTxR: jax.Array,
   c, s = cos_BxTxR[:, :, None, :], sin_BxTxR[:, :, None, :]
   out = jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
   return out.astype(x_BxTxNxDh.dtype)
+
+
+def _bias(x: jax.Array, b: jax.Array) -> jax.Array:
+  """x + b, with b broadcast over x's leading dimensions."""
+  b = b.astype(x.dtype)
+  return x + b.reshape((1,) * (x.ndim - b.ndim) + b.shape)
 
 
 def _dense(x: jax.Array, w: jax.Array, spec: str, dtype: Any) -> jax.Array:
@@ -132,9 +140,9 @@ class Attention(nnx.Module):
     k = _dense(x_BxTxD, self.k[...], "btd,dhk->bthk", dt)
     v = _dense(x_BxTxD, self.v[...], "btd,dhk->bthk", dt)
     if cfg.qkv_bias:
-      q = q + self.q_bias[...].astype(dt)
-      k = k + self.k_bias[...].astype(dt)
-      v = v + self.v_bias[...].astype(dt)
+      q = _bias(q, self.q_bias[...])
+      k = _bias(k, self.k_bias[...])
+      v = _bias(v, self.v_bias[...])
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -151,7 +159,7 @@ class Attention(nnx.Module):
     out = jax.nn.dot_product_attention(q, k, v, mask=mask_Bx1xTxS)
     y = _dense(out, self.o[...], "bthk,hkd->btd", dt)
     if cfg.o_bias:
-      y = y + self.o_bias[...].astype(dt)
+      y = _bias(y, self.o_bias[...])
     return y, kv
 
 
@@ -174,10 +182,10 @@ class MLP(nnx.Module):
     g = _dense(x_BxTxD, self.gate[...], "btd,df->btf", dt)
     u = _dense(x_BxTxD, self.up[...], "btd,df->btf", dt)
     if self.cfg.mlp_bias:
-      g, u = g + self.gate_bias[...].astype(dt), u + self.up_bias[...].astype(dt)
+      g, u = _bias(g, self.gate_bias[...]), _bias(u, self.up_bias[...])
     y = _dense(jax.nn.silu(g) * u, self.down[...], "btf,fd->btd", dt)
     if self.cfg.mlp_bias:
-      y = y + self.down_bias[...].astype(dt)
+      y = _bias(y, self.down_bias[...])
     return y
 
 

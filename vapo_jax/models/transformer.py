@@ -42,7 +42,9 @@ def attention_mask(kv_mask_BxS: jax.Array, t: int,
 class Transformer(nnx.Module):
   """Decoder-only transformer configured by a `ModelConfig`."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs,
+               lm_head: bool = True):
+    """Builds the parameters; `lm_head=False` omits an untied head (critic)."""
     self.cfg = cfg
     self.embed = layers.param(rngs, (cfg.vocab_size, cfg.hidden_size),
                               ("vocab", "embed"), cfg.param_dtype)
@@ -50,7 +52,7 @@ class Transformer(nnx.Module):
                             for _ in range(cfg.num_layers)])
     self.final_norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
                                      ("embed",), cfg.param_dtype)
-    if not cfg.tie_word_embeddings:
+    if lm_head and not cfg.tie_word_embeddings:
       self.lm_head = layers.param(rngs, (cfg.hidden_size, cfg.vocab_size),
                                   ("embed", "vocab"), cfg.param_dtype)
 
