@@ -1,0 +1,149 @@
+"""The value model: transformer backbone + float32 scalar head.
+
+  V(s_t) = <hidden(s_t), w>,   w in R^D (float32), no bias,
+
+where hidden(s_t) is the final hidden state at the last token of state s_t.
+For a row `concat(prompt left-padded to P, response)` the state before
+response token t is everything up to column P + t - 1, so
+
+  values[:, t] = V(s_t) = <hidden[:, P + t - 1], w>,   t in [0, R),
+
+the same alignment as `policy.response_logprobs`. The head is stored like an
+HF `*ForSequenceClassification` model with one label (`score.weight` [1, D]),
+so critic checkpoints are HF reward-model directories and HF reward models
+load as critics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from vapo_jax import sharding as shd
+from vapo_jax.models import hf_io
+from vapo_jax.models import safetensors_io as st_io
+from vapo_jax.models.config import SUPPORTED, ModelConfig
+from vapo_jax.models.transformer import Transformer, positions_from_mask
+
+_SEQ_CLS = {k: v[0].replace("ForCausalLM", "ForSequenceClassification")
+            for k, v in SUPPORTED.items()}
+
+
+class Critic(nnx.Module):
+  """Backbone transformer (no LM head) and a float32 [D] value head."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.backbone = Transformer(cfg, rngs=rngs, lm_head=False)
+    self.score = nnx.Param(jnp.zeros((cfg.hidden_size,), jnp.float32),
+                           out_sharding=("embed",), eager_sharding=False)
+
+  def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array
+               ) -> jax.Array:
+    """Values of every prefix, float32 [B, T]: out[:, i] = V(tokens[:, :i+1])."""
+    mask_BxT = mask_BxT.astype(jnp.int32)
+    hidden, _ = self.backbone(tokens_BxT, positions_from_mask(mask_BxT),
+                              mask_BxT)
+    return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), self.score[...])
+
+  @classmethod
+  def from_policy(cls, policy: Transformer, *, head_scale: float = 0.0,
+                  rngs: nnx.Rngs | None = None) -> "Critic":
+    """A critic whose backbone starts from `policy`, with a fresh head.
+
+    The head is zeros (head_scale=0) or normal(0, head_scale / sqrt(D)). The
+    backbone reuses the policy's arrays (immutable, so training one does not
+    touch the other); an untied LM head is dropped. The head is placed on the
+    mesh of the policy's embedding, replicated.
+    """
+    cfg = policy.cfg
+    graphdef, state = nnx.split(
+        nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
+    d = cfg.hidden_size
+    if head_scale:
+      rngs = rngs or nnx.Rngs(0)
+      w = head_scale / d ** 0.5 * jax.random.normal(rngs.params(), (d,))
+    else:
+      w = jnp.zeros((d,), jnp.float32)
+    sharding = getattr(policy.embed[...], "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+      w = jax.device_put(w, jax.sharding.NamedSharding(
+          sharding.mesh, jax.sharding.PartitionSpec()))
+    backbone = nnx.to_pure_dict(nnx.state(policy, nnx.Param))
+    backbone.pop("lm_head", None)
+    nnx.replace_by_pure_dict(state, {"backbone": backbone, "score": w})
+    return nnx.merge(graphdef, state)
+
+  @classmethod
+  def from_pretrained(cls, path: str, *, mesh=None,
+                      rules: shd.Rules = shd.DEFAULT_RULES,
+                      param_dtype: Any = jnp.float32, dtype: Any = None,
+                      **overrides) -> tuple["Critic", ModelConfig]:
+    """Loads a critic from an HF directory.
+
+    A `*ForSequenceClassification` directory with one label (a reward model,
+    or a checkpoint written by `save_pretrained` below) gives its `score`
+    head; a causal-LM directory (the policy) gives a fresh zero head and its
+    `lm_head.weight` is ignored.
+    """
+    hf = hf_io.read_config(path)
+    cfg = ModelConfig.from_hf(hf, param_dtype=param_dtype,
+                              dtype=param_dtype if dtype is None else dtype,
+                              **overrides)
+    files = st_io.CheckpointFiles(path)
+    if ("score.weight" in files
+        and files.shape("score.weight") != (1, cfg.hidden_size)):
+      raise ValueError(
+          f"{path}: score.weight has shape {files.shape('score.weight')}; a "
+          f"critic needs one label, i.e. (1, {cfg.hidden_size}).")
+    mesh = hf_io.default_mesh() if mesh is None else mesh
+    graphdef, abs_state = nnx.split(
+        nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
+    shardings = shd.state_shardings(abs_state, mesh, rules)
+    state = hf_io.load_state(files, abs_state, shardings, _name,
+                             ignore=(r"lm_head\.weight",),
+                             zeros_if_missing=("score",))
+    return nnx.merge(graphdef, state), cfg
+
+
+def _name(path: str) -> tuple[str, str]:
+  if path == "score":
+    return "score.weight", hf_io.ROW
+  if path.startswith("backbone/"):
+    return hf_io.hf_name(path[len("backbone/"):])
+  raise KeyError(f"No HF name for critic parameter {path!r}.")
+
+
+def save_pretrained(critic: Critic, path: str, *, dtype: Any = None,
+                    max_shard_bytes: int = 4 << 30) -> None:
+  """Writes the critic as an HF `*ForSequenceClassification` dir (1 label).
+
+  The score head is always stored in float32.
+  """
+  cfg = critic.cfg
+  state = nnx.state(critic, nnx.Param)
+  tensors = hf_io.state_tensors(state, _name, dtype, skip=("score",))
+  tensors["score.weight"] = lambda: hf_io.to_hf_layout(
+      hf_io.ROW, hf_io.gather(critic.score[...]).astype("float32"))
+  hf_cfg = cfg.to_hf(_SEQ_CLS[cfg.model_type])
+  hf_cfg.update(num_labels=1, id2label={"0": "LABEL_0"},
+                label2id={"LABEL_0": 0})
+  if dtype is not None:
+    hf_cfg["dtype"] = jnp.dtype(dtype).name
+  hf_io.write_checkpoint(path, tensors, hf_cfg, max_shard_bytes)
+
+
+def response_values(critic: Critic, tokens_BxL: jax.Array, mask_BxL: jax.Array,
+                    prompt_len: int) -> jax.Array:
+  """values[:, t] = V(s_t) = head(hidden[:, P + t - 1]), float32 [B, R].
+
+  Same layout and alignment as `policy.response_logprobs`; entries at padded
+  response positions are 0.
+  """
+  if prompt_len < 1:
+    raise ValueError(f"prompt_len must be >= 1, got {prompt_len}.")
+  v = critic(tokens_BxL, mask_BxL)[:, prompt_len - 1:-1]
+  return v * mask_BxL[:, prompt_len:].astype(jnp.float32)

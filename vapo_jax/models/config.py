@@ -1,0 +1,251 @@
+"""`ModelConfig`: one frozen description of a decoder-only transformer.
+
+Built from an HF `config.json` dict (`ModelConfig.from_hf`) or directly (the
+tiny CPU configs). `to_hf()` writes a dict that transformers reads back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+# model_type -> (architecture class name, qkv_bias default, qk_norm).
+SUPPORTED = {
+    "qwen2": ("Qwen2ForCausalLM", True, False),
+    "qwen3": ("Qwen3ForCausalLM", False, True),
+    "llama": ("LlamaForCausalLM", False, False),
+}
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+           "float16": jnp.float16}
+
+
+def _dtype_name(dtype: Any) -> str:
+  return jnp.dtype(dtype).name
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyper-parameters of the transformer.
+
+  Attributes:
+    vocab_size: rows of the embedding (may exceed the tokenizer's size).
+    hidden_size: residual width D.
+    intermediate_size: MLP width F.
+    num_layers: number of decoder blocks L.
+    num_heads: query heads H.
+    num_kv_heads: key/value heads K; H % K == 0 (GQA).
+    head_dim: per-head width Dh (default D // H).
+    rms_norm_eps: epsilon of every RMSNorm.
+    rope_theta: RoPE base.
+    rope_scaling: None, or a dict with rope_type "llama3" (factor,
+      low_freq_factor, high_freq_factor, original_max_position_embeddings)
+      or "linear" (factor).
+    qkv_bias: q/k/v projections have biases (Qwen2/2.5).
+    qk_norm: RMSNorm over Dh on q and k before RoPE (Qwen3).
+    mlp_bias: gate/up/down projections have biases (some Llama variants).
+    o_bias: the output projection has a bias (Llama attention_bias=True).
+    tie_word_embeddings: the LM head is the embedding transposed.
+    param_dtype: storage dtype of parameters.
+    dtype: compute dtype of matmuls (norms, softmax and RoPE angles are
+      float32 whatever this is).
+    remat: rematerialise each decoder block in the backward pass.
+    model_type: HF model_type ("qwen2", "qwen3", "llama").
+    real_vocab_size: tokens the tokenizer knows (<= vocab_size), if known.
+    max_position_embeddings: written back to config.json.
+    bos_token_id, eos_token_id, pad_token_id: passed through to config.json.
+  """
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int | None = None
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  rope_scaling: tuple[tuple[str, Any], ...] | None = None
+  qkv_bias: bool = False
+  qk_norm: bool = False
+  mlp_bias: bool = False
+  o_bias: bool = False
+  tie_word_embeddings: bool = False
+  param_dtype: Any = jnp.float32
+  dtype: Any = jnp.float32
+  remat: bool = False
+  model_type: str = "qwen2"
+  real_vocab_size: int | None = None
+  max_position_embeddings: int = 32768
+  bos_token_id: Any = None
+  eos_token_id: Any = None
+  pad_token_id: Any = None
+
+  def __post_init__(self):
+    if self.head_dim is None:
+      if self.hidden_size % self.num_heads:
+        raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
+                         f"num_heads={self.num_heads}; set head_dim.")
+      object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
+                       f"num_kv_heads={self.num_kv_heads}.")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even for RoPE.")
+    if isinstance(self.rope_scaling, dict):
+      object.__setattr__(self, "rope_scaling",
+                         tuple(sorted(self.rope_scaling.items())))
+    if self.rope_scaling is not None:
+      kind = dict(self.rope_scaling).get("rope_type", "default")
+      if kind not in ("llama3", "linear", "default"):
+        raise ValueError(f"Unsupported rope_type {kind!r}; supported: "
+                         "'default', 'linear', 'llama3'.")
+    for field in ("param_dtype", "dtype"):
+      v = getattr(self, field)
+      if isinstance(v, str):
+        if v not in _DTYPES:
+          raise ValueError(f"{field}={v!r}; allowed: {sorted(_DTYPES)}.")
+        object.__setattr__(self, field, _DTYPES[v])
+    if self.real_vocab_size is not None and self.real_vocab_size > self.vocab_size:
+      raise ValueError(f"real_vocab_size={self.real_vocab_size} exceeds "
+                       f"vocab_size={self.vocab_size}.")
+
+  @property
+  def rope(self) -> dict[str, Any]:
+    return dict(self.rope_scaling or ())
+
+  @property
+  def num_params(self) -> int:
+    """Parameter count (embedding and head counted once if tied)."""
+    d, f, h, k, dh = (self.hidden_size, self.intermediate_size,
+                      self.num_heads, self.num_kv_heads, self.head_dim)
+    attn = d * dh * (h + 2 * k) + h * dh * d
+    if self.qkv_bias:
+      attn += dh * (h + 2 * k)
+    if self.qk_norm:
+      attn += 2 * dh
+    per_layer = attn + 3 * d * f + 2 * d
+    emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+    return self.num_layers * per_layer + emb + d
+
+  def replace(self, **kw) -> "ModelConfig":
+    return dataclasses.replace(self, **kw)
+
+  @classmethod
+  def from_hf(cls, hf: dict[str, Any], **overrides) -> "ModelConfig":
+    """Builds a config from an HF `config.json` dict.
+
+    Accepts both the transformers-4 keys (`rope_theta`, `rope_scaling`) and
+    the transformers-5 `rope_parameters` dict.
+
+    Args:
+      hf: the parsed config.json.
+      **overrides: fields to set after parsing (e.g. dtype, remat).
+
+    Returns:
+      The config. Raises ValueError for an unsupported architecture.
+    """
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED:
+      raise ValueError(
+          f"Unsupported architecture model_type={model_type!r} "
+          f"(architectures={hf.get('architectures')}); vapo_jax supports "
+          f"{sorted(SUPPORTED)}.")
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+      raise ValueError(f"hidden_act={act!r} is not supported (only 'silu').")
+    if hf.get("use_sliding_window"):
+      raise ValueError("use_sliding_window=True is not supported.")
+    _, qkv_bias, qk_norm = SUPPORTED[model_type]
+    if model_type in ("llama", "qwen3"):
+      qkv_bias = bool(hf.get("attention_bias", False))
+    rope = dict(hf.get("rope_parameters") or {})
+    if hf.get("rope_scaling"):
+      rope.update(hf["rope_scaling"])
+    if "type" in rope and "rope_type" not in rope:
+      rope["rope_type"] = rope.pop("type")
+    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", "default")
+    scaling = None if rope_type == "default" else rope
+    kw = dict(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=hf.get("head_dim"),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=float(theta),
+        rope_scaling=scaling,
+        qkv_bias=qkv_bias,
+        qk_norm=qk_norm,
+        mlp_bias=bool(hf.get("mlp_bias", False)),
+        o_bias=bool(hf.get("attention_bias", False)) and model_type == "llama",
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        model_type=model_type,
+        max_position_embeddings=hf.get("max_position_embeddings", 32768),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=hf.get("eos_token_id"),
+        pad_token_id=hf.get("pad_token_id"),
+    )
+    kw.update(overrides)
+    return cls(**kw)
+
+  def to_hf(self, architecture: str | None = None) -> dict[str, Any]:
+    """An HF config.json dict (transformers-5 style `rope_parameters`)."""
+    arch = architecture or SUPPORTED[self.model_type][0]
+    rope = {"rope_theta": self.rope_theta, "rope_type": "default"}
+    rope.update(self.rope)
+    out = {
+        "architectures": [arch],
+        "model_type": self.model_type,
+        "vocab_size": self.vocab_size,
+        "hidden_size": self.hidden_size,
+        "intermediate_size": self.intermediate_size,
+        "num_hidden_layers": self.num_layers,
+        "num_attention_heads": self.num_heads,
+        "num_key_value_heads": self.num_kv_heads,
+        "head_dim": self.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": self.rms_norm_eps,
+        "rope_parameters": rope,
+        "rope_theta": self.rope_theta,
+        "tie_word_embeddings": self.tie_word_embeddings,
+        "max_position_embeddings": self.max_position_embeddings,
+        "dtype": _dtype_name(self.param_dtype),
+        "bos_token_id": self.bos_token_id,
+        "eos_token_id": self.eos_token_id,
+        "pad_token_id": self.pad_token_id,
+        "use_cache": True,
+    }
+    if self.model_type in ("llama", "qwen3"):
+      out["attention_bias"] = self.qkv_bias
+    if self.model_type == "llama":
+      out["mlp_bias"] = self.mlp_bias
+    if self.model_type in ("qwen2", "qwen3"):
+      out["use_sliding_window"] = False
+    return out
+
+
+def tiny_config(vocab_size: int = 40, **kw) -> ModelConfig:
+  """A small Qwen2-style config for CPU tests (hidden 128, 2 layers)."""
+  base = dict(vocab_size=vocab_size, hidden_size=128, intermediate_size=256,
+              num_layers=2, num_heads=4, num_kv_heads=2, qkv_bias=True,
+              tie_word_embeddings=True, max_position_embeddings=4096)
+  base.update(kw)
+  return ModelConfig(**base)
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+  """Forward matmul FLOPs per token (2 x multiply-adds), incl. attention.
+
+  Training (forward + backward) is 3x this. The attention term counts the
+  full T x T score and value products (no causal saving), as in PaLM's MFU.
+  """
+  d, f, h, k, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                    cfg.num_kv_heads, cfg.head_dim)
+  per_layer = 2 * (d * dh * (h + 2 * k) + h * dh * d + 3 * d * f)
+  per_layer += 2 * 2 * seq_len * h * dh
+  return cfg.num_layers * per_layer + 2 * d * cfg.vocab_size

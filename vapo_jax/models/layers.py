@@ -1,0 +1,207 @@
+"""Building blocks of the decoder: RMSNorm, RoPE, GQA attention, SwiGLU MLP.
+
+Shapes: B batch, T query length, S key length, D model width, H query heads,
+K key/value heads, Dh head width, F MLP width. Parameters carry logical axis
+names (see `vapo_jax.sharding`) as their `out_sharding` metadata; they are
+created without eager sharding so a model can be built outside a mesh and
+placed later with `sharding.state_shardings`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vapo_jax.models.config import ModelConfig
+
+_INIT_STD = 0.02
+
+
+def param(rngs: nnx.Rngs | None, shape: tuple[int, ...],
+          names: tuple[str | None, ...], dtype: Any, init: str = "normal"
+          ) -> nnx.Param:
+  """A parameter with logical axis names; init is normal(0.02)/ones/zeros."""
+  if init == "normal":
+    value = _INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)
+    value = value.astype(dtype)
+  elif init == "ones":
+    value = jnp.ones(shape, dtype)
+  elif init == "zeros":
+    value = jnp.zeros(shape, dtype)
+  else:
+    raise ValueError(f"Unknown init {init!r}.")
+  return nnx.Param(value, out_sharding=names, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+  """y = x / sqrt(mean(x^2) + eps) * scale, statistics in float32."""
+
+  def __init__(self, dim: int, eps: float, names: tuple[str | None, ...],
+               param_dtype: Any):
+    self.eps = eps
+    self.scale = param(None, (dim,), names, param_dtype, init="ones")
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    y = (x32 * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
+    scale = self.scale[...].astype(x.dtype)
+    return y * scale.reshape((1,) * (x.ndim - 1) + scale.shape)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """Inverse frequencies [Dh/2], float32, with optional linear/llama3 scaling.
+
+  inv_freq_i = theta^(-2i/Dh). Llama 3 scaling divides the low frequencies
+  (wavelength > L0/low_freq_factor) by `factor`, keeps the high ones
+  (wavelength < L0/high_freq_factor) and interpolates smoothly in between,
+  with L0 = original_max_position_embeddings.
+  """
+  dim = cfg.head_dim
+  exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim
+  inv = (1.0 / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
+  rope = cfg.rope
+  kind = rope.get("rope_type", "default")
+  if kind == "linear":
+    inv = inv / np.float32(rope["factor"])
+  elif kind == "llama3":
+    factor = rope["factor"]
+    lo, hi = rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old / lo, inv / factor, inv)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+    inv = np.where(medium, smoothed, scaled).astype(np.float32)
+  return inv
+
+
+def rope_tables(positions_BxT: jax.Array, inv_freq: np.ndarray
+                ) -> tuple[jax.Array, jax.Array]:
+  """cos, sin of angles positions * inv_freq, float32 [B, T, Dh/2]."""
+  angles = (positions_BxT.astype(jnp.float32)[..., None]
+            * jnp.asarray(inv_freq)[None, None, :])
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_BxTxNxDh: jax.Array, cos_BxTxR: jax.Array,
+               sin_BxTxR: jax.Array) -> jax.Array:
+  """Half-split rotary embedding: [x1, x2] -> [x1 c - x2 s, x2 c + x1 s]."""
+  x = x_BxTxNxDh.astype(jnp.float32)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  c, s = cos_BxTxR[:, :, None, :], sin_BxTxR[:, :, None, :]
+  out = jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+  return out.astype(x_BxTxNxDh.dtype)
+
+
+def _bias(x: jax.Array, b: jax.Array) -> jax.Array:
+  """x + b, with b broadcast over x's leading dimensions."""
+  b = b.astype(x.dtype)
+  return x + b.reshape((1,) * (x.ndim - b.ndim) + b.shape)
+
+
+def _dense(x: jax.Array, w: jax.Array, spec: str, dtype: Any) -> jax.Array:
+  return jnp.einsum(spec, x.astype(dtype), w.astype(dtype))
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with RoPE, optional qkv bias and qk-norm."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, h, k, dh, pd = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                       cfg.head_dim, cfg.param_dtype)
+    self.cfg = cfg
+    self.q = param(rngs, (d, h, dh), ("embed", "heads", "head_dim"), pd)
+    self.k = param(rngs, (d, k, dh), ("embed", "kv_heads", "head_dim"), pd)
+    self.v = param(rngs, (d, k, dh), ("embed", "kv_heads", "head_dim"), pd)
+    self.o = param(rngs, (h, dh, d), ("heads", "head_dim", "embed"), pd)
+    if cfg.qkv_bias:
+      self.q_bias = param(None, (h, dh), ("heads", "head_dim"), pd, "zeros")
+      self.k_bias = param(None, (k, dh), ("kv_heads", "head_dim"), pd, "zeros")
+      self.v_bias = param(None, (k, dh), ("kv_heads", "head_dim"), pd, "zeros")
+    if cfg.o_bias:
+      self.o_bias = param(None, (d,), ("embed",), pd, "zeros")
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(dh, cfg.rms_norm_eps, ("head_dim",), pd)
+      self.k_norm = RMSNorm(dh, cfg.rms_norm_eps, ("head_dim",), pd)
+
+  def __call__(self, x_BxTxD: jax.Array, cos: jax.Array, sin: jax.Array,
+               mask_Bx1xTxS: jax.Array, kv: dict[str, jax.Array] | None,
+               cache_index: jax.Array | int
+               ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+    cfg, dt = self.cfg, self.cfg.dtype
+    q = _dense(x_BxTxD, self.q[...], "btd,dhk->bthk", dt)
+    k = _dense(x_BxTxD, self.k[...], "btd,dhk->bthk", dt)
+    v = _dense(x_BxTxD, self.v[...], "btd,dhk->bthk", dt)
+    if cfg.qkv_bias:
+      q = _bias(q, self.q_bias[...])
+      k = _bias(k, self.k_bias[...])
+      v = _bias(v, self.v_bias[...])
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if kv is not None:
+      idx = jnp.asarray(cache_index, jnp.int32)
+      zero = jnp.zeros((), jnp.int32)
+      start = (zero, idx, zero, zero)
+      k_all = jax.lax.dynamic_update_slice(kv["k"], k.astype(kv["k"].dtype),
+                                           start)
+      v_all = jax.lax.dynamic_update_slice(kv["v"], v.astype(kv["v"].dtype),
+                                           start)
+      kv = {"k": k_all, "v": v_all}
+      k, v = k_all.astype(dt), v_all.astype(dt)
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask_Bx1xTxS)
+    y = _dense(out, self.o[...], "bthk,hkd->btd", dt)
+    if cfg.o_bias:
+      y = _bias(y, self.o_bias[...])
+    return y, kv
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(x W_gate) * (x W_up))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+    self.cfg = cfg
+    self.gate = param(rngs, (d, f), ("embed", "mlp"), pd)
+    self.up = param(rngs, (d, f), ("embed", "mlp"), pd)
+    self.down = param(rngs, (f, d), ("mlp", "embed"), pd)
+    if cfg.mlp_bias:
+      self.gate_bias = param(None, (f,), ("mlp",), pd, "zeros")
+      self.up_bias = param(None, (f,), ("mlp",), pd, "zeros")
+      self.down_bias = param(None, (d,), ("embed",), pd, "zeros")
+
+  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    dt = self.cfg.dtype
+    g = _dense(x_BxTxD, self.gate[...], "btd,df->btf", dt)
+    u = _dense(x_BxTxD, self.up[...], "btd,df->btf", dt)
+    if self.cfg.mlp_bias:
+      g, u = _bias(g, self.gate_bias[...]), _bias(u, self.up_bias[...])
+    y = _dense(jax.nn.silu(g) * u, self.down[...], "btf,fd->btd", dt)
+    if self.cfg.mlp_bias:
+      y = _bias(y, self.down_bias[...])
+    return y
+
+
+class Block(nnx.Module):
+  """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ("embed",),
+                             cfg.param_dtype)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ("embed",),
+                            cfg.param_dtype)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, cos, sin, mask, kv, cache_index):
+    y, kv = self.attn(self.attn_norm(x), cos, sin, mask, kv, cache_index)
+    x = x + y
+    x = x + self.mlp(self.mlp_norm(x))
+    return x, kv

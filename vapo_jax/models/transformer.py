@@ -1,0 +1,133 @@
+"""The decoder-only transformer (Qwen2/2.5, Qwen3, Llama 3) in Flax NNX.
+
+    tokens_BxT --embed--> [Block x L] --RMSNorm--> hidden_BxTxD --logits--> [B,T,V]
+
+Left-padded batches are handled by the caller's positions (for a mask m:
+`positions = max(cumsum(m) - 1, 0)`) and the key mask. Decoding uses a KV
+cache: a tuple of L dicts {"k", "v"} of plain arrays [B, S, K, Dh] (batch is
+axis 0 of every leaf, so `jax.tree.map(lambda x: jnp.repeat(x, n, 0), cache)`
+expands a prompt cache for group sampling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from vapo_jax.models import layers
+from vapo_jax.models.config import ModelConfig
+
+KVCache = tuple[dict[str, jax.Array], ...]
+
+
+def positions_from_mask(mask_BxT: jax.Array) -> jax.Array:
+  """Positions of a left- (or right-) padded batch: max(cumsum(m) - 1, 0)."""
+  pos = jnp.cumsum(mask_BxT.astype(jnp.int32), axis=-1) - 1
+  return jnp.maximum(pos, 0)
+
+
+def attention_mask(kv_mask_BxS: jax.Array, t: int,
+                   cache_index: jax.Array | int = 0) -> jax.Array:
+  """Boolean [B, 1, T, S]: query i (absolute slot cache_index+i) sees key j
+  iff j <= cache_index + i and key j is real."""
+  s = kv_mask_BxS.shape[-1]
+  q_abs = jnp.asarray(cache_index, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
+  causal_TxS = jnp.arange(s, dtype=jnp.int32)[None, :] <= q_abs[:, None]
+  return causal_TxS[None, None] & kv_mask_BxS.astype(bool)[:, None, None, :]
+
+
+class Transformer(nnx.Module):
+  """Decoder-only transformer configured by a `ModelConfig`."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs,
+               lm_head: bool = True):
+    """Builds the parameters; `lm_head=False` omits an untied head (critic)."""
+    self.cfg = cfg
+    self.embed = layers.param(rngs, (cfg.vocab_size, cfg.hidden_size),
+                              ("vocab", "embed"), cfg.param_dtype)
+    self.blocks = nnx.List([layers.Block(cfg, rngs=rngs)
+                            for _ in range(cfg.num_layers)])
+    self.final_norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
+                                     ("embed",), cfg.param_dtype)
+    if lm_head and not cfg.tie_word_embeddings:
+      self.lm_head = layers.param(rngs, (cfg.hidden_size, cfg.vocab_size),
+                                  ("embed", "vocab"), cfg.param_dtype)
+
+  @property
+  def real_vocab_size(self) -> int:
+    return self.cfg.real_vocab_size or self.cfg.vocab_size
+
+  def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+               kv_mask_BxS: jax.Array, *, cache: KVCache | None = None,
+               cache_index: jax.Array | int = 0
+               ) -> tuple[jax.Array, KVCache | None]:
+    """Final hidden states [B, T, D] (compute dtype) and the updated cache.
+
+    Args:
+      tokens_BxT: int32 token ids.
+      positions_BxT: int32 RoPE positions.
+      kv_mask_BxS: 1/True where a key slot holds a real token. Without a
+        cache S = T; with a cache S is the cache length and the mask covers
+        the slots written by this call.
+      cache: None, or the cache from `init_cache`.
+      cache_index: slot where this call's keys/values are written (int or
+        traced int32 scalar, one for the whole batch).
+    """
+    cfg = self.cfg
+    t = tokens_BxT.shape[1]
+    if cache is None and kv_mask_BxS.shape[1] != t:
+      raise ValueError(f"Without a cache kv_mask must be [B, T={t}], got "
+                       f"{kv_mask_BxS.shape}.")
+    x = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(cfg.dtype)
+    cos, sin = layers.rope_tables(positions_BxT,
+                                   layers.rope_inv_freq(cfg))
+    mask = attention_mask(kv_mask_BxS, t, cache_index)
+    new_cache = []
+    for i, block in enumerate(self.blocks):
+      kv = None if cache is None else cache[i]
+      if cfg.remat:
+        graphdef, state = nnx.split(block)
+
+        def run(state, x, cos, sin, mask, kv, idx, graphdef=graphdef):
+          return nnx.merge(graphdef, state)(x, cos, sin, mask, kv, idx)
+
+        x, kv = jax.checkpoint(run)(state, x, cos, sin, mask, kv,
+                                    jnp.asarray(cache_index, jnp.int32))
+      else:
+        x, kv = block(x, cos, sin, mask, kv, cache_index)
+      new_cache.append(kv)
+    x = self.final_norm(x)
+    return x, (None if cache is None else tuple(new_cache))
+
+  def head_weight(self) -> jax.Array:
+    """The LM head as [D, V] (the embedding transposed when tied)."""
+    if self.cfg.tie_word_embeddings:
+      return self.embed[...].T
+    return self.lm_head[...]
+
+  def logits(self, hidden_BxTxD: jax.Array) -> jax.Array:
+    """float32 logits [..., V]; matmul in compute dtype, float32 accumulate."""
+    dt = self.cfg.dtype
+    return jnp.einsum("...d,dv->...v", hidden_BxTxD.astype(dt),
+                      self.head_weight().astype(dt),
+                      preferred_element_type=jnp.float32)
+
+
+def init_cache(cfg_or_model: ModelConfig | Transformer, batch: int,
+               max_len: int, dtype: Any = None) -> KVCache:
+  """Zero KV cache: L dicts {"k", "v"} of [batch, max_len, K, Dh]."""
+  cfg = getattr(cfg_or_model, "cfg", cfg_or_model)
+  dtype = cfg.dtype if dtype is None else dtype
+  shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+               for _ in range(cfg.num_layers))
+
+
+def forward_logits(model: Transformer, tokens_BxT: jax.Array,
+                   mask_BxT: jax.Array) -> jax.Array:
+  """Convenience full forward: float32 logits [B, T, V] of a padded batch."""
+  hidden, _ = model(tokens_BxT, positions_from_mask(mask_BxT), mask_BxT)
+  return model.logits(hidden)

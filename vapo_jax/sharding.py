@@ -1,0 +1,187 @@
+"""Device meshes and logical-axis sharding rules.
+
+Modules annotate every parameter with *logical* axis names (one per array
+dimension, or None for "never shard"). One ordered rules table maps logical
+names to *mesh* axes. Changing the parallelism of a run is changing the mesh
+shape or the table, never the model code.
+
+Logical names used by vapo_jax:
+
+  batch     the example dimension of activations
+  embed     the model (residual stream) width D
+  heads     query heads H
+  kv_heads  key/value heads K (GQA: K divides H)
+  head_dim  per-head width Dh
+  mlp       the MLP hidden width F
+  vocab     the vocabulary V
+  layers    a stacked-layer dimension (reserved for scanned layers)
+
+Mesh axes: `data` (pure data parallel, parameters replicated), `fsdp` (data
+parallel with parameters and optimizer state sharded, ZeRO-3 style) and
+`tensor` (Megatron-style tensor parallel over heads and MLP width).
+
+This module imports only jax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Union
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MeshAxes = Union[str, tuple[str, ...], None]
+Rules = tuple[tuple[str, MeshAxes], ...]
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Ordered: when two dimensions of one array would claim the same mesh axis, the
+# first dimension (in array order) keeps it and later ones are replicated.
+DEFAULT_RULES: Rules = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("head_dim", None),
+    ("layers", None),
+)
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A (data, fsdp, tensor) mesh with `AxisType.Auto` axes.
+
+  One size may be -1: it takes all remaining devices. The product of the sizes
+  must equal the number of devices.
+
+  Args:
+    data: size of the `data` axis.
+    fsdp: size of the `fsdp` axis.
+    tensor: size of the `tensor` axis.
+    devices: devices to use (default: `jax.devices()`).
+
+  Returns:
+    A `jax.sharding.Mesh` with axis names `MESH_AXES`.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = [data, fsdp, tensor]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"At most one mesh axis may be -1, got data={data}, "
+                     f"fsdp={fsdp}, tensor={tensor}.")
+  known = 1
+  for s in sizes:
+    if s != -1:
+      if s < 1:
+        raise ValueError(f"Mesh axis sizes must be >= 1 or -1, got {sizes}.")
+      known *= s
+  if -1 in sizes:
+    if len(devices) % known:
+      raise ValueError(f"{len(devices)} devices do not divide by {known} "
+                       f"(data={data}, fsdp={fsdp}, tensor={tensor}).")
+    sizes[sizes.index(-1)] = len(devices) // known
+  total = sizes[0] * sizes[1] * sizes[2]
+  if total != len(devices):
+    raise ValueError(f"Mesh data*fsdp*tensor = {total} but there are "
+                     f"{len(devices)} devices.")
+  return jax.make_mesh(tuple(sizes), MESH_AXES,
+                       axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def logical_to_spec(names: Sequence[str | None] | None,
+                    rules: Rules = DEFAULT_RULES,
+                    mesh: Mesh | None = None,
+                    shape: Sequence[int] | None = None) -> PartitionSpec:
+  """Maps logical axis names to a `PartitionSpec` with the rules table.
+
+  A logical name missing from the rules (or None) is replicated. A mesh axis is
+  used at most once per array: a later dimension claiming an axis already used
+  is replicated. Given `mesh` and `shape`, mesh axes of size 1 are dropped and a
+  dimension that the mesh axes do not divide is replicated (so tiny test models
+  shard cleanly on any mesh).
+
+  Args:
+    names: one logical name (or None) per array dimension.
+    rules: ordered (logical name, mesh axes) pairs.
+    mesh: optional mesh for the divisibility check.
+    shape: optional array shape for the divisibility check.
+
+  Returns:
+    A PartitionSpec with one entry per dimension.
+  """
+  if names is None:
+    return PartitionSpec()
+  table = {}
+  for logical, axes in rules:
+    table.setdefault(logical, axes)
+  used: set[str] = set()
+  spec = []
+  for dim, name in enumerate(names):
+    axes = table.get(name) if name is not None else None
+    if axes is None:
+      spec.append(None)
+      continue
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    axes = tuple(a for a in axes if a not in used)
+    if mesh is not None:
+      axes = tuple(a for a in axes if mesh.shape[a] > 1)
+      if shape is not None:
+        n = 1
+        for a in axes:
+          n *= mesh.shape[a]
+        if shape[dim] % n:
+          axes = ()
+    used.update(axes)
+    if not axes:
+      spec.append(None)
+    else:
+      spec.append(axes[0] if len(axes) == 1 else axes)
+  return PartitionSpec(*spec)
+
+
+def logical_names(variable: Any) -> tuple[str | None, ...] | None:
+  """The logical axis names a Flax NNX variable was created with (or None)."""
+  get = getattr(variable, "get_metadata", None)
+  if get is None:
+    return None
+  names = get("out_sharding", None)
+  return tuple(names) if names is not None else None
+
+
+def state_shardings(state: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+  """NamedShardings for every leaf of an nnx State from its logical names.
+
+  Works on concrete or abstract (`jax.ShapeDtypeStruct`) states, e.g. the
+  output of `nnx.split(nnx.eval_shape(...))`. Leaves without annotations are
+  replicated.
+
+  Args:
+    state: a pytree whose leaves are Flax variables (an `nnx.State`).
+    mesh: the device mesh.
+    rules: the logical-to-mesh rules table.
+
+  Returns:
+    A pytree with the structure of `state` (variables holding NamedShardings),
+    usable as `jax.jit(..., out_shardings=...)` or with `jax.device_put`.
+  """
+
+  def one(v):
+    value = v.get_value() if hasattr(v, "get_value") else v
+    shape = getattr(value, "shape", None)
+    spec = logical_to_spec(logical_names(v), rules, mesh, shape)
+    sharding = NamedSharding(mesh, spec)
+    return v.replace(sharding) if hasattr(v, "replace") else sharding
+
+  return jax.tree.map(one, state, is_leaf=_is_variable)
+
+
+def activation_spec(names: Sequence[str | None], rules: Rules = DEFAULT_RULES
+                    ) -> PartitionSpec:
+  """PartitionSpec for an activation, e.g. `("batch", None)` for tokens."""
+  return logical_to_spec(names, rules)
+
+
+def _is_variable(x: Any) -> bool:
+  return hasattr(x, "get_metadata") and hasattr(x, "replace")
