@@ -8,3 +8,8 @@ from vapo_jax.rewards.math import check_answer
 from vapo_jax.rewards.math import CheckOptions
 from vapo_jax.rewards.math import score
 from vapo_jax.rewards.math import Verdict
+from vapo_jax.rewards.plugins import DEFAULT_REWARD_FN
+from vapo_jax.rewards.plugins import load_reward_fn
+from vapo_jax.rewards.plugins import to_score
+from vapo_jax.rewards.scorer import BatchScores
+from vapo_jax.rewards.scorer import RewardScorer
