@@ -1,0 +1,19 @@
+"""Prompt data: sources, the synthetic task, templates and the iterator.
+
+Imports no model or trainer code and no jax.
+"""
+
+from vapo_jax.data import synthetic
+from vapo_jax.data.iterator import PromptIterator
+from vapo_jax.data.sources import DataError
+from vapo_jax.data.sources import Example
+from vapo_jax.data.sources import Fields
+from vapo_jax.data.sources import LAYOUTS
+from vapo_jax.data.sources import load_jsonl
+from vapo_jax.data.sources import load_parquet
+from vapo_jax.data.sources import load_tfds
+from vapo_jax.data.templates import DEFAULT_MATH_FORMAT
+from vapo_jax.data.templates import filter_by_length
+from vapo_jax.data.templates import LengthFilter
+from vapo_jax.data.templates import PromptTemplate
+from vapo_jax.data.tokenizer import CharTokenizer

@@ -1,0 +1,496 @@
+"""A small LaTeX math parser that builds sympy objects without `eval`.
+
+Model outputs are untrusted text. `sympy.sympify` and `parse_expr` run Python's
+`eval` on their input, so this module never calls them: a hand-written
+tokenizer and recursive-descent parser build sympy objects directly from the
+tokens, and every operation whose cost grows with the size of its operands
+(powers, factorials, binomials, long integer literals, nesting depth) is
+checked against a bound first. An answer that exceeds a bound raises
+`TooLarge`; text that is not math this grammar knows raises `ParseError`.
+
+Grammar (informal, loosest binding first):
+
+  relation := sum (relop sum)*
+  sum      := ['+' | '-' | '\\pm'] product (('+' | '-' | '\\pm') product)*
+  product  := unary (('*' | '\\cdot' | '\\times' | '/' | '\\div') unary
+              | <implicit multiplication> unary)*
+  unary    := ('-' | '+') unary | power
+  power    := postfix ['^' exponent]
+  postfix  := atom ('!' | '!!' | '%')*
+  atom     := number | symbol | group | \\frac | \\sqrt | function | |x| | ...
+"""
+
+import dataclasses
+import math
+import re
+
+import sympy
+
+
+class ParseError(ValueError):
+  """The text is not math that this parser understands."""
+
+
+class TooLarge(ValueError):
+  """The expression would take unbounded work to build or compare."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """Bounds on the work that building one expression may take.
+
+  Attributes:
+    max_chars: longest answer string that is parsed at all.
+    max_depth: deepest nesting of groups / operators.
+    max_digits: longest integer literal.
+    max_bits: largest |exponent * log2(base)| for numeric powers (the size of
+      the integer result in bits).
+    max_symbolic_exponent: largest |integer exponent| on a non-numeric base.
+    max_factorial: largest integer whose factorial is computed.
+  """
+  max_chars: int = 1000
+  max_depth: int = 60
+  max_digits: int = 1000
+  max_bits: int = 20000
+  max_symbolic_exponent: int = 200
+  max_factorial: int = 5000
+
+
+DEFAULT_LIMITS = Limits()
+
+_TOKEN_RE = re.compile(
+    r"\s+"
+    r"|(?P<num>\d+\.\d*|\.\d+|\d+)"
+    r"|(?P<cmd>\\[A-Za-z]+|\\[{}|,;:!%$#&_ ])"
+    r"|(?P<word>[A-Za-z]+)"
+    r"|(?P<op><=|>=|!=|\*\*|[-+*/^_()\[\]{}|!,=<>'%:])")
+
+_UNICODE = {
+    "≤": "<=", "≥": ">=", "≠": "!=", "π": r"\pi", "∞": r"\infty",
+    "·": "*", "×": "*", "÷": "/", "−": "-", "√": r"\sqrt", "±": r"\pm",
+}
+
+_GREEK = (
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota "
+    "kappa lambda mu nu xi rho sigma tau upsilon phi varphi chi psi omega "
+    "Gamma Delta Theta Lambda Xi Sigma Phi Psi Omega").split()
+
+_FUNCS = {
+    "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "cot": sympy.cot,
+    "sec": sympy.sec, "csc": sympy.csc, "arcsin": sympy.asin,
+    "arccos": sympy.acos, "arctan": sympy.atan, "sinh": sympy.sinh,
+    "cosh": sympy.cosh, "tanh": sympy.tanh, "exp": sympy.exp,
+    "ln": sympy.log, "log": sympy.log, "lg": lambda x: sympy.log(x, 10),
+}
+
+_RELOPS = {
+    "=": "==", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "!=": "!=",
+    r"\le": "<=", r"\leq": "<=", r"\leqslant": "<=", r"\ge": ">=",
+    r"\geq": ">=", r"\geqslant": ">=", r"\ne": "!=", r"\neq": "!=",
+    r"\lt": "<", r"\gt": ">",
+}
+
+
+def tokenize(text: str) -> list[str]:
+  """Splits `text` into tokens; raises ParseError on unknown characters."""
+  for u, r in _UNICODE.items():
+    text = text.replace(u, " " + r + " ")
+  tokens = []
+  pos = 0
+  while pos < len(text):
+    m = _TOKEN_RE.match(text, pos)
+    if m is None:
+      raise ParseError(f"unexpected character {text[pos]!r}")
+    pos = m.end()
+    if m.lastgroup is None:
+      continue
+    tok = m.group(m.lastgroup)
+    if m.lastgroup == "word" and len(tok) > 1:
+      # A run of letters: function names stay whole, a word of 3+ letters
+      # is prose (compared as text), two letters are a product like `xy`.
+      if tok in _FUNCS or tok in ("sqrt", "pi", "oo"):
+        tokens.append(tok)
+        continue
+      if len(tok) > 2:
+        raise ParseError(f"word {tok!r}")
+      tokens.extend(tok)
+      continue
+    tokens.append(tok)
+  return tokens
+
+
+def _is_number(e) -> bool:
+  return isinstance(e, sympy.Basic) and e.is_number
+
+
+def check_pow(base, exponent, limits: Limits = DEFAULT_LIMITS):
+  """Raises TooLarge when `base ** exponent` could take unbounded work."""
+  if not _is_number(exponent):
+    return
+  if exponent.is_Rational:
+    mag = abs(exponent)
+    if exponent.q > 1000 or abs(exponent.p) > 10**9:
+      raise TooLarge("exponent")
+  else:
+    try:
+      mag = abs(sympy.Float(sympy.N(exponent, 15)))
+    except (TypeError, ValueError) as e:
+      raise TooLarge("exponent") from e
+    if not mag.is_finite:
+      raise TooLarge("exponent")
+  if _is_number(base):
+    if base.is_zero:
+      return
+    if base.is_Rational:
+      size = max(abs(base.p), abs(base.q))
+      bits = size.bit_length() if size > 1 else 0
+      if base in (1, -1):
+        return
+    else:
+      try:
+        b = abs(complex(sympy.N(base, 15)))
+      except (TypeError, ValueError) as e:
+        raise TooLarge("base") from e
+      bits = abs(math.log2(b)) if b > 0 else 0
+    if float(mag) * max(bits, 1) > limits.max_bits:
+      raise TooLarge("power")
+  elif float(mag) > limits.max_symbolic_exponent:
+    raise TooLarge("power")
+
+
+def safe_pow(base, exponent, limits: Limits = DEFAULT_LIMITS):
+  check_pow(base, exponent, limits)
+  return sympy.Pow(base, exponent)
+
+
+def safe_factorial(x, double: bool = False, limits: Limits = DEFAULT_LIMITS):
+  if _is_number(x):
+    if not (x.is_Integer and 0 <= x <= limits.max_factorial):
+      raise TooLarge("factorial")
+  return sympy.factorial2(x) if double else sympy.factorial(x)
+
+
+class _Parser:
+  """Recursive-descent parser over a token list; see the module docstring."""
+
+  def __init__(self, tokens, limits: Limits):
+    self.toks = tokens
+    self.i = 0
+    self.depth = 0
+    self.abs_depth = 0
+    self.limits = limits
+
+  # -- token helpers --------------------------------------------------------
+  def peek(self, k: int = 0):
+    j = self.i + k
+    return self.toks[j] if j < len(self.toks) else None
+
+  def take(self, expected=None):
+    tok = self.peek()
+    if tok is None or (expected is not None and tok != expected):
+      raise ParseError(f"expected {expected!r}, got {tok!r}")
+    self.i += 1
+    return tok
+
+  def enter(self):
+    self.depth += 1
+    if self.depth > self.limits.max_depth:
+      raise TooLarge("nesting")
+
+  def leave(self):
+    self.depth -= 1
+
+  # -- grammar --------------------------------------------------------------
+  def parse(self):
+    out = self.relation()
+    if self.peek() is not None:
+      raise ParseError(f"trailing token {self.peek()!r}")
+    return out
+
+  def relation(self):
+    """Returns an expression, or ('rel', [ops], [operands]) for a chain."""
+    first = self.sum()
+    ops, operands = [], [first]
+    while self.peek() in _RELOPS:
+      ops.append(_RELOPS[self.take()])
+      operands.append(self.sum())
+    if not ops:
+      return first
+    return ("rel", tuple(ops), tuple(operands))
+
+  def sum(self):
+    self.enter()
+    sign = 1
+    if self.peek() in ("+", "-"):
+      sign = -1 if self.take() == "-" else 1
+    elif self.peek() == r"\pm":
+      raise ParseError("pm")
+    total = sign * self.product()
+    while self.peek() in ("+", "-", r"\pm", r"\mp"):
+      op = self.take()
+      if op in (r"\pm", r"\mp"):
+        raise ParseError("pm")
+      term = self.product()
+      total = total + term if op == "+" else total - term
+    self.leave()
+    return total
+
+  def _starts_atom(self, tok) -> bool:
+    if tok is None:
+      return False
+    if tok == "|":
+      return self.abs_depth == 0
+    if tok in ("(", "{", r"\{", r"\lfloor", r"\lceil"):
+      return True
+    if tok[0].isdigit() or tok[0] == "." or tok[0].isalpha():
+      return True
+    if tok.startswith("\\") and tok not in _RELOPS and tok not in (
+        r"\cdot", r"\times", r"\div", r"\pm", r"\mp", r"\}", r"\cup",
+        r"\cap", r"\right", r"\rfloor", r"\rceil", r"\in", r"\to", r"\,",
+        r"\;", r"\:", r"\!", r"\ "):
+      return True
+    return False
+
+  def product(self):
+    self.enter()
+    value = self.unary()
+    while True:
+      tok = self.peek()
+      if tok in ("*", r"\cdot", r"\times"):
+        self.take()
+        value = value * self.unary()
+      elif tok in ("/", r"\div"):
+        self.take()
+        den = self.unary()
+        if den == 0:
+          raise ParseError("division by zero")
+        value = value / den
+      elif self._starts_atom(tok):
+        if (tok[0].isdigit() or tok[0] == ".") and self.i > 0 and (
+            self.toks[self.i - 1][0].isdigit()):
+          raise ParseError("two numbers side by side")
+        value = value * self.power()
+      else:
+        break
+    self.leave()
+    return value
+
+  def unary(self):
+    tok = self.peek()
+    if tok in ("-", "+"):
+      self.take()
+      self.enter()
+      v = self.unary()
+      self.leave()
+      return -v if tok == "-" else v
+    return self.power()
+
+  def power(self):
+    base = self.postfix()
+    if self.peek() in ("^", "**"):
+      self.take()
+      self.enter()
+      if self.peek() in ("-", "+"):
+        exponent = self.unary()
+      else:
+        exponent = self.power_operand()
+      self.leave()
+      return safe_pow(base, exponent, self.limits)
+    return base
+
+  def power_operand(self):
+    """The exponent of `^`: a braced group or a single (postfix) atom."""
+    if self.peek() == "{":
+      return self.postfix()
+    tok = self.peek()
+    if tok is not None and tok[0].isdigit() and len(tok) > 1 and "." not in tok:
+      # `2^10` in LaTeX is 2^1 * 0; models mean 2^{10}. Accept the digits.
+      self.take()
+      return self.number(tok)
+    return self.postfix()
+
+  def postfix(self):
+    value = self.atom()
+    while self.peek() in ("!", "%"):
+      tok = self.take()
+      if tok == "%":
+        value = value / 100
+      elif self.peek() == "!":
+        self.take()
+        value = safe_factorial(value, double=True, limits=self.limits)
+      else:
+        value = safe_factorial(value, limits=self.limits)
+    return value
+
+  def number(self, tok):
+    digits = tok.replace(".", "")
+    if len(digits) > self.limits.max_digits:
+      raise TooLarge("literal")
+    if "." in tok:
+      return sympy.Rational(tok if not tok.endswith(".") else tok[:-1])
+    return sympy.Integer(int(tok))
+
+  def group(self, open_tok, close_tok):
+    self.take(open_tok)
+    self.enter()
+    inner = self.relation()
+    self.leave()
+    self.take(close_tok)
+    if isinstance(inner, tuple):
+      raise ParseError("relation inside group")
+    return inner
+
+  def arg(self):
+    """A macro argument: `{...}` or a single token (as in `\\frac12`)."""
+    tok = self.peek()
+    if tok == "{":
+      return self.group("{", "}")
+    if tok is None:
+      raise ParseError("missing argument")
+    if tok[0].isdigit():
+      self.take()
+      if len(tok) > 1 and "." not in tok:  # \frac12 is 1/2: split digits.
+        self.toks.insert(self.i, tok[1:])
+        tok = tok[0]
+      return self.number(tok)
+    return self.atom()
+
+  def symbol_name(self, tok):
+    name = tok.lstrip("\\")
+    if self.peek() == "_":
+      self.take()
+      if self.peek() == "{":
+        self.take()
+        parts = []
+        while self.peek() not in ("}", None):
+          parts.append(self.take().lstrip("\\"))
+        self.take("}")
+        sub = "".join(parts)
+      else:
+        sub = self.take().lstrip("\\")
+      name = f"{name}_{sub}"
+    return name
+
+  def function(self, name):
+    fn = _FUNCS[name]
+    base = None
+    if name == "log" and self.peek() == "_":
+      self.take()
+      base = self.arg()
+    power = None
+    if self.peek() == "^":
+      self.take()
+      power = self.power_operand()
+    if self.peek() in ("(", "{"):
+      x = self.group(self.peek(), ")" if self.peek() == "(" else "}")
+    else:
+      x = self.postfix()
+    out = sympy.log(x, base) if base is not None else fn(x)
+    if power is not None:
+      if power == -1 and name in ("sin", "cos", "tan"):
+        return {"sin": sympy.asin, "cos": sympy.acos, "tan": sympy.atan}[name](x)
+      out = safe_pow(out, power, self.limits)
+    return out
+
+  def atom(self):
+    tok = self.peek()
+    if tok is None:
+      raise ParseError("unexpected end")
+    self.enter()
+    try:
+      return self._atom(tok)
+    finally:
+      self.leave()
+
+  def _atom(self, tok):
+    if tok[0].isdigit() or tok[0] == ".":
+      self.take()
+      return self.number(tok)
+    if tok == "(":
+      return self.group("(", ")")
+    if tok == "{":
+      return self.group("{", "}")
+    if tok == "[":
+      return self.group("[", "]")
+    if tok == "|":
+      self.take()
+      self.abs_depth += 1
+      inner = self.sum()
+      self.abs_depth -= 1
+      self.take("|")
+      return sympy.Abs(inner)
+    if tok in (r"\lfloor", r"\lceil"):
+      close = r"\rfloor" if tok == r"\lfloor" else r"\rceil"
+      inner = self.group(tok, close)
+      return sympy.floor(inner) if tok == r"\lfloor" else sympy.ceiling(inner)
+    if tok in (r"\frac", r"\dfrac", r"\tfrac", r"\cfrac"):
+      self.take()
+      num, den = self.arg(), self.arg()
+      if den == 0:
+        raise ParseError("division by zero")
+      return num / den
+    if tok == r"\binom":
+      self.take()
+      n, k = self.arg(), self.arg()
+      if _is_number(n) and not (n.is_Integer and abs(n) <= self.limits.max_factorial):
+        raise TooLarge("binomial")
+      return sympy.binomial(n, k)
+    if tok in (r"\sqrt", "sqrt"):
+      self.take()
+      index = 2
+      if self.peek() == "[":
+        index = self.group("[", "]")
+      x = self.arg() if self.peek() != "(" else self.group("(", ")")
+      if index == 2:
+        return sympy.sqrt(x)
+      return safe_pow(x, sympy.Integer(1) / index, self.limits)
+    if tok in (r"\pi", "pi"):
+      self.take()
+      return sympy.pi
+    if tok in (r"\infty", r"\infin", "oo"):
+      self.take()
+      return sympy.oo
+    if tok.lstrip("\\") in _FUNCS:
+      self.take()
+      return self.function(tok.lstrip("\\"))
+    if tok.startswith("\\") and tok[1:] in _GREEK:
+      self.take()
+      return sympy.Symbol(self.symbol_name(tok))
+    if tok.isalpha() and len(tok) == 1:
+      self.take()
+      if tok == "i" and self.peek() != "_":
+        return sympy.I
+      if tok == "e" and self.peek() != "_":
+        return sympy.E
+      return sympy.Symbol(self.symbol_name(tok))
+    raise ParseError(f"unexpected token {tok!r}")
+
+
+def parse_latex(text: str, limits: Limits = DEFAULT_LIMITS):
+  """Parses one math expression (or a relation chain) without `eval`.
+
+  Args:
+    text: normalised answer text such as `\\frac{1}{2}+\\sqrt{3}x`.
+    limits: bounds on the work; see `Limits`.
+
+  Returns:
+    A sympy expression, or `("rel", ops, operands)` for `a < b <= c` style
+    chains and equations, with ops among `== < > <= >= !=`.
+
+  Raises:
+    ParseError: the text is not math this grammar knows.
+    TooLarge: building the expression would exceed `limits`.
+  """
+  if len(text) > limits.max_chars:
+    raise TooLarge("answer too long")
+  tokens = tokenize(text)
+  if not tokens:
+    raise ParseError("empty")
+  try:
+    return _Parser(tokens, limits).parse()
+  except RecursionError as e:
+    raise TooLarge("nesting") from e
+  except (ZeroDivisionError, OverflowError) as e:
+    raise TooLarge(str(e)) from e
+  except (TypeError, AttributeError) as e:
+    raise ParseError(str(e)) from e

@@ -1,0 +1,194 @@
+"""String normalisation of extracted answers before they are compared.
+
+The goal is that two answers a grader would call "the same answer, written
+differently" map to the same string or at least to the same parse: LaTeX
+spacing and sizing commands, `\\text{}` wrappers, units, degrees, percent
+signs, dollar signs, thousands separators, `\\dfrac`, trailing punctuation,
+a leading `x =` and mixed numbers. Everything here is regular-expression and
+brace-matching work that is linear in the (bounded) answer length.
+"""
+
+import re
+
+_WRAPPERS = ("text", "textbf", "textit", "textrm", "mathrm", "mathbf",
+             "mathit", "mbox", "operatorname", "textnormal", "mathsf",
+             "boldsymbol", "bm", "displaystyle", "hbox")
+
+_DROP = (r"\left", r"\right", r"\bigl", r"\bigr", r"\Bigl", r"\Bigr",
+         r"\biggl", r"\biggr", r"\big", r"\Big", r"\bigg", r"\displaystyle",
+         r"\textstyle", r"\!", r"\,", r"\;", r"\:", r"\quad", r"\qquad",
+         r"\ ", r"\limits", r"\mathstrut", r"\$", "$")
+
+_UNITS = set("""
+unit units sq square cubic cm centimeter centimeters centimetre centimetres
+m meter meters metre metres km kilometer kilometers mm millimeter millimeters
+in inch inches ft foot feet yd yard yards mi mile miles mph kmh kph
+kg kilogram kilograms g gram grams mg lb lbs pound pounds oz ounce ounces ton
+tons s sec second seconds min minute minutes h hr hrs hour hours day days week
+weeks month months year years dollar dollars cent cents euro euros
+degree degrees deg rad radian radians l liter liters litre litres ml
+gallon gallons cup cups people persons students apples marbles books cookies
+times ways points
+""".split())
+
+_MULTIWORD_UNITS = ("square units", "square feet", "square meters",
+                    "square inches", "square centimeters", "cubic units",
+                    "cubic feet", "cubic meters", "cubic centimeters",
+                    "sq units", "sq ft", "per hour", "miles per hour",
+                    "km per hour", "meters per second")
+
+
+def find_group(text: str, start: int) -> int:
+  """Returns the index just past the `{...}` group opening at `start`, or -1.
+
+  Escaped braces (`\\{`, `\\}`) do not count towards the nesting.
+  """
+  if start >= len(text) or text[start] != "{":
+    return -1
+  depth = 0
+  i = start
+  n = len(text)
+  while i < n:
+    c = text[i]
+    if c == "\\":
+      i += 2
+      continue
+    if c == "{":
+      depth += 1
+    elif c == "}":
+      depth -= 1
+      if depth == 0:
+        return i + 1
+    i += 1
+  return -1
+
+
+def _unwrap(text: str) -> str:
+  """Replaces `\\text{...}`-style wrappers by their contents.
+
+  A wrapper whose contents are only a unit (`\\text{ cm}`) is dropped.
+  """
+  pattern = re.compile(r"\\(" + "|".join(_WRAPPERS) + r")\s*(?=\{)")
+  for _ in range(50):  # Each pass removes one wrapper; answers are short.
+    m = pattern.search(text)
+    if m is None:
+      break
+    end = find_group(text, m.end())
+    if end < 0:
+      text = text[:m.start()] + text[m.end():]
+      continue
+    inner = text[m.end() + 1:end - 1]
+    word = inner.strip().lower()
+    if (word in _UNITS or word in _MULTIWORD_UNITS) and m.start() > 0:
+      inner = ""
+      power = re.match(r"\s*\^\s*\{?\s*[23]\s*\}?", text[end:])
+      if power:
+        end += power.end()
+    text = text[:m.start()] + inner + text[end:]
+  return text
+
+
+def _strip_units(text: str) -> str:
+  """Drops unit words that follow a number (`5 cm`, `12 square units`)."""
+  lowered = text.lower()
+  for phrase in _MULTIWORD_UNITS:
+    if lowered.endswith(" " + phrase):
+      text = text[:-len(phrase) - 1]
+      lowered = text.lower()
+  for _ in range(3):
+    m = re.search(r"(?<=[\d}])\s*([A-Za-z]+)(\^\{?[23]\}?)?\s*$", text)
+    if m is None or m.group(1).lower() not in _UNITS:
+      break
+    if len(m.group(1)) == 1 and not text[:m.start()].rstrip().endswith(" "):
+      # A single letter right after a number is a variable (`5m`), unless a
+      # space separates it; only multi-letter units are dropped here.
+      if not re.search(r"\s$", text[:m.start(1)]):
+        break
+    text = text[:m.start()]
+  return text
+
+
+def _mixed_number(text: str) -> str:
+  m = re.fullmatch(r"(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}", text)
+  if m is None:
+    m = re.fullmatch(r"(-?)(\d+)\s+(\d+)/(\d+)", text)
+  if m is None:
+    return text
+  sign, whole, num, den = m.groups()
+  if int(num) >= int(den) or int(den) == 0:
+    return text
+  return f"{sign}({whole}+{num}/{den})"
+
+
+def strip_answer_noise(text: str) -> str:
+  """Drops delimiters, sizing and spacing commands, and wrappers."""
+  text = text.strip()
+  for opener, closer in ((r"\[", r"\]"), (r"\(", r"\)")):
+    if text.startswith(opener) and text.endswith(closer):
+      text = text[len(opener):-len(closer)]
+  text = re.sub(r"\\(d|t|c)frac", r"\\frac", text)
+  text = text.replace(r"\leqslant", r"\leq").replace(r"\geqslant", r"\geq")
+  text = _unwrap(text)
+  for token in _DROP:
+    if token.startswith("\\") and token[-1].isalpha():
+      text = re.sub(re.escape(token) + r"(?![A-Za-z])", "", text)
+    else:
+      text = text.replace(token, " ")
+  text = text.replace("~", " ")
+  return text.strip()
+
+
+def normalize_answer(text: str) -> str:
+  """Normalises an extracted answer for comparison.
+
+  Args:
+    text: an answer as extracted from a response or a reference, e.g.
+      `\\$1,000.`, `x = \\dfrac{1}{2}`, `45^\\circ`, `3\\frac{1}{2}`.
+
+  Returns:
+    A canonical string: no spacing commands, wrappers, units, degree or
+    percent signs, or thousands separators; `\\dfrac` -> `\\frac`; a single
+    leading `x =` dropped; mixed numbers written as a sum; whitespace
+    collapsed to single spaces.
+  """
+  text = strip_answer_noise(text)
+  # Degrees, percent, currency.
+  text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", text)
+  text = re.sub(r"\\(circ|degree)(?![A-Za-z])", "", text)
+  text = text.replace("°", "").replace(r"\%", "").replace("%", "")
+  text = re.sub(r"(?<![A-Za-z\\])(rs|usd|eur)\.?\s*(?=\d)", "", text, flags=re.I)
+  text = text.replace("€", "").replace("£", "")
+  # Thousands separators: `1{,}000`, and `12,345,678` when it is one number.
+  text = text.replace("{,}", "")
+  m = re.fullmatch(r"\s*(-?)\s*(\d{1,3}(?:,\d{3})+)(\.\d+)?\s*", text)
+  if m:
+    text = m.group(1) + m.group(2).replace(",", "") + (m.group(3) or "")
+  text = _strip_units(text)
+  # Trailing punctuation and a leading "x =".
+  text = re.sub(r"[\s.,;:]+$", "", text)
+  text = re.sub(r"^[\s.,;:]+(?=\D)", "", text)
+  m = re.fullmatch(r"\s*[A-Za-z](?:_\{?\w+\}?)?\s*=\s*([^=<>]+)", text)
+  if m and "," not in m.group(1) and not re.search(
+      r"(?<![\\A-Za-z])[A-Za-z](?![A-Za-z])", m.group(1)):
+    text = m.group(1)
+  # `f(x) = ...` and `(x, y) = (...)`: the left side only names the answer.
+  text = re.sub(r"^\s*[A-Za-z]\s*\(\s*[A-Za-z]\s*\)\s*=(?=[^=<>]*$)", "", text)
+  text = re.sub(r"^\s*\(\s*[A-Za-z](?:\s*,\s*[A-Za-z])+\s*\)\s*=(?=[^=<>]*$)",
+                "", text)
+  # Multiple-choice letters: (C), \text{(C)}, C.
+  m = re.fullmatch(r"\s*\(?\s*([A-Ea-e])\s*\)\s*", text)
+  if m:
+    text = m.group(1).upper()
+  # Prose connectives in solution lists.
+  text = re.sub(r"\s+(?:or|and)\s+", ", ", text)
+  text = re.sub(r",\s*(?:or|and)\s+", ", ", text)
+  text = _mixed_number(text.strip())
+  text = re.sub(r"\s+", " ", text).strip()
+  if text.startswith("{") and find_group(text, 0) == len(text):
+    text = text[1:-1].strip()
+  return text
+
+
+def compact(text: str) -> str:
+  """The form used for exact string comparison: no whitespace."""
+  return re.sub(r"\s+", "", text)
