@@ -1,0 +1,187 @@
+"""Builds a run's parts from a `config.Config`: mesh, tokenizer, prompts, policy, critic.
+
+Everything that reads files happens here, before any train step is compiled, so a missing
+weight file or a bad data row fails the run at once with a message naming it.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+from flax import nnx
+import numpy as np
+
+from vapo_jax import critic as critic_lib
+from vapo_jax import data as data_lib
+from vapo_jax import sampler as sampler_lib
+from vapo_jax import sampling
+from vapo_jax import sharding as shd
+from vapo_jax.models import config as model_config
+from vapo_jax.models import hf_io
+from vapo_jax.models import transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+  """How text becomes tokens and back for one run."""
+  encode: Callable[[str], list[int]]    # text -> ids, no special tokens
+  decode: Callable[[list[int]], str]
+  bos_ids: tuple[int, ...]              # put before every prompt
+  template: data_lib.PromptTemplate
+  eos_ids: tuple[int, ...]
+  pad_id: int
+  vocab_size: int                       # tokens the tokenizer knows (≤ embedding rows)
+
+  def prompt_ids(self, problem: str) -> list[int]:
+    return list(self.bos_ids) + self.encode(self.template.apply(problem))
+
+
+def rules_of(cfg) -> shd.Rules:
+  return tuple((str(k), v if v is None or isinstance(v, str) else tuple(v))
+               for k, v in cfg.mesh.rules) if cfg.mesh.rules else shd.DEFAULT_RULES
+
+
+def build_mesh(cfg):
+  return shd.make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
+
+
+def batch_axes(mesh, rules) -> tuple[str, ...]:
+  axes = shd.logical_to_spec(("batch",), rules, mesh)[0]
+  return (axes,) if isinstance(axes, str) else tuple(axes or ())
+
+
+def build_text(cfg) -> Text:
+  """The tokenizer and prompt template named by the config."""
+  fmt = cfg.data.template
+  if cfg.model.tokenizer == "char":
+    tok = data_lib.CharTokenizer()
+    template = data_lib.PromptTemplate(format=fmt)
+    return Text(encode=tok.encode, decode=tok.decode, bos_ids=(tok.bos_id,),
+                template=template, eos_ids=(tok.eos_id,), pad_id=tok.pad_id,
+                vocab_size=tok.vocab_size)
+  tok = hf_io.load_tokenizer(cfg.model.hf_path)
+  template = (data_lib.PromptTemplate.from_chat_template(tok, fmt) if cfg.data.chat_template
+              else data_lib.PromptTemplate(format=fmt))
+  eos = tok.eos_token_id
+  eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+  pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+  return Text(encode=lambda s: tok.encode(s, add_special_tokens=False),
+              decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+              bos_ids=(() if tok.bos_token_id is None or cfg.data.chat_template
+                       else (int(tok.bos_token_id),)),
+              template=template, eos_ids=eos_ids, pad_id=int(pad), vocab_size=len(tok))
+
+
+def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
+  """Train and held-out examples whose prompts fit the budget, and what was dropped."""
+  d = cfg.data
+  if d.source == "synthetic":
+    spec = data_lib.synthetic.ArithmeticSpec(
+        min_steps=d.synthetic_min_steps, max_steps=d.synthetic_max_steps,
+        max_operand=d.synthetic_max_operand, ops=d.synthetic_ops)
+    train = data_lib.synthetic.arithmetic(d.num_train, "train", cfg.seed, spec)
+    test = data_lib.synthetic.arithmetic(d.num_eval, "test", cfg.seed, spec)
+  else:
+    load = {"jsonl": data_lib.load_jsonl, "parquet": data_lib.load_parquet,
+            "tfds": data_lib.load_tfds}[d.source]
+    kwargs = {}
+    if d.layout:
+      kwargs["layout"] = d.layout
+    if d.problem_field:
+      kwargs["problem_field"] = d.problem_field
+    if d.answer_field:
+      kwargs["answer_field"] = d.answer_field
+    train = load(d.train_path, **kwargs)[:d.num_train]
+    test = load(d.eval_path, **kwargs)[:d.num_eval] if d.eval_path else []
+  stats = {}
+  kept = []
+  for name, examples in (("train", train), ("eval", test)):
+    if not examples:
+      kept.append([])
+      continue
+    f = data_lib.filter_by_length(examples, lambda s: text.bos_ids + tuple(text.encode(s)),
+                                  d.max_prompt_tokens, text.template)
+    stats[f"data/{name}_dropped_too_long"] = f.dropped
+    kept.append(f.examples)
+  return kept[0], kept[1], stats
+
+
+def build_policy(cfg, mesh, rules, text: Text):
+  """(graphdef, params, ModelConfig) of the policy: an HF checkpoint or a fresh small model."""
+  m = cfg.model
+  if m.hf_path:
+    model, mcfg = hf_io.from_pretrained(m.hf_path, mesh=mesh, rules=rules,
+                                        param_dtype=m.param_dtype, dtype=m.dtype,
+                                        remat=m.remat)
+    if mcfg.real_vocab_size is None:
+      mcfg = mcfg.replace(real_vocab_size=min(text.vocab_size, mcfg.vocab_size))
+      model.cfg = mcfg
+  else:
+    padded_vocab = -(-text.vocab_size // 64) * 64  # padded rows are never sampled
+    mcfg = model_config.ModelConfig(
+        vocab_size=padded_vocab, real_vocab_size=text.vocab_size, hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+        num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+        rope_theta=m.rope_theta, tie_word_embeddings=m.tie_word_embeddings,
+        qkv_bias=m.model_type == "qwen2", qk_norm=m.model_type == "qwen3",
+        model_type=m.model_type, param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat,
+        eos_token_id=text.eos_ids[0], pad_token_id=text.pad_id)
+    model = transformer.init_sharded(lambda r: transformer.Transformer(mcfg, rngs=r), mesh,
+                                     rules, seed=cfg.seed)
+  graphdef, params = nnx.split(model)
+  return graphdef, params, mcfg
+
+
+def build_critic(cfg, policy_graphdef, policy_params, mesh, rules):
+  """(graphdef, params) of the critic: from model.critic_path, else the policy + a new head."""
+  if cfg.model.critic_path:
+    critic, _ = critic_lib.Critic.from_pretrained(
+        cfg.model.critic_path, mesh=mesh, rules=rules, param_dtype=cfg.model.param_dtype,
+        dtype=cfg.model.dtype)
+  else:
+    policy = nnx.merge(policy_graphdef, policy_params)
+    critic = critic_lib.Critic.from_policy(policy)
+  return nnx.split(critic)
+
+
+def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
+                  temperature: float | None = None, greedy: bool = False):
+  """A compiled group sampler with the run's sampling settings."""
+  s = cfg.sampling
+  scfg = sampling.SamplingConfig(
+      max_new_tokens=s.max_new_tokens, temperature=temperature or s.temperature,
+      top_p=s.top_p, top_k=s.top_k, greedy=greedy, stop_token_ids=text.eos_ids,
+      pad_id=text.pad_id, vocab_size=text.vocab_size, n_per_prompt=n,
+      max_prompt_len=cfg.data.max_prompt_tokens,
+      prompt_buckets=(cfg.data.max_prompt_tokens,))
+  return sampler_lib.Sampler.for_transformer(graphdef, mcfg, scfg, mesh=mesh, rules=rules)
+
+
+def sft_batch(examples, text: Text, prompt_len: int, response_len: int) -> dict[str, Any]:
+  """Teacher-forcing batch of prompt + solution + EOS (solutions cut to response_len)."""
+  b = len(examples)
+  tokens = np.full((b, prompt_len + response_len), text.pad_id, np.int32)
+  mask = np.zeros((b, prompt_len + response_len), np.float32)
+  for i, ex in enumerate(examples):
+    if ex.solution is None:
+      raise ValueError(f"example {ex.uid!r} has no solution to learn from in the SFT stage")
+    p = text.prompt_ids(ex.problem)
+    r = (text.encode(ex.solution) + [text.eos_ids[0]])[:response_len]
+    tokens[i, prompt_len - len(p):prompt_len] = p
+    mask[i, prompt_len - len(p):prompt_len] = 1
+    tokens[i, prompt_len:prompt_len + len(r)] = r
+    mask[i, prompt_len:prompt_len + len(r)] = 1
+  return {"tokens_BxL": tokens, "mask_BxL": mask,
+          "response_mask_BxR": mask[:, prompt_len:].copy()}
+
+
+def device_count_check(cfg, mesh, rules) -> None:
+  """The rollout batch must split evenly over the batch shards of the mesh."""
+  axes = batch_axes(mesh, rules)
+  shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+  for what, rows in (("rl.prompts_per_step", cfg.prompts_per_step),
+                     ("eval.batch_prompts", cfg.eval.batch_prompts),
+                     ("sft.batch_size", cfg.sft.batch_size)):
+    if rows % shards:
+      raise ValueError(f"config.{what}={rows} must be a multiple of the {shards} batch "
+                       f"shards of the mesh {dict(mesh.shape)}")
+

@@ -1,0 +1,41 @@
+"""Entry point: `python -m vapo_jax.main --config=configs/tiny.py [--config.rl.steps=10]`.
+
+The config file is read, checked in full and frozen before anything is compiled; then the
+stages it enables run in order (SFT warm start, value pretraining, RL).
+"""
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from vapo_jax import config as config_lib
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics (and checkpoints).")
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars.")
+
+
+def main(argv):
+  del argv
+  if _CONFIG.value is None:
+    raise app.UsageError("--config=configs/<experiment>.py is required")
+  try:
+    cfg = config_lib.from_config_dict(_CONFIG.value)
+  except config_lib.ConfigError as e:
+    sys.exit(f"Invalid config: {e}")
+  from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  trainer = trainer_lib.Trainer(cfg, _WORKDIR.value, progress=_PROGRESS.value)
+  try:
+    summary = trainer.run()
+  finally:
+    trainer.close()
+  summary.pop("rl_last", None)
+  print(json.dumps(summary, indent=1, default=float))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,249 @@
+"""The jitted update steps: policy (VAPO eq. 5), critic (value loss), and SFT.
+
+Each step is a pure function `(TrainState, batch) -> (TrainState, metrics)` over a mini-batch,
+compiled once with `jax.jit` with input/output shardings and the state donated. A mini-batch
+is split into micro-batches (gradient accumulation in a `lax.scan`); the token-level losses
+are normalised by the *mini-batch's* token counts, computed from the masks before the scan,
+so the accumulated gradient equals the gradient of the whole mini-batch exactly
+(`losses.LossSum`). Micro-batch i takes rows i, i + n, i + 2n, … so that with the batch
+sharded over the mesh every device contributes to every micro-batch.
+
+Shapes: B rows (responses), P prompt columns (left-padded), R response columns, L = P + R.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from vapo_jax import critic as critic_lib
+from vapo_jax import losses
+from vapo_jax import policy as policy_lib
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+  params: Any      # nnx.State of the model's parameters
+  opt_state: Any   # optax state
+  step: jax.Array  # int32 number of updates applied
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyHParams:
+  temperature: float = 1.0
+  eps_low: float = 0.2
+  eps_high: float = 0.28
+  dual_clip: float | None = None
+  loss_mode: str = "token"
+  nll_coef: float = 0.1
+  nll_threshold: float = 1.0
+  micro_batches: int = 1
+  vocab_chunk: int = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticHParams:
+  value_clip: float | None = None
+  loss_mode: str = "token"
+  micro_batches: int = 1
+
+
+def make_optimizer(lr: float, *, warmup_steps: int = 0, weight_decay: float = 0.01,
+                   b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8,
+                   grad_clip: float = 1.0) -> optax.GradientTransformation:
+  """AdamW with linear warm-up to a constant rate, after global-norm clipping."""
+  schedule = (optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps
+              else optax.constant_schedule(lr))
+  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
+  parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
+  return optax.chain(*parts)
+
+
+def init_state(params, tx: optax.GradientTransformation) -> TrainState:
+  """A TrainState whose optimizer state lives where the parameters do (under jit)."""
+  opt_state = jax.jit(tx.init)(params)
+  return TrainState(params, opt_state, jnp.zeros((), jnp.int32))
+
+
+def _micro_split(batch, n: int):
+  """[B, ...] -> [n, B/n, ...] with micro-batch i = rows i, i + n, i + 2n, …"""
+
+  def split(x):
+    b = x.shape[0]
+    if b % n:
+      raise ValueError(f"batch of {b} rows does not split into {n} micro-batches")
+    return jnp.swapaxes(x.reshape((b // n, n) + x.shape[1:]), 0, 1)
+
+  return jax.tree.map(split, batch)
+
+
+def _accumulate(loss_fn: Callable, params, batch, n: int):
+  """Σ over micro-batches of (loss, grads, metrics) from loss_fn(params, micro) -> (loss, m).
+
+  Metrics are summed too: loss_fn returns them already weighted for summation.
+  """
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if n == 1:
+    (loss, metrics), grads = grad_fn(params, batch)
+    return loss, grads, metrics
+
+  micro = _micro_split(batch, n)
+
+  def body(carry, mb):
+    (loss, metrics), grads = grad_fn(params, mb)
+    acc = jax.tree.map(jnp.add, carry, (loss, grads, metrics))
+    return acc, None
+
+  first = jax.tree.map(lambda x: x[0], micro)
+  (loss0, metrics0), grads0 = jax.eval_shape(grad_fn, params, first)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss0, grads0, metrics0))
+  (loss, grads, metrics), _ = jax.lax.scan(body, zeros, micro)
+  return loss, grads, metrics
+
+
+def _apply(tx, state: TrainState, grads) -> tuple[TrainState, jax.Array]:
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  return TrainState(params, opt_state, state.step + 1), optax.global_norm(grads)
+
+
+# --------------------------------------------------------------------------------- policy
+
+
+def policy_step(graphdef, tx: optax.GradientTransformation, hp: PolicyHParams,
+                state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+  """One policy update on a mini-batch: L = L_PPO (eq. 4) + μ·L_NLL (eq. 3).
+
+  batch: tokens_BxL (int32), mask_BxL, old_logp_BxR, advantages_BxR, response_mask_BxR,
+  scores_B. The prompt length is L − R.
+  """
+  resp_mask = batch["response_mask_BxR"]
+  prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
+  pg_count = losses.aggregation_count(resp_mask, hp.loss_mode)
+  correct = (batch["scores_B"] >= hp.nll_threshold).astype(jnp.float32)
+  nll_count = jnp.sum(resp_mask * correct[:, None])
+  rows = jnp.asarray(resp_mask.shape[0], jnp.float32)
+  tokens = jnp.sum(resp_mask)
+
+  def loss_fn(params, mb):
+    model = nnx.merge(graphdef, params)
+    logp, entropy = policy_lib.response_logprobs(
+        model, mb["tokens_BxL"], mb["mask_BxL"], prompt_len, temperature=hp.temperature,
+        chunk=hp.vocab_chunk)
+    m = mb["response_mask_BxR"]
+    pg = losses.ppo_policy_loss(logp, mb["old_logp_BxR"], mb["advantages_BxR"], m,
+                                eps_low=hp.eps_low, eps_high=hp.eps_high,
+                                dual_clip=hp.dual_clip, mode=hp.loss_mode)
+    loss = losses.safe_divide(pg.loss.total, pg_count)
+    nll = losses.positive_nll(logp, m, mb["scores_B"], threshold=hp.nll_threshold)
+    if hp.nll_coef:
+      loss = loss + hp.nll_coef * losses.safe_divide(nll.total, nll_count)
+    w = pg.metrics["tokens"] / jnp.maximum(tokens, 1.0)  # token share of this micro-batch
+    metrics = {k: pg.metrics[k] * w for k in
+               ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "approx_kl", "ratio_mean")}
+    metrics["entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * m) / jnp.maximum(tokens, 1.0)
+    metrics["pg_loss"] = losses.safe_divide(pg.loss.total, pg_count)
+    metrics["nll_loss"] = losses.safe_divide(nll.total, nll_count)
+    return loss, metrics
+
+  loss, grads, metrics = _accumulate(loss_fn, state.params, batch, hp.micro_batches)
+  state, grad_norm = _apply(tx, state, grads)
+  metrics.update(policy_loss=loss, policy_grad_norm=grad_norm, rows=rows)
+  return state, metrics
+
+
+# --------------------------------------------------------------------------------- critic
+
+
+def critic_step(graphdef, tx: optax.GradientTransformation, hp: CriticHParams,
+                state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+  """One critic update: ½(V − R)² against the λ_critic returns (optionally clipped).
+
+  batch: tokens_BxL, mask_BxL, returns_BxR, old_values_BxR, response_mask_BxR.
+  """
+  resp_mask = batch["response_mask_BxR"]
+  prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
+  count = losses.aggregation_count(resp_mask, hp.loss_mode)
+
+  def loss_fn(params, mb):
+    critic = nnx.merge(graphdef, params)
+    values = critic_lib.response_values(critic, mb["tokens_BxL"], mb["mask_BxL"], prompt_len)
+    out = losses.value_loss(values, mb["returns_BxR"], mb["response_mask_BxR"],
+                            old_values=mb["old_values_BxR"], clip_eps=hp.value_clip,
+                            mode=hp.loss_mode)
+    loss = losses.safe_divide(out.loss.total, count)
+    return loss, {"value_clip_frac": out.metrics["value_clip_frac"] * out.metrics["tokens"]
+                  / jnp.maximum(jnp.sum(resp_mask), 1.0)}
+
+  loss, grads, metrics = _accumulate(loss_fn, state.params, batch, hp.micro_batches)
+  state, grad_norm = _apply(tx, state, grads)
+  metrics.update(value_loss=loss, critic_grad_norm=grad_norm)
+  return state, metrics
+
+
+# ------------------------------------------------------------------------------------ SFT
+
+
+def sft_step(graphdef, tx: optax.GradientTransformation, state: TrainState,
+             batch: dict) -> tuple[TrainState, dict]:
+  """Supervised warm start: token-level NLL of the response (solution) tokens.
+
+  batch: tokens_BxL, mask_BxL, response_mask_BxR.
+  """
+  resp_mask = batch["response_mask_BxR"]
+  prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
+
+  def loss_fn(params):
+    model = nnx.merge(graphdef, params)
+    logp, _ = policy_lib.response_logprobs(model, batch["tokens_BxL"], batch["mask_BxL"],
+                                           prompt_len)
+    return losses.safe_divide(-jnp.sum(logp * resp_mask), jnp.sum(resp_mask))
+
+  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  state, grad_norm = _apply(tx, state, grads)
+  return state, {"sft_loss": loss, "sft_grad_norm": grad_norm}
+
+
+# ----------------------------------------------------------------------- forward passes
+
+
+def policy_logprobs(graphdef, params, tokens_BxL, mask_BxL, prompt_len: int, *,
+                    temperature: float, vocab_chunk: int = 128):
+  """Teacher-forced log-probs and entropies of the response tokens, [B, R] each."""
+  model = nnx.merge(graphdef, params)
+  return policy_lib.response_logprobs(model, tokens_BxL, mask_BxL, prompt_len,
+                                      temperature=temperature, chunk=vocab_chunk)
+
+
+def critic_values(graphdef, params, tokens_BxL, mask_BxL, prompt_len: int):
+  """V(s_t) for every response token, [B, R]."""
+  return critic_lib.response_values(nnx.merge(graphdef, params), tokens_BxL, mask_BxL,
+                                    prompt_len)
+
+
+# ------------------------------------------------------------------------------ compile
+
+
+def batch_sharding(mesh, batch_axes) -> NamedSharding:
+  """Rows split over the mesh's batch axes; everything else replicated."""
+  return NamedSharding(mesh, PartitionSpec(batch_axes or None))
+
+
+def compile_step(step_fn, state: TrainState, mesh, batch_axes):
+  """jax.jit(step_fn) with the state's shardings in and out, batch rows sharded, donation."""
+  state_sh = jax.tree.map(lambda x: x.sharding, state)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return jax.jit(step_fn, in_shardings=(state_sh, batch_sharding(mesh, batch_axes)),
+                 out_shardings=(state_sh, replicated), donate_argnums=(0,))
+
+
+def shard_batch(batch: dict, mesh, batch_axes) -> dict:
+  """Puts a host batch on the mesh, rows split over the batch axes."""
+  sh = batch_sharding(mesh, batch_axes)
+  return {k: jax.device_put(v, sh) for k, v in batch.items()}
+
