@@ -2,4 +2,5 @@
 
 from vapo_jax.models.config import ModelConfig, tiny_config
 from vapo_jax.models.transformer import (KVCache, Transformer, forward_logits,
-                                         init_cache, positions_from_mask)
+                                         init_cache, init_sharded,
+                                         positions_from_mask)
