@@ -8,6 +8,8 @@ import dataclasses
 from typing import Any, Callable
 
 from flax import nnx
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from vapo_jax import critic as critic_lib
@@ -140,7 +142,9 @@ def build_critic(cfg, policy_graphdef, policy_params, mesh, rules):
   else:
     policy = nnx.merge(policy_graphdef, policy_params)
     critic = critic_lib.Critic.from_policy(policy)
-  return nnx.split(critic)
+  graphdef, params = nnx.split(critic)
+  # from_policy shares the policy's buffers; the critic's train step donates its own.
+  return graphdef, jax.jit(lambda t: jax.tree.map(jnp.copy, t))(params)
 
 
 def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,

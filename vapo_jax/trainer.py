@@ -206,13 +206,13 @@ class Trainer:
     })
     return batch, metrics
 
-  def _updates(self, batch: dict, *, policy: bool, critic: bool, step: int) -> dict:
+  def _updates(self, batch: dict, *, policy: bool, critic: bool, stage: int, step: int) -> dict:
     """ppo_epochs passes of num_minibatches (policy, critic) updates over one batch."""
     cfg = self.cfg
     rows = batch["scores_B"].shape[0]
     records = []
     for epoch in range(cfg.rl.ppo_epochs):
-      perm = np.random.default_rng([cfg.seed, step, epoch]).permutation(rows)
+      perm = np.random.default_rng([cfg.seed, stage, step, epoch]).permutation(rows)
       for k in range(cfg.rl.num_minibatches):
         idx = jnp.asarray(perm[k * self.minibatch_rows:(k + 1) * self.minibatch_rows])
         mb = self._take(batch, idx)
@@ -228,13 +228,13 @@ class Trainer:
 
   def value_pretrain(self) -> dict[str, float]:
     """Trains the critic on Monte Carlo returns of the frozen policy until the rule holds."""
-    cfg, vp = self.cfg, self.cfg.value_pretrain
+    vp = self.cfg.value_pretrain
     self._ensure_critic()
     bar = self._bar(vp.max_steps, "value pretraining")
     metrics = {}
     for i in range(vp.max_steps):
       batch, em = self.experience(next(self.prompts), for_value_pretraining=True)
-      um = self._updates(batch, policy=False, critic=True, step=-1 - i)
+      um = self._updates(batch, policy=False, critic=True, stage=0, step=i)
       metrics = {**em, **um}
       self.log.write("value_pretrain", i + 1, metrics)
       if bar:
@@ -278,7 +278,7 @@ class Trainer:
       t0 = time.perf_counter()
       batch, em = self.experience(next(self.prompts))
       t1 = time.perf_counter()
-      um = self._updates(batch, policy=True, critic=rl.use_critic, step=i)
+      um = self._updates(batch, policy=True, critic=rl.use_critic, stage=1, step=i)
       self.policy_params = self.policy_state.params
       t2 = time.perf_counter()
       metrics = {**em, **um, "time/update_s": t2 - t1, "time/step_s": t2 - t0}
