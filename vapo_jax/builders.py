@@ -85,15 +85,18 @@ def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
   else:
     load = {"jsonl": data_lib.load_jsonl, "parquet": data_lib.load_parquet,
             "tfds": data_lib.load_tfds}[d.source]
-    kwargs = {}
-    if d.layout:
-      kwargs["layout"] = d.layout
-    if d.problem_field:
-      kwargs["problem_field"] = d.problem_field
-    if d.answer_field:
-      kwargs["answer_field"] = d.answer_field
-    train = load(d.train_path, **kwargs)[:d.num_train]
-    test = load(d.eval_path, **kwargs)[:d.num_eval] if d.eval_path else []
+
+    def kwargs(layout):
+      out = {"layout": layout} if layout else {}
+      if d.problem_field:
+        out["problem_field"] = d.problem_field
+      if d.answer_field:
+        out["answer_field"] = d.answer_field
+      return out
+
+    train = load(d.train_path, **kwargs(d.layout))[:d.num_train]
+    test = (load(d.eval_path, **kwargs(d.eval_layout or d.layout))[:d.num_eval]
+            if d.eval_path else [])
   stats = {}
   kept = []
   for name, examples in (("train", train), ("eval", test)):

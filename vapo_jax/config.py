@@ -54,7 +54,8 @@ class DataSection:
   source: str = "synthetic"    # synthetic | jsonl | parquet | tfds
   train_path: str = ""
   eval_path: str = ""
-  layout: str = ""             # a named layout (e.g. "gsm8k", "math", "dapo", "aime") or ""
+  layout: str = ""             # a named layout of data.LAYOUTS (e.g. "gsm8k", "math") or ""
+  eval_layout: str = ""        # layout of eval_path ("" = layout)
   problem_field: str = ""
   answer_field: str = ""
   template: str = "{problem}\n"

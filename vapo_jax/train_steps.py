@@ -53,6 +53,20 @@ class CriticHParams:
   micro_batches: int = 1
 
 
+def policy_hparams(cfg, micro_batches: int = 1) -> PolicyHParams:
+  """The PolicyHParams of a run's `config.Config` (its VAPO switches resolved)."""
+  rl = cfg.rl
+  return PolicyHParams(temperature=cfg.sampling.temperature, eps_low=rl.eps_low,
+                       eps_high=cfg.eps_high, dual_clip=rl.dual_clip or None,
+                       loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
+                       nll_threshold=rl.nll_threshold, micro_batches=micro_batches)
+
+
+def critic_hparams(cfg, micro_batches: int = 1) -> CriticHParams:
+  return CriticHParams(value_clip=cfg.rl.value_clip or None, loss_mode="token",
+                       micro_batches=micro_batches)
+
+
 def make_optimizer(lr: float, *, warmup_steps: int = 0, weight_decay: float = 0.01,
                    b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8,
                    grad_clip: float = 1.0) -> optax.GradientTransformation:

@@ -124,8 +124,7 @@ class Trainer:
                                          weight_decay=o.weight_decay, b1=o.b1, b2=o.b2,
                                          eps=o.eps, grad_clip=o.grad_clip)
       self.critic_state = ts.init_state(params, self.critic_tx)
-      hp = ts.CriticHParams(value_clip=self.cfg.rl.value_clip or None, loss_mode="token",
-                            micro_batches=self.micro_batches)
+      hp = ts.critic_hparams(self.cfg, self.micro_batches)
       self._critic_step = ts.compile_step(
           functools.partial(ts.critic_step, self.critic_graphdef, self.critic_tx, hp),
           self.critic_state, self.mesh, self.batch_axes)
@@ -266,10 +265,7 @@ class Trainer:
                            weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps,
                            grad_clip=o.grad_clip)
     self.policy_state = ts.init_state(self.policy_params, tx)
-    hp = ts.PolicyHParams(temperature=cfg.sampling.temperature, eps_low=rl.eps_low,
-                          eps_high=cfg.eps_high, dual_clip=rl.dual_clip or None,
-                          loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
-                          nll_threshold=rl.nll_threshold, micro_batches=self.micro_batches)
+    hp = ts.policy_hparams(cfg, self.micro_batches)
     self._policy_step = ts.compile_step(functools.partial(ts.policy_step, self.graphdef, tx, hp),
                                         self.policy_state, self.mesh, self.batch_axes)
     bar = self._bar(rl.steps, "rl")

@@ -1,0 +1,73 @@
+"""VAPO as in the paper: Qwen2.5-32B base, DAPO-Math-17k, AIME 2024 avg@32, on a TPU pod.
+
+  python -m vapo_jax.main --config=configs/qwen32b.py \
+      --config.model.hf_path=/data/Qwen2.5-32B --config.data.train_path=/data/dapo-math-17k.parquet \
+      --config.data.eval_path=/data/aime_2024.jsonl --workdir=gs://bucket/vapo32b
+
+Settings from VAPO (arXiv 2504.05118, §4): 512 prompts × 16 responses per step, mini-batches
+of 512 responses, actor / critic learning rates 1e-6 / 2e-6, 50 steps of value pretraining,
+α = 0.05, λ_critic = 1, γ = 1, ε_low / ε_high = 0.2 / 0.28, μ = 0.1, token-level loss, and
+responses of up to 20k tokens. Mesh: FSDP over every chip with 4-way tensor parallelism.
+"""
+
+from vapo_jax import config as config_lib
+
+
+def get_config(preset: str = "vapo"):
+  c = config_lib.default_config_dict()
+  c.seed = 0
+  c.model.hf_path = "checkpoints/Qwen2.5-32B"
+  c.model.tokenizer = "hf"
+  c.model.param_dtype = "float32"     # master weights; matmuls in bfloat16
+  c.model.dtype = "bfloat16"
+  c.model.remat = True
+
+  c.data.source = "parquet"
+  c.data.train_path = "data/dapo-math-17k.parquet"
+  c.data.layout = "dapo_math_17k"
+  c.data.eval_path = "data/aime_2024.jsonl"
+  c.data.eval_layout = "aime2024"
+  c.data.template = ("{problem}\n\nPlease reason step by step, and put your final answer "
+                     "within \\boxed{}.\n")
+  c.data.max_prompt_tokens = 1024
+  c.data.num_train = 1_000_000
+  c.data.num_eval = 30
+
+  c.sampling.max_new_tokens = 20480
+  c.sampling.temperature = 1.0
+
+  c.reward.num_workers = 32
+  c.reward.timeout_s = 10.0
+
+  c.optim.policy_lr = 1e-6
+  c.optim.critic_lr = 2e-6
+  c.optim.warmup_steps = 10
+  c.optim.weight_decay = 0.1
+  c.optim.grad_clip = 1.0
+
+  c.value_pretrain.enabled = True
+  c.value_pretrain.max_steps = 50
+  c.value_pretrain.min_steps = 50
+
+  c.rl.steps = 5000
+  c.rl.prompts_per_step = 512
+  c.rl.responses_per_prompt = 16
+  c.rl.num_minibatches = 16          # mini-batches of 512 responses
+  c.rl.micro_batch_size = 8
+  c.rl.ppo_epochs = 1
+  c.rl.alpha = 0.05
+  c.rl.gamma = 1.0
+  c.rl.lam_critic = 1.0
+  c.rl.eps_low = 0.2
+  c.rl.eps_high = 0.28
+  c.rl.nll_coef = 0.1
+
+  c.eval.every = 50
+  c.eval.num_examples = 30
+  c.eval.samples_per_problem = 32    # avg@32, the paper's AIME metric
+  c.eval.batch_prompts = 32
+
+  c.mesh.data = 1
+  c.mesh.fsdp = -1
+  c.mesh.tensor = 4
+  return config_lib.apply_preset(c, preset)

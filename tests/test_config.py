@@ -1,0 +1,136 @@
+"""Config checking, presets, and that each VAPO switch changes exactly what it names."""
+
+import dataclasses
+import importlib.util
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vapo_jax import config as config_lib
+from vapo_jax import rl_batch
+from vapo_jax import train_steps as ts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config_file(name, preset="vapo"):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(preset)
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(os.path.join(ROOT, "configs"))
+                                        if f.endswith(".py")))
+def test_every_config_file_and_preset_validates(name):
+  for preset in config_lib.PRESETS:
+    cfg = config_lib.from_config_dict(load_config_file(name, preset))
+    assert isinstance(cfg, config_lib.Config)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("rl.eps_low", 1.5, "config.rl.eps_low=1.5: must be in [0, 1)"),
+    ("rl.alpha", 0.0, "config.rl.alpha=0.0: must be > 0"),
+    ("rl.num_minibatches", 3, "config.rl.num_minibatches=3: must be a divisor"),
+    ("sampling.temperature", 0.0, "config.sampling.temperature"),
+    ("data.source", "csv", "config.data.source='csv'"),
+    ("rl.gae_impl", "fast", "config.rl.gae_impl='fast'"),
+    ("model.num_kv_heads", 3, "config.model.num_kv_heads=3"),
+    ("reward.fn", "no_colon", "config.reward.fn"),
+])
+def test_bad_values_name_the_field(field, value, message):
+  c = load_config_file("tiny.py")
+  section, name = field.split(".")
+  c[section][name] = value
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.from_config_dict(c)
+  assert message in str(e.value)
+
+
+def test_wrong_type_and_unknown_field():
+  c = config_lib.default_config_dict().to_dict()
+  c["rl"]["steps"] = "ten"
+  with pytest.raises(config_lib.ConfigError, match=r"config.rl.steps='ten': must be of type int"):
+    config_lib.from_config_dict(c)
+  c = config_lib.default_config_dict().to_dict()
+  c["rl"]["epsilon"] = 0.2
+  with pytest.raises(config_lib.ConfigError, match=r"config.rl.epsilon is not a known field"):
+    config_lib.from_config_dict(c)
+  with pytest.raises(config_lib.ConfigError, match="unknown preset"):
+    config_lib.apply_preset(config_lib.default_config_dict(), "vapo2")
+
+
+def test_critic_free_preset_needs_groups():
+  c = load_config_file("tiny.py", "grpo")
+  c.rl.group_sampling = False
+  with pytest.raises(config_lib.ConfigError, match="group-relative advantages need a group"):
+    config_lib.from_config_dict(c)
+
+
+def resolved(cfg):
+  """Everything the trainer derives from the switches, as a flat dict."""
+  out = {f"adv.{k}": v for k, v in dataclasses.asdict(rl_batch.advantage_config(cfg)).items()}
+  out.update({f"policy.{k}": v for k, v in dataclasses.asdict(ts.policy_hparams(cfg)).items()})
+  out["value_pretrain"] = cfg.value_pretrain.enabled and cfg.rl.use_critic
+  out["prompts_per_step"] = cfg.prompts_per_step
+  out["responses_per_prompt"] = cfg.responses_per_prompt
+  return out
+
+
+@pytest.mark.parametrize("preset,changed", [
+    ("no_value_pretrain", {"value_pretrain"}),
+    ("no_decoupled_gae", {"adv.decoupled"}),
+    ("no_length_adaptive", {"adv.length_adaptive"}),
+    ("no_clip_higher", {"policy.eps_high"}),
+    ("no_token_level_loss", {"policy.loss_mode"}),
+    ("no_positive_nll", {"policy.nll_coef"}),
+    ("no_group_sampling", {"prompts_per_step", "responses_per_prompt", "adv.group_size"}),
+])
+def test_each_ablation_changes_exactly_what_it_names(preset, changed):
+  base = resolved(config_lib.from_config_dict(load_config_file("qwen32b.py")))
+  other = resolved(config_lib.from_config_dict(load_config_file("qwen32b.py", preset)))
+  assert {k for k in base if base[k] != other[k]} == changed
+  if preset == "no_clip_higher":
+    assert other["policy.eps_high"] == other["policy.eps_low"] == 0.2
+  if preset == "no_group_sampling":  # same generation budget
+    assert (base["prompts_per_step"] * base["responses_per_prompt"]
+            == other["prompts_per_step"] * other["responses_per_prompt"])
+
+
+def test_paper_settings_in_qwen32b():
+  cfg = config_lib.from_config_dict(load_config_file("qwen32b.py"))
+  assert (cfg.prompts_per_step, cfg.responses_per_prompt) == (512, 16)
+  assert cfg.rl.alpha == 0.05 and cfg.rl.lam_critic == 1.0 and cfg.rl.gamma == 1.0
+  assert (cfg.rl.eps_low, cfg.eps_high, cfg.rl.nll_coef) == (0.2, 0.28, 0.1)
+  assert cfg.loss_mode == "token" and cfg.value_pretrain.enabled
+
+
+def test_length_adaptive_switch_gives_constant_lambda():
+  lengths = jnp.array([10, 100, 1000, 4])
+  mask = (jnp.arange(1000)[None] < lengths[:, None]).astype(jnp.float32)
+  scores = jnp.array([1.0, 0.0, 1.0, 0.0])
+  values = jnp.zeros(mask.shape)
+  on = rl_batch.compute_advantages(rl_batch.AdvantageConfig(), scores, lengths, mask, values)
+  np.testing.assert_allclose(on["lam_policy_B"], [0.0, 0.8, 0.98, 0.0], atol=1e-6)
+  off = rl_batch.compute_advantages(
+      rl_batch.AdvantageConfig(length_adaptive=False, lam_policy=0.95), scores, lengths, mask,
+      values)
+  np.testing.assert_allclose(off["lam_policy_B"], 0.95)
+  # Decoupled: critic targets are the Monte Carlo returns whatever λ_policy is.
+  np.testing.assert_allclose(on["returns_BxR"], scores[:, None] * mask, atol=1e-6)
+  coupled = rl_batch.compute_advantages(
+      rl_batch.AdvantageConfig(decoupled=False), scores, lengths, mask, values + 0.5)
+  # With λ = 0 (short rows) the coupled target bootstraps: R_t = V_{t+1} (+ r on the last).
+  np.testing.assert_allclose(coupled["returns_BxR"][0, :9], 0.5, atol=1e-6)
+
+
+def test_group_relative_without_critic():
+  lengths = jnp.array([3, 4, 5, 6])
+  mask = (jnp.arange(8)[None] < lengths[:, None]).astype(jnp.float32)
+  out = rl_batch.compute_advantages(
+      rl_batch.AdvantageConfig(use_critic=False, group_size=2, group_std_norm=False),
+      jnp.array([1.0, 0.0, 1.0, 1.0]), lengths, mask, None)
+  np.testing.assert_allclose(out["advantages_BxR"][:, 0], [0.5, -0.5, 0.0, 0.0])
+  np.testing.assert_allclose(out["advantages_BxR"] * (1 - mask), 0.0)
