@@ -43,7 +43,16 @@ def rules_of(cfg) -> shd.Rules:
 
 
 def build_mesh(cfg):
-  return shd.make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
+  """The config's (data, fsdp, tensor) mesh; with no -1 size it uses the first devices."""
+  sizes = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+  devices = None
+  if -1 not in sizes:
+    need = int(np.prod(sizes))
+    if need > jax.device_count():
+      raise ValueError(f"config.mesh {sizes} needs {need} devices, "
+                       f"only {jax.device_count()} are present")
+    devices = jax.devices()[:need]
+  return shd.make_mesh(*sizes, devices=devices)
 
 
 def batch_axes(mesh, rules) -> tuple[str, ...]:

@@ -78,10 +78,29 @@ def make_optimizer(lr: float, *, warmup_steps: int = 0, weight_decay: float = 0.
   return optax.chain(*parts)
 
 
+def opt_state_shardings(params, tx: optax.GradientTransformation):
+  """Shardings of tx.init(params): each per-parameter leaf (Adam's μ, ν, …) is sharded like
+  its parameter, everything else (counts, scalars) replicated on the parameters' mesh."""
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  by_path = {jax.tree_util.keystr(p): x.sharding for p, x in leaves}
+  replicated = NamedSharding(leaves[0][1].sharding.mesh, PartitionSpec())
+
+  def one(path, leaf):
+    del leaf
+    key = jax.tree_util.keystr(path)
+    matches = [p for p in by_path if key.endswith(p)]
+    return by_path[max(matches, key=len)] if matches else replicated
+
+  return jax.tree_util.tree_map_with_path(one, jax.eval_shape(tx.init, params))
+
+
 def init_state(params, tx: optax.GradientTransformation) -> TrainState:
-  """A TrainState whose optimizer state lives where the parameters do (under jit)."""
-  opt_state = jax.jit(tx.init)(params)
-  return TrainState(params, opt_state, jnp.zeros((), jnp.int32))
+  """A TrainState whose optimizer state is created, under jit, where the parameters live."""
+  shardings = opt_state_shardings(params, tx)
+  opt_state = jax.jit(tx.init, out_shardings=shardings)(params)
+  mesh = jax.tree.leaves(params)[0].sharding.mesh
+  step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(mesh, PartitionSpec()))
+  return TrainState(params, opt_state, step)
 
 
 def _micro_split(batch, n: int):
