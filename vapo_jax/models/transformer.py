@@ -1,6 +1,6 @@
-"""The decoder-only transformer (Qwen2/2.5, Qwen3, Llama 3) in Flax NNX.
+"""The decoder-only transformer (Qwen2/2.5, Qwen3, Llama 3), Flax NNX.
 
-    tokens_BxT --embed--> [Block x L] --RMSNorm--> hidden_BxTxD --logits--> [B,T,V]
+  tokens_BxT -embed-> [Block x L] -RMSNorm-> hidden_BxTxD -logits-> [B, T, V]
 
 Left-padded batches are handled by the caller's positions (for a mask m:
 `positions = max(cumsum(m) - 1, 0)`) and the key mask. Decoding uses a KV
@@ -141,7 +141,8 @@ def init_sharded(build: Callable[[nnx.Rngs], nnx.Module], mesh,
   Example: `init_sharded(lambda r: Transformer(cfg, rngs=r), mesh)`. Nothing
   is materialised whole on one device.
   """
-  graphdef, abs_state = nnx.split(nnx.eval_shape(lambda: build(nnx.Rngs(seed))))
+  graphdef, abs_state = nnx.split(
+      nnx.eval_shape(lambda: build(nnx.Rngs(seed))))
   shardings = shd.state_shardings(abs_state, mesh, rules)
   init = jax.jit(lambda: nnx.state(build(nnx.Rngs(seed))),
                  out_shardings=shardings)
