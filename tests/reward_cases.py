@@ -356,6 +356,68 @@ MALFORMED = _cases("malformed", [
     (r"\boxed{1}\boxed{", "1", False),
 ], wrap=False)
 
+# Answer forms seen in model outputs, written as a second round after the
+# checker existed (the first run of these found 11 checker errors).
+REALISTIC = _cases("realistic", [
+    (r"\dfrac{\sqrt{3}}{3}", r"\frac{1}{\sqrt3}", True),
+    (r"x \in [2, 5]", "[2,5]", True),
+    (r"x \in (-1, 1)", "(-1,1)", True),
+    (r"5\text{ km/h}", "5", True),
+    (r"\$5.00", "5", True),
+    (r"1.5 \times 10^{3}", "1500", True),
+    (r"3.0", "3", True),
+    (r"\mathbf{(B)}", "B", True),
+    ("B", "(B)", True),
+    (r"\text{B}", "B", True),
+    (r"\emptyset", r"\varnothing", True),
+    (r"\varnothing", r"\{\}", True),
+    ("a=2, b=3", "b=3, a=2", True),
+    ("a=2, b=3", "a=3, b=2", False),
+    (r"2\sqrt{3}+1", r"1+2\sqrt{3}", True),
+    (r"\text{4 inches}", "4", True),
+    (r"4\sqrt{2}\text{ cm}", r"\sqrt{32}", True),
+    (r"\sin x", r"\sin(x)", True),
+    (r"\arctan 1", r"\frac{\pi}{4}", True),
+    (r"\tan^{-1}(1)", r"\frac{\pi}{4}", True),
+    (r"e^{i\pi}", "-1", True),
+    (r"x = \pm 3", "3, -3", True),
+    (r"[1,\infty)", r"x\geq1", True),
+    (r"1\,000", "1000", True),
+    (r"1\,000\,000", "1000000", True),
+    (r"\left\{ 1,2 \right\}", r"\{1,2\}", True),
+    (r"-2 \text{ and } 3", "-2, 3", True),
+    (r"\text{no solution}", "No solution", True),
+    (r"(-\infty, 2) \cup (3, \infty)", r"x<2 \text{ or } x>3", True),
+    (r"\frac{3}{2}x^2", r"1.5x^2", True),
+    (r"\frac{x}{2}", r"0.5x", True),
+    (r"\sqrt{2}/2", r"\frac{\sqrt2}{2}", True),
+    (r"\frac{1}{4}\pi r^2", r"\frac{\pi r^2}{4}", True),
+    (r"\pi r^2", r"2\pi r", False),
+    (r"x^2+1", r"x^2-1", False),
+    (r"(a, b) = (2, 3)", "(2,3)", True),
+    (r"m+n = 17", "17", True),
+    (r"k = 3", "4", False),
+    ("17", "m+n=17", False),
+    (r"\frac{a+b}{2}", r"\frac{a}{2}+\frac{b}{2}", True),
+    (r"\frac{2}{3}\text{ hours}", r"\frac23", True),
+    (r"\$ 2.50", "2.5", True),
+    ("1/3", r"0.\overline{3}", True),
+    ("0.3", r"0.\overline{3}", False),
+    (r"0.1\overline{6}", r"\frac{1}{6}", True),
+    (r"5 \cdot 2^{3}", "40", True),
+    (r"3\%", "0.03", False),
+    (r"6 \text{ ways}", "6", True),
+    (r"x=1,\ y=2", "(1,2)", False),
+    (r"\infty", r"\infty", True),
+    (r"\cos^2\theta", r"1-\sin^2\theta", True),
+    (r"2\cos^2\theta-1", r"\cos 2\theta", True),
+    (r"\sin 2x", r"2\sin x\cos x", True),
+    (r"\frac{\sqrt{6}-\sqrt{2}}{4}", r"\sin 15^\circ", True),
+    (r"\sqrt[4]{16}", "2", True),
+    (r"n(n+1)/2", r"\frac{n^2+n}{2}", True),
+    (r"\binom{n}{2}", r"\frac{n(n-1)}{2}", True),
+])
+
 _HUGE = "10^{10^{10}}"
 HOSTILE = _cases("hostile", [
     (r"\boxed{__import__('os').system('touch %s')}" % SENTINEL, "0", False),
@@ -392,4 +454,4 @@ HOSTILE = _cases("hostile", [
 
 ALL_CASES = (EXTRACTION + NORMALISATION + FRACTIONS_ROOTS_PI + INTERVALS +
              SETS_TUPLES + EQUATIONS + LARGE_INTEGERS + NEAR_MISSES + TEXT +
-             MALFORMED + HOSTILE)
+             MALFORMED + REALISTIC + HOSTILE)

@@ -279,7 +279,7 @@ def _unordered_equal(xs, ys, tol: Tolerance) -> bool:
 
 
 def equivalent(a: Answer, b: Answer, tol: Tolerance = Tolerance()) -> bool:
-  """Whether two parsed answers denote the same mathematical answer."""
+  """Whether answer `a` (the response's) denotes reference answer `b`."""
   if a.kind == "set" and len(a.items) == 1:
     return equivalent(a.items[0], b, tol)
   if b.kind == "set" and len(b.items) == 1:
@@ -287,12 +287,16 @@ def equivalent(a: Answer, b: Answer, tol: Tolerance = Tolerance()) -> bool:
   if a.kind == "expr" and b.kind == "expr":
     return expr_equal(a.value, b.value, tol, a.approx or b.approx)
   for x, y in ((a, b), (b, a)):
-    if x.kind == "rel" and y.kind == "expr" and x.value[0] == ("==",) and (
-        isinstance(x.value[1][0], sympy.Symbol)):
-      return expr_equal(x.value[1][1], y.value, tol, x.approx or y.approx)
+    if x.kind == "rel" and y.kind == "expr" and x.value[0] == ("==",):
+      lhs, rhs = x.value[1]
+      # `x = 5` names the answer 5 on either side; a response `m + n = 17`
+      # answers a reference `17` (AIME style), but not the other way round.
+      if isinstance(lhs, sympy.Symbol) or (
+          x is a and rhs.is_number and y.value.is_number):
+        return expr_equal(rhs, y.value, tol, x.approx or y.approx)
   if a.kind == "text" or b.kind == "text":
     return a.kind == b.kind and a.value == b.value
-  if a.kind in ("set", "union") and b.kind == a.kind:
+  if a.kind in ("set", "union") and b.kind in ("set", "union"):
     return _unordered_equal(a.items, b.items, tol)
   if a.kind == "rel" and b.kind == "rel":
     return _rel_equal(a, b, tol)

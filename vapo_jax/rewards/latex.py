@@ -133,10 +133,10 @@ def check_pow(base, exponent, limits: Limits = DEFAULT_LIMITS):
       raise TooLarge("exponent")
   else:
     try:
-      mag = abs(sympy.Float(sympy.N(exponent, 15)))
+      mag = abs(complex(sympy.N(exponent, 15)))
     except (TypeError, ValueError) as e:
       raise TooLarge("exponent") from e
-    if not mag.is_finite:
+    if not math.isfinite(mag):
       raise TooLarge("exponent")
   if _is_number(base):
     if base.is_zero:
@@ -384,7 +384,12 @@ class _Parser:
     if self.peek() in ("(", "{"):
       x = self.group(self.peek(), ")" if self.peek() == "(" else "}")
     else:
+      # `\sin 2x` is sin(2x): a run of juxtaposed atoms, up to the next
+      # operator or function (`\sin x \cos x` is sin(x) cos(x)).
       x = self.postfix()
+      while self._starts_atom(self.peek()) and self.peek().lstrip(
+          "\\") not in _FUNCS and self.peek() not in ("(", "|"):
+        x = x * self.postfix()
     out = sympy.log(x, base) if base is not None else fn(x)
     if power is not None:
       if power == -1 and name in ("sin", "cos", "tan"):

@@ -79,13 +79,33 @@ def _unwrap(text: str) -> str:
       continue
     inner = text[m.end() + 1:end - 1]
     word = inner.strip().lower()
-    if (word in _UNITS or word in _MULTIWORD_UNITS) and m.start() > 0:
+    if _is_unit(word) and m.start() > 0:
       inner = ""
       power = re.match(r"\s*\^\s*\{?\s*[23]\s*\}?", text[end:])
       if power:
         end += power.end()
     text = text[:m.start()] + inner + text[end:]
   return text
+
+
+def _is_unit(word: str) -> bool:
+  """`cm`, `square units`, `km/h`, `meters per second`."""
+  if word in _MULTIWORD_UNITS:
+    return True
+  parts = [p for p in re.split(r"\s*/\s*|\s+per\s+|\s+", word) if p]
+  return bool(parts) and all(p in _UNITS for p in parts)
+
+
+def _repeating_decimal(text: str) -> str:
+  """`0.1\\overline{6}` -> `\\frac{15}{90}`."""
+  def frac(m):
+    whole, fixed, rep = m.group(1) or "0", m.group(2), m.group(3)
+    if len(fixed) + len(rep) > 30:
+      return m.group(0)
+    num = int(whole + fixed + rep) - int(whole + fixed)
+    den = 10 ** len(fixed) * (10 ** len(rep) - 1)
+    return f"\\frac{{{num}}}{{{den}}}"
+  return re.sub(r"(\d*)\.(\d*)\\overline\{(\d+)\}", frac, text)
 
 
 def _strip_units(text: str) -> str:
@@ -152,7 +172,9 @@ def normalize_answer(text: str) -> str:
     collapsed to single spaces.
   """
   text = strip_answer_noise(text)
-  # Degrees, percent, currency.
+  # Degrees (in radians inside trig functions), percent, currency.
+  if re.search(r"\\(sin|cos|tan|cot|sec|csc)(?![a-z])", text):
+    text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", r"\\frac{\\pi}{180}", text)
   text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", text)
   text = re.sub(r"\\(circ|degree)(?![A-Za-z])", "", text)
   text = text.replace("°", "").replace(r"\%", "").replace("%", "")
@@ -164,6 +186,9 @@ def normalize_answer(text: str) -> str:
   if m:
     text = m.group(1) + m.group(2).replace(",", "") + (m.group(3) or "")
   text = _strip_units(text)
+  text = _repeating_decimal(text)
+  text = re.sub(r"\\varnothing|\\\{\s*\\\}|∅", r"\\emptyset", text)
+  text = re.sub(r"^\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*", "", text)
   # Trailing punctuation and a leading "x =".
   text = re.sub(r"[\s.,;:]+$", "", text)
   text = re.sub(r"^[\s.,;:]+(?=\D)", "", text)
