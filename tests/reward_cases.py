@@ -449,6 +449,14 @@ HOSTILE = _cases("hostile", [
     (r"\boxed{1.%s}" % ("0" * 900 + "1"), "1", False),
     (r"\boxed{\text{%s}}" % ("a" * 5000), "a", False),
     ("\\boxed{\x00\x01\x02}", "0", False),
+    (r"\boxed{(x+y+z+w)^{200}}", "(x+y+z+w)^{199}", False),
+    (r"\boxed{(x+1)^{150}(y+1)^{150}}", "(x+1)^{150}(y+2)^{150}", False),
+    (r"\boxed{e^{e^{e^{e^{10}}}}}", "1", False),
+    (r"\boxed{i^{10^{9}}}", "1", False),
+    (r"\boxed{\lfloor 10^{6000} \pi \rfloor}", "0", False),
+    (r"\boxed{\sin(10^{6000})}", "0", False),
+    (r"\boxed{0.5^{-20000}}", "1", False),
+    (r"\boxed{\frac{1}{x+\frac{1}{x+\frac{1}{x+\frac{1}{x+\frac{1}{x}}}}}}", "x", False),
     (r"\boxed{5\u202e}", "6", False),
 ], hostile=True, wrap=False)
 

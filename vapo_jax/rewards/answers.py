@@ -200,11 +200,8 @@ def expr_equal(a, b, tol: Tolerance, approx: bool = False) -> bool:
   symbols = sorted(a.free_symbols | b.free_symbols, key=lambda s: s.name)
   if len(symbols) > 8:
     return False
-  try:
-    if sympy.expand(a - b) == 0:
-      return True
-  except (TypeError, ValueError, RecursionError):
-    pass
+  # Evaluate at fixed points first: cheap for any expression the parser
+  # accepts, unlike `expand`, which is exponential in the degree.
   agree = 0
   for k, point in enumerate(_PROBE_POINTS):
     subs = {s: point[(i + k) % 4] + 0.173 * i for i, s in enumerate(symbols)}
@@ -214,7 +211,22 @@ def expr_equal(a, b, tol: Tolerance, approx: bool = False) -> bool:
     if not _close(va, vb, tol.probe_rel_tol):
       return False
     agree += 1
-  return agree >= 3
+  if agree >= 3:
+    return True
+  if not (_cheap_to_expand(a) and _cheap_to_expand(b)):
+    return False
+  try:
+    return sympy.expand(a - b) == 0
+  except (TypeError, ValueError, RecursionError):
+    return False
+
+
+def _cheap_to_expand(e) -> bool:
+  """Whether `expand(e)` has a small bounded number of terms."""
+  for p in e.atoms(sympy.Pow):
+    if not p.base.is_Atom and not (p.exp.is_Integer and abs(p.exp) <= 8):
+      return False
+  return len(e.args) <= 50
 
 
 def _ratio_constant(e1, e2, tol: Tolerance) -> float | None:

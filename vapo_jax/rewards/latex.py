@@ -49,7 +49,7 @@ class Limits:
     max_factorial: largest integer whose factorial is computed.
   """
   max_chars: int = 1000
-  max_depth: int = 60
+  max_depth: int = 150
   max_digits: int = 1000
   max_bits: int = 20000
   max_symbolic_exponent: int = 200
