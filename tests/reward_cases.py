@@ -418,6 +418,36 @@ REALISTIC = _cases("realistic", [
     (r"\binom{n}{2}", r"\frac{n(n-1)}{2}", True),
 ])
 
+# Answer forms of the MATH dataset (vectors, matrices, bases, names),
+# added as a third round.
+DATASET_FORMS = _cases("dataset_forms", [
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}", True),
+    (r"\begin{pmatrix} \frac{1}{2} \\ -3 \end{pmatrix}",
+     r"\begin{pmatrix}0.5\\-3\end{pmatrix}", True),
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{pmatrix}2\\1\end{pmatrix}", False),
+    (r"\begin{bmatrix} 1 & 2 \\ 3 & 4 \end{bmatrix}",
+     r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", True),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}",
+     r"\begin{pmatrix}1&3\\2&4\end{pmatrix}", False),
+    (r"1011_{2}", "1011_2", True),
+    (r"1011_2", "1010_2", False),
+    (r"x_{1} + x_{2}", "x_1+x_2", True),
+    (r"\text{Devon}", r"\text{Devon}", True),
+    (r"p(x) = x^2 + 1", "x^2+1", True),
+    (r"\dfrac{9}{7}", r"\frac97", True),
+    (r"(-\infty,-2]\cup[3,\infty)", r"(-\infty, -2] \cup [3, \infty)", True),
+    (r"0.3\overline{21}", r"\frac{53}{165}", True),
+    (r"6\sqrt{2}", r"\sqrt{72}", True),
+    (r"-\frac{1}{2}, \frac{1}{3}", r"\frac13, -\frac12", True),
+    (r"\left( \frac{3}{2}, -\frac{1}{2} \right)", r"(1.5, -0.5)", True),
+    (r"x^2+7x+10", r"(x+2)(x+5)", True),
+    (r"\$42.50", "42.5", True),
+    (r"\text{(E)}", "E", True),
+    (r"y = -2x + 7", "y=7-2x", True),
+    (r"\frac{\sqrt{10}}{5}", r"\sqrt{\frac{2}{5}}", True),
+    (r"\sqrt{\frac{2}{5}}", r"\frac{\sqrt{10}}{4}", False),
+])
+
 _HUGE = "10^{10^{10}}"
 HOSTILE = _cases("hostile", [
     (r"\boxed{__import__('os').system('touch %s')}" % SENTINEL, "0", False),
@@ -462,4 +492,5 @@ HOSTILE = _cases("hostile", [
 
 ALL_CASES = (EXTRACTION + NORMALISATION + FRACTIONS_ROOTS_PI + INTERVALS +
              SETS_TUPLES + EQUATIONS + LARGE_INTEGERS + NEAR_MISSES + TEXT +
-             MALFORMED + REALISTIC + HOSTILE)
+             MALFORMED + REALISTIC + DATASET_FORMS +
+             HOSTILE)

@@ -54,6 +54,10 @@ class Answer:
   approx: bool = False
 
 
+_MATRIX_RE = re.compile(
+    r"\\begin\{([pbBvV]?matrix)\}(.*?)\\end\{\1\}", re.DOTALL)
+
+
 def _split_top(text: str, seps=(",",)) -> list[str]:
   """Splits at separators outside any brackets or braces."""
   parts, depth, start, i = [], 0, 0, 0
@@ -146,6 +150,13 @@ def parse_answer(text: str, limits: latex.Limits = latex.DEFAULT_LIMITS) -> Answ
     latex.TooLarge: some part would take unbounded work to build.
   """
   text = text.strip()
+  m = _MATRIX_RE.fullmatch(text)
+  if m:
+    rows = [r for r in re.split(r"\\\\", m.group(2)) if r.strip()]
+    cells = [tuple(parse_answer(c, limits) for c in r.split("&")) for r in rows]
+    if all(len(r) == 1 for r in cells):  # A column vector.
+      return Answer("tuple", "M", tuple(r[0] for r in cells))
+    return Answer("tuple", "M", tuple(Answer("tuple", "M", r) for r in cells))
   for union in (r"\cup", "∪"):
     if union in text:
       parts = _split_top(text, (union,))

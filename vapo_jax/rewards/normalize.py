@@ -146,6 +146,7 @@ def strip_answer_noise(text: str) -> str:
   for opener, closer in ((r"\[", r"\]"), (r"\(", r"\)")):
     if text.startswith(opener) and text.endswith(closer):
       text = text[len(opener):-len(closer)]
+  text = text.replace("\\\\", "\x1e")  # Keep `\\` (matrix rows) intact.
   text = re.sub(r"\\(d|t|c)frac", r"\\frac", text)
   text = text.replace(r"\leqslant", r"\leq").replace(r"\geqslant", r"\geq")
   text = _unwrap(text)
@@ -155,7 +156,9 @@ def strip_answer_noise(text: str) -> str:
     else:
       text = text.replace(token, " ")
   text = text.replace("~", " ")
-  return text.strip()
+  # One-token subscripts: `x_{1}` -> `x_1`, `1011_{2}` -> `1011_2`.
+  text = re.sub(r"_\{\s*(\w+)\s*\}", r"_\1", text)
+  return text.replace("\x1e", "\\\\").strip()
 
 
 def normalize_answer(text: str) -> str:
