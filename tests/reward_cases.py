@@ -317,6 +317,10 @@ NEAR_MISSES = _cases("near_misses", [
     ("0", "1", False),
     (r"\infty", r"-\infty", False),
     (r"\frac{7}{2}", r"3\frac{1}{3}", False),
+    (r"\sqrt{2} + 10^{-9}", r"\sqrt{2}", False),
+    (r"x + 10^{-9}", "x", False),
+    (r"\pi + \frac{1}{10^{8}}", r"\pi", False),
+    (r"1.41421356", r"\sqrt{2}", True),
 ])
 
 TEXT = _cases("text", [

@@ -29,13 +29,16 @@ class Tolerance:
   """Numeric comparison settings.
 
   Attributes:
-    rel_tol: relative tolerance for numbers that are not both exact
-      rationals (decimals written by the model, irrationals).
+    rel_tol: relative tolerance when either side contains a decimal literal
+      (`1.4142136` for `\\sqrt{2}`).
+    exact_rel_tol: relative tolerance between exact irrational values
+      (`\\sin 15^\\circ` vs `(\\sqrt6-\\sqrt2)/4`), evaluated to 30 digits.
     probe_rel_tol: relative tolerance when comparing expressions with free
       symbols at sample points.
   """
   rel_tol: float = 1e-6
-  probe_rel_tol: float = 1e-8
+  exact_rel_tol: float = 1e-15
+  probe_rel_tol: float = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +210,8 @@ def expr_equal(a, b, tol: Tolerance, approx: bool = False) -> bool:
         not approx or a.is_Integer or b.is_Integer):
       return False  # Exact and unequal; integers are always compared exactly.
     va, vb = _numeric(a), _numeric(b)
-    return va is not None and vb is not None and _close(va, vb, tol.rel_tol)
+    rel_tol = tol.rel_tol if approx else tol.exact_rel_tol
+    return va is not None and vb is not None and _close(va, vb, rel_tol)
   symbols = sorted(a.free_symbols | b.free_symbols, key=lambda s: s.name)
   if len(symbols) > 8:
     return False
