@@ -64,6 +64,15 @@ EXTRACTION = _cases("extraction", [
     ("The answer is 12. Let me double check: yes.", "12", True),
     (r"\boxed{4}", r"The sides are 1 and 3, so $\boxed{4}$.", True),
     (r"\boxed{6}", "Adding gives 6.\n#### 6", True),
+    ("Final Answer: The final answer is $5$. I hope it is correct.", "5", True),
+    ("Answer: 5", "5", True),
+    ("**Answer:** 12", "12", True),
+    ("#### 42 apples", "42", True),
+    ("The answer is $1,200.", "1200", True),
+    ("The answer is 5.\n\nWait, actually the answer is 6.", "6", True),
+    ("The answer is 5.\n\nWait, actually the answer is 6.", "5", False),
+    ("the answer isn't 5", "5", False),
+    ("I need an answer to this, maybe 5", "5", False),
 ], wrap=False)
 
 NORMALISATION = _cases("normalisation", [
