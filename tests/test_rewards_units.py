@@ -177,3 +177,14 @@ def test_fuzz_never_raises_and_is_self_consistent():
     balanced = normalize.find_group("{" + a + "}", 0) == len(a) + 2
     if balanced and same.reason in ("mismatch",):
       pytest.fail(f"{a!r} is not equal to itself")
+
+
+@pytest.mark.parametrize("reference", [
+    "1" * 50_000, "(" * 100_000, "1" * 5000 + r".\overline{3}", r"\boxed{",
+    "", "   ", "#### ", r"\frac{1}{0}", "x" * 10_000,
+], ids=lambda r: f"{r[:10]!r}x{len(r)}")
+def test_odd_references_never_raise(reference):
+  start = time.perf_counter()
+  verdict = rewards.check_answer(r"\boxed{1}", reference)
+  assert not verdict.correct
+  assert time.perf_counter() - start < 1.0

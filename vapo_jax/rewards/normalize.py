@@ -100,12 +100,12 @@ def _repeating_decimal(text: str) -> str:
   """`0.1\\overline{6}` -> `\\frac{15}{90}`."""
   def frac(m):
     whole, fixed, rep = m.group(1) or "0", m.group(2), m.group(3)
-    if len(fixed) + len(rep) > 30:
+    if len(whole) + len(fixed) + len(rep) > 60:
       return m.group(0)
     num = int(whole + fixed + rep) - int(whole + fixed)
     den = 10 ** len(fixed) * (10 ** len(rep) - 1)
     return f"\\frac{{{num}}}{{{den}}}"
-  return re.sub(r"(\d*)\.(\d*)\\overline\{(\d+)\}", frac, text)
+  return re.sub(r"(?<!\d)(\d*)\.(\d*)\\overline\{(\d+)\}", frac, text)
 
 
 def _strip_units(text: str) -> str:
@@ -119,11 +119,8 @@ def _strip_units(text: str) -> str:
     m = re.search(r"(?<=[\d}])\s*([A-Za-z]+)(\^\{?[23]\}?)?\s*$", text)
     if m is None or m.group(1).lower() not in _UNITS:
       break
-    if len(m.group(1)) == 1 and not text[:m.start()].rstrip().endswith(" "):
-      # A single letter right after a number is a variable (`5m`), unless a
-      # space separates it; only multi-letter units are dropped here.
-      if not re.search(r"\s$", text[:m.start(1)]):
-        break
+    if len(m.group(1)) == 1 and not text[:m.start(1)].endswith(" "):
+      break  # `5m` is 5 times m; only `5 m` has a unit.
     text = text[:m.start()]
   return text
 
