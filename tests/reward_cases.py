@@ -64,6 +64,15 @@ EXTRACTION = _cases("extraction", [
     ("The answer is 12. Let me double check: yes.", "12", True),
     (r"\boxed{4}", r"The sides are 1 and 3, so $\boxed{4}$.", True),
     (r"\boxed{6}", "Adding gives 6.\n#### 6", True),
+    ("Final Answer: The final answer is $5$. I hope it is correct.", "5", True),
+    ("Answer: 5", "5", True),
+    ("**Answer:** 12", "12", True),
+    ("#### 42 apples", "42", True),
+    ("The answer is $1,200.", "1200", True),
+    ("The answer is 5.\n\nWait, actually the answer is 6.", "6", True),
+    ("The answer is 5.\n\nWait, actually the answer is 6.", "5", False),
+    ("the answer isn't 5", "5", False),
+    ("I need an answer to this, maybe 5", "5", False),
 ], wrap=False)
 
 NORMALISATION = _cases("normalisation", [
@@ -317,6 +326,10 @@ NEAR_MISSES = _cases("near_misses", [
     ("0", "1", False),
     (r"\infty", r"-\infty", False),
     (r"\frac{7}{2}", r"3\frac{1}{3}", False),
+    (r"\sqrt{2} + 10^{-9}", r"\sqrt{2}", False),
+    (r"x + 10^{-9}", "x", False),
+    (r"\pi + \frac{1}{10^{8}}", r"\pi", False),
+    (r"1.41421356", r"\sqrt{2}", True),
 ])
 
 TEXT = _cases("text", [
@@ -356,6 +369,98 @@ MALFORMED = _cases("malformed", [
     (r"\boxed{1}\boxed{", "1", False),
 ], wrap=False)
 
+# Answer forms seen in model outputs, written as a second round after the
+# checker existed (the first run of these found 11 checker errors).
+REALISTIC = _cases("realistic", [
+    (r"\dfrac{\sqrt{3}}{3}", r"\frac{1}{\sqrt3}", True),
+    (r"x \in [2, 5]", "[2,5]", True),
+    (r"x \in (-1, 1)", "(-1,1)", True),
+    (r"5\text{ km/h}", "5", True),
+    (r"\$5.00", "5", True),
+    (r"1.5 \times 10^{3}", "1500", True),
+    (r"3.0", "3", True),
+    (r"\mathbf{(B)}", "B", True),
+    ("B", "(B)", True),
+    (r"\text{B}", "B", True),
+    (r"\emptyset", r"\varnothing", True),
+    (r"\varnothing", r"\{\}", True),
+    ("a=2, b=3", "b=3, a=2", True),
+    ("a=2, b=3", "a=3, b=2", False),
+    (r"2\sqrt{3}+1", r"1+2\sqrt{3}", True),
+    (r"\text{4 inches}", "4", True),
+    (r"4\sqrt{2}\text{ cm}", r"\sqrt{32}", True),
+    (r"\sin x", r"\sin(x)", True),
+    (r"\arctan 1", r"\frac{\pi}{4}", True),
+    (r"\tan^{-1}(1)", r"\frac{\pi}{4}", True),
+    (r"e^{i\pi}", "-1", True),
+    (r"x = \pm 3", "3, -3", True),
+    (r"[1,\infty)", r"x\geq1", True),
+    (r"1\,000", "1000", True),
+    (r"1\,000\,000", "1000000", True),
+    (r"\left\{ 1,2 \right\}", r"\{1,2\}", True),
+    (r"-2 \text{ and } 3", "-2, 3", True),
+    (r"\text{no solution}", "No solution", True),
+    (r"(-\infty, 2) \cup (3, \infty)", r"x<2 \text{ or } x>3", True),
+    (r"\frac{3}{2}x^2", r"1.5x^2", True),
+    (r"\frac{x}{2}", r"0.5x", True),
+    (r"\sqrt{2}/2", r"\frac{\sqrt2}{2}", True),
+    (r"\frac{1}{4}\pi r^2", r"\frac{\pi r^2}{4}", True),
+    (r"\pi r^2", r"2\pi r", False),
+    (r"x^2+1", r"x^2-1", False),
+    (r"(a, b) = (2, 3)", "(2,3)", True),
+    (r"m+n = 17", "17", True),
+    (r"k = 3", "4", False),
+    ("17", "m+n=17", False),
+    (r"\frac{a+b}{2}", r"\frac{a}{2}+\frac{b}{2}", True),
+    (r"\frac{2}{3}\text{ hours}", r"\frac23", True),
+    (r"\$ 2.50", "2.5", True),
+    ("1/3", r"0.\overline{3}", True),
+    ("0.3", r"0.\overline{3}", False),
+    (r"0.1\overline{6}", r"\frac{1}{6}", True),
+    (r"5 \cdot 2^{3}", "40", True),
+    (r"3\%", "0.03", False),
+    (r"6 \text{ ways}", "6", True),
+    (r"x=1,\ y=2", "(1,2)", False),
+    (r"\infty", r"\infty", True),
+    (r"\cos^2\theta", r"1-\sin^2\theta", True),
+    (r"2\cos^2\theta-1", r"\cos 2\theta", True),
+    (r"\sin 2x", r"2\sin x\cos x", True),
+    (r"\frac{\sqrt{6}-\sqrt{2}}{4}", r"\sin 15^\circ", True),
+    (r"\sqrt[4]{16}", "2", True),
+    (r"n(n+1)/2", r"\frac{n^2+n}{2}", True),
+    (r"\binom{n}{2}", r"\frac{n(n-1)}{2}", True),
+])
+
+# Answer forms of the MATH dataset (vectors, matrices, bases, names),
+# added as a third round.
+DATASET_FORMS = _cases("dataset_forms", [
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}", True),
+    (r"\begin{pmatrix} \frac{1}{2} \\ -3 \end{pmatrix}",
+     r"\begin{pmatrix}0.5\\-3\end{pmatrix}", True),
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{pmatrix}2\\1\end{pmatrix}", False),
+    (r"\begin{bmatrix} 1 & 2 \\ 3 & 4 \end{bmatrix}",
+     r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", True),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}",
+     r"\begin{pmatrix}1&3\\2&4\end{pmatrix}", False),
+    (r"1011_{2}", "1011_2", True),
+    (r"1011_2", "1010_2", False),
+    (r"x_{1} + x_{2}", "x_1+x_2", True),
+    (r"\text{Devon}", r"\text{Devon}", True),
+    (r"p(x) = x^2 + 1", "x^2+1", True),
+    (r"\dfrac{9}{7}", r"\frac97", True),
+    (r"(-\infty,-2]\cup[3,\infty)", r"(-\infty, -2] \cup [3, \infty)", True),
+    (r"0.3\overline{21}", r"\frac{53}{165}", True),
+    (r"6\sqrt{2}", r"\sqrt{72}", True),
+    (r"-\frac{1}{2}, \frac{1}{3}", r"\frac13, -\frac12", True),
+    (r"\left( \frac{3}{2}, -\frac{1}{2} \right)", r"(1.5, -0.5)", True),
+    (r"x^2+7x+10", r"(x+2)(x+5)", True),
+    (r"\$42.50", "42.5", True),
+    (r"\text{(E)}", "E", True),
+    (r"y = -2x + 7", "y=7-2x", True),
+    (r"\frac{\sqrt{10}}{5}", r"\sqrt{\frac{2}{5}}", True),
+    (r"\sqrt{\frac{2}{5}}", r"\frac{\sqrt{10}}{4}", False),
+])
+
 _HUGE = "10^{10^{10}}"
 HOSTILE = _cases("hostile", [
     (r"\boxed{__import__('os').system('touch %s')}" % SENTINEL, "0", False),
@@ -387,9 +492,18 @@ HOSTILE = _cases("hostile", [
     (r"\boxed{1.%s}" % ("0" * 900 + "1"), "1", False),
     (r"\boxed{\text{%s}}" % ("a" * 5000), "a", False),
     ("\\boxed{\x00\x01\x02}", "0", False),
+    (r"\boxed{(x+y+z+w)^{200}}", "(x+y+z+w)^{199}", False),
+    (r"\boxed{(x+1)^{150}(y+1)^{150}}", "(x+1)^{150}(y+2)^{150}", False),
+    (r"\boxed{e^{e^{e^{e^{10}}}}}", "1", False),
+    (r"\boxed{i^{10^{9}}}", "1", False),
+    (r"\boxed{\lfloor 10^{6000} \pi \rfloor}", "0", False),
+    (r"\boxed{\sin(10^{6000})}", "0", False),
+    (r"\boxed{0.5^{-20000}}", "1", False),
+    (r"\boxed{\frac{1}{x+\frac{1}{x+\frac{1}{x+\frac{1}{x+\frac{1}{x}}}}}}", "x", False),
     (r"\boxed{5\u202e}", "6", False),
 ], hostile=True, wrap=False)
 
 ALL_CASES = (EXTRACTION + NORMALISATION + FRACTIONS_ROOTS_PI + INTERVALS +
              SETS_TUPLES + EQUATIONS + LARGE_INTEGERS + NEAR_MISSES + TEXT +
-             MALFORMED + HOSTILE)
+             MALFORMED + REALISTIC + DATASET_FORMS +
+             HOSTILE)

@@ -102,7 +102,7 @@ def test_synthetic_difficulty_and_errors():
                                                 max_operand=20))
   assert all(e.solution.count("\n") == 4 for e in hard)
   with pytest.raises(ValueError, match="distinct"):
-    synthetic.arithmetic(10_000, spec=synthetic.ArithmeticSpec(
+    synthetic.arithmetic(100, spec=synthetic.ArithmeticSpec(
         min_steps=1, max_steps=1, max_operand=2, ops="+"))
   with pytest.raises(ValueError):
     synthetic.ArithmeticSpec(min_steps=3, max_steps=2)

@@ -135,3 +135,23 @@ def test_length_filter_drops_and_counts():
   assert out.dropped == 2 and out.dropped_uids == ("50", "80")
   with pytest.raises(ValueError, match="exceed"):
     data.filter_by_length(exs, tok.encode, max_tokens=1)
+
+
+def test_tfds_path_with_a_fake_module(monkeypatch):
+  import sys  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  calls = {}
+  fake = types.ModuleType("tensorflow_datasets")
+  def load(name, split, data_dir, download):
+    calls.update(name=name, split=split, data_dir=data_dir, download=download)
+    return [{"question": b"1+1?", "answer": b"2\n#### 2"},
+            {"question": b"", "answer": b"#### 3"}]
+  fake.load = load
+  fake.as_numpy = lambda ds: iter(ds)
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  with pytest.raises(data.DataError, match=r"tfds:gsm8k/test:2: empty problem"):
+    data.load_tfds("gsm8k", "test", layout="gsm8k", data_dir="/d")
+  assert calls == dict(name="gsm8k", split="test", data_dir="/d", download=False)
+  fake.load = lambda *a, **k: [{"question": b"1+1?", "answer": b"so\n#### 2"}]
+  (ex,) = data.load_tfds("gsm8k", "test", layout="gsm8k")
+  assert (ex.problem, ex.answer, ex.solution) == ("1+1?", "2", "so")

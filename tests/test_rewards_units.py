@@ -2,6 +2,7 @@
 
 import builtins
 import os
+import random
 import time
 
 import pytest
@@ -155,3 +156,35 @@ def test_options_are_frozen_and_tolerance_configurable():
   assert not rewards.check_answer(r"\boxed{3.14}", r"\pi").correct
   with pytest.raises(Exception):
     loose.limits = None  # frozen
+
+
+_FUZZ_TOKENS = (
+    "1 2 0 9 10 x y e i \\pi + - * / ^ ! ( ) [ ] { } \\{ \\} \\frac \\sqrt \\sin "
+    "\\log _ , = < \\le \\infty | . \\cdot \\pm \\cup \\text{ cm \\left( \\right) % "
+    "^\\circ \\binom \\overline{3} \\begin{pmatrix} \\end{pmatrix} \\\\ & "
+    "\\lfloor \\rfloor 0.5 3. !! \\$ or and \\in").split()
+
+
+def test_fuzz_never_raises_and_is_self_consistent():
+  rng = random.Random(0)
+  for _ in range(400):
+    a = "".join(rng.choice(_FUZZ_TOKENS) for _ in range(rng.randint(1, 12)))
+    b = "".join(rng.choice(_FUZZ_TOKENS) for _ in range(rng.randint(1, 6)))
+    start = time.perf_counter()
+    rewards.check_answer("\\boxed{" + a + "}", b)
+    same = rewards.check_answer("\\boxed{" + a + "}", a)
+    assert time.perf_counter() - start < 1.0, a
+    balanced = normalize.find_group("{" + a + "}", 0) == len(a) + 2
+    if balanced and same.reason in ("mismatch",):
+      pytest.fail(f"{a!r} is not equal to itself")
+
+
+@pytest.mark.parametrize("reference", [
+    "1" * 50_000, "(" * 100_000, "1" * 5000 + r".\overline{3}", r"\boxed{",
+    "", "   ", "#### ", r"\frac{1}{0}", "x" * 10_000,
+], ids=lambda r: f"{r[:10]!r}x{len(r)}")
+def test_odd_references_never_raise(reference):
+  start = time.perf_counter()
+  verdict = rewards.check_answer(r"\boxed{1}", reference)
+  assert not verdict.correct
+  assert time.perf_counter() - start < 1.0

@@ -29,13 +29,16 @@ class Tolerance:
   """Numeric comparison settings.
 
   Attributes:
-    rel_tol: relative tolerance for numbers that are not both exact
-      rationals (decimals written by the model, irrationals).
+    rel_tol: relative tolerance when either side contains a decimal literal
+      (`1.4142136` for `\\sqrt{2}`).
+    exact_rel_tol: relative tolerance between exact irrational values
+      (`\\sin 15^\\circ` vs `(\\sqrt6-\\sqrt2)/4`), evaluated to 30 digits.
     probe_rel_tol: relative tolerance when comparing expressions with free
       symbols at sample points.
   """
   rel_tol: float = 1e-6
-  probe_rel_tol: float = 1e-8
+  exact_rel_tol: float = 1e-15
+  probe_rel_tol: float = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,10 @@ class Answer:
   value: Any = None
   items: tuple["Answer", ...] = ()
   approx: bool = False
+
+
+_MATRIX_RE = re.compile(
+    r"\\begin\{([pbBvV]?matrix)\}(.*?)\\end\{\1\}", re.DOTALL)
 
 
 def _split_top(text: str, seps=(",",)) -> list[str]:
@@ -146,6 +153,13 @@ def parse_answer(text: str, limits: latex.Limits = latex.DEFAULT_LIMITS) -> Answ
     latex.TooLarge: some part would take unbounded work to build.
   """
   text = text.strip()
+  m = _MATRIX_RE.fullmatch(text)
+  if m:
+    rows = [r for r in re.split(r"\\\\", m.group(2)) if r.strip()]
+    cells = [tuple(parse_answer(c, limits) for c in r.split("&")) for r in rows]
+    if all(len(r) == 1 for r in cells):  # A column vector.
+      return Answer("tuple", "M", tuple(r[0] for r in cells))
+    return Answer("tuple", "M", tuple(Answer("tuple", "M", r) for r in cells))
   for union in (r"\cup", "∪"):
     if union in text:
       parts = _split_top(text, (union,))
@@ -196,15 +210,13 @@ def expr_equal(a, b, tol: Tolerance, approx: bool = False) -> bool:
         not approx or a.is_Integer or b.is_Integer):
       return False  # Exact and unequal; integers are always compared exactly.
     va, vb = _numeric(a), _numeric(b)
-    return va is not None and vb is not None and _close(va, vb, tol.rel_tol)
+    rel_tol = tol.rel_tol if approx else tol.exact_rel_tol
+    return va is not None and vb is not None and _close(va, vb, rel_tol)
   symbols = sorted(a.free_symbols | b.free_symbols, key=lambda s: s.name)
   if len(symbols) > 8:
     return False
-  try:
-    if sympy.expand(a - b) == 0:
-      return True
-  except (TypeError, ValueError, RecursionError):
-    pass
+  # Evaluate at fixed points first: cheap for any expression the parser
+  # accepts, unlike `expand`, which is exponential in the degree.
   agree = 0
   for k, point in enumerate(_PROBE_POINTS):
     subs = {s: point[(i + k) % 4] + 0.173 * i for i, s in enumerate(symbols)}
@@ -214,7 +226,22 @@ def expr_equal(a, b, tol: Tolerance, approx: bool = False) -> bool:
     if not _close(va, vb, tol.probe_rel_tol):
       return False
     agree += 1
-  return agree >= 3
+  if agree >= 3:
+    return True
+  if not (_cheap_to_expand(a) and _cheap_to_expand(b)):
+    return False
+  try:
+    return sympy.expand(a - b) == 0
+  except (TypeError, ValueError, RecursionError):
+    return False
+
+
+def _cheap_to_expand(e) -> bool:
+  """Whether `expand(e)` has a small bounded number of terms."""
+  for p in e.atoms(sympy.Pow):
+    if not p.base.is_Atom and not (p.exp.is_Integer and abs(p.exp) <= 8):
+      return False
+  return len(e.args) <= 50
 
 
 def _ratio_constant(e1, e2, tol: Tolerance) -> float | None:
@@ -279,7 +306,7 @@ def _unordered_equal(xs, ys, tol: Tolerance) -> bool:
 
 
 def equivalent(a: Answer, b: Answer, tol: Tolerance = Tolerance()) -> bool:
-  """Whether two parsed answers denote the same mathematical answer."""
+  """Whether answer `a` (the response's) denotes reference answer `b`."""
   if a.kind == "set" and len(a.items) == 1:
     return equivalent(a.items[0], b, tol)
   if b.kind == "set" and len(b.items) == 1:
@@ -287,12 +314,16 @@ def equivalent(a: Answer, b: Answer, tol: Tolerance = Tolerance()) -> bool:
   if a.kind == "expr" and b.kind == "expr":
     return expr_equal(a.value, b.value, tol, a.approx or b.approx)
   for x, y in ((a, b), (b, a)):
-    if x.kind == "rel" and y.kind == "expr" and x.value[0] == ("==",) and (
-        isinstance(x.value[1][0], sympy.Symbol)):
-      return expr_equal(x.value[1][1], y.value, tol, x.approx or y.approx)
+    if x.kind == "rel" and y.kind == "expr" and x.value[0] == ("==",):
+      lhs, rhs = x.value[1]
+      # `x = 5` names the answer 5 on either side; a response `m + n = 17`
+      # answers a reference `17` (AIME style), but not the other way round.
+      if isinstance(lhs, sympy.Symbol) or (
+          x is a and rhs.is_number and y.value.is_number):
+        return expr_equal(rhs, y.value, tol, x.approx or y.approx)
   if a.kind == "text" or b.kind == "text":
     return a.kind == b.kind and a.value == b.value
-  if a.kind in ("set", "union") and b.kind == a.kind:
+  if a.kind in ("set", "union") and b.kind in ("set", "union"):
     return _unordered_equal(a.items, b.items, tol)
   if a.kind == "rel" and b.kind == "rel":
     return _rel_equal(a, b, tol)

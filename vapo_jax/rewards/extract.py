@@ -18,9 +18,11 @@ MAX_ANSWER_CHARS = 1_000
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _HASH_RE = re.compile(r"####\s*([^\n]+)")
+# The prefix is an atomic group so that "The answer is" never yields "is".
 _PHRASE_RE = re.compile(
-    r"(?:final\s+answer|the\s+answer)\s*(?:is|:)?\s*[:=]?\s*"
-    r"([^\n]+?)\s*(?:\.\s|\.$|$|\n)", re.IGNORECASE)
+    r"(?>(?:final\s+answer|the\s+answer|^[ \t>*#]*answer)\**\s*(?:is\b|:)?"
+    r"\**\s*[:=]?\s*)([^\n]+?)\s*(?:\.\s|\.$|$|\n)",
+    re.IGNORECASE | re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +89,13 @@ def extract_answer(response: str) -> Extraction:
       phrases = _PHRASE_RE.findall(text)
       phrases = [p for p in phrases if _clean_phrase(p)]
       if phrases:
-        found = Extraction(_clean_phrase(phrases[-1]), "phrase")
+        answer = phrases[-1]
+        for _ in range(3):  # "Final Answer: The final answer is 5."
+          inner = _PHRASE_RE.findall(answer)
+          if not inner or not _clean_phrase(inner[-1]):
+            break
+          answer = inner[-1]
+        found = Extraction(_clean_phrase(answer), "phrase")
       else:
         return Extraction(None, "no_answer")
   if found.answer is not None:

@@ -20,43 +20,21 @@ Grammar (informal, loosest binding first):
   atom     := number | symbol | group | \\frac | \\sqrt | function | |x| | ...
 """
 
-import dataclasses
-import math
 import re
 
 import sympy
+
+from vapo_jax.rewards.bounds import DEFAULT_LIMITS
+from vapo_jax.rewards.bounds import is_number as _is_number
+from vapo_jax.rewards.bounds import Limits
+from vapo_jax.rewards.bounds import safe_factorial
+from vapo_jax.rewards.bounds import safe_pow
+from vapo_jax.rewards.bounds import TooLarge
 
 
 class ParseError(ValueError):
   """The text is not math that this parser understands."""
 
-
-class TooLarge(ValueError):
-  """The expression would take unbounded work to build or compare."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-  """Bounds on the work that building one expression may take.
-
-  Attributes:
-    max_chars: longest answer string that is parsed at all.
-    max_depth: deepest nesting of groups / operators.
-    max_digits: longest integer literal.
-    max_bits: largest |exponent * log2(base)| for numeric powers (the size of
-      the integer result in bits).
-    max_symbolic_exponent: largest |integer exponent| on a non-numeric base.
-    max_factorial: largest integer whose factorial is computed.
-  """
-  max_chars: int = 1000
-  max_depth: int = 60
-  max_digits: int = 1000
-  max_bits: int = 20000
-  max_symbolic_exponent: int = 200
-  max_factorial: int = 5000
-
-
-DEFAULT_LIMITS = Limits()
 
 _TOKEN_RE = re.compile(
     r"\s+"
@@ -117,57 +95,6 @@ def tokenize(text: str) -> list[str]:
       continue
     tokens.append(tok)
   return tokens
-
-
-def _is_number(e) -> bool:
-  return isinstance(e, sympy.Basic) and e.is_number
-
-
-def check_pow(base, exponent, limits: Limits = DEFAULT_LIMITS):
-  """Raises TooLarge when `base ** exponent` could take unbounded work."""
-  if not _is_number(exponent):
-    return
-  if exponent.is_Rational:
-    mag = abs(exponent)
-    if exponent.q > 1000 or abs(exponent.p) > 10**9:
-      raise TooLarge("exponent")
-  else:
-    try:
-      mag = abs(sympy.Float(sympy.N(exponent, 15)))
-    except (TypeError, ValueError) as e:
-      raise TooLarge("exponent") from e
-    if not mag.is_finite:
-      raise TooLarge("exponent")
-  if _is_number(base):
-    if base.is_zero:
-      return
-    if base.is_Rational:
-      size = max(abs(base.p), abs(base.q))
-      bits = size.bit_length() if size > 1 else 0
-      if base in (1, -1):
-        return
-    else:
-      try:
-        b = abs(complex(sympy.N(base, 15)))
-      except (TypeError, ValueError) as e:
-        raise TooLarge("base") from e
-      bits = abs(math.log2(b)) if b > 0 else 0
-    if float(mag) * max(bits, 1) > limits.max_bits:
-      raise TooLarge("power")
-  elif float(mag) > limits.max_symbolic_exponent:
-    raise TooLarge("power")
-
-
-def safe_pow(base, exponent, limits: Limits = DEFAULT_LIMITS):
-  check_pow(base, exponent, limits)
-  return sympy.Pow(base, exponent)
-
-
-def safe_factorial(x, double: bool = False, limits: Limits = DEFAULT_LIMITS):
-  if _is_number(x):
-    if not (x.is_Integer and 0 <= x <= limits.max_factorial):
-      raise TooLarge("factorial")
-  return sympy.factorial2(x) if double else sympy.factorial(x)
 
 
 class _Parser:
@@ -384,7 +311,12 @@ class _Parser:
     if self.peek() in ("(", "{"):
       x = self.group(self.peek(), ")" if self.peek() == "(" else "}")
     else:
+      # `\sin 2x` is sin(2x): a run of juxtaposed atoms, up to the next
+      # operator or function (`\sin x \cos x` is sin(x) cos(x)).
       x = self.postfix()
+      while self._starts_atom(self.peek()) and self.peek().lstrip(
+          "\\") not in _FUNCS and self.peek() not in ("(", "|"):
+        x = x * self.postfix()
     out = sympy.log(x, base) if base is not None else fn(x)
     if power is not None:
       if power == -1 and name in ("sin", "cos", "tan"):

@@ -53,6 +53,10 @@ DEFAULT_OPTIONS = CheckOptions()
 def answers_match(answer: str, reference: str,
                   options: CheckOptions = DEFAULT_OPTIONS) -> tuple[bool, str]:
   """Compares two already-extracted answers; returns (equal, reason)."""
+  if max(len(answer), len(reference)) > extract.MAX_ANSWER_CHARS:
+    if normalize.compact(answer) == normalize.compact(reference):
+      return True, "match:string"
+    return False, "mismatch:too_large"
   a, r = normalize.normalize_answer(answer), normalize.normalize_answer(reference)
   if not r:
     return False, "empty_reference"

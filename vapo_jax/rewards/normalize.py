@@ -79,13 +79,33 @@ def _unwrap(text: str) -> str:
       continue
     inner = text[m.end() + 1:end - 1]
     word = inner.strip().lower()
-    if (word in _UNITS or word in _MULTIWORD_UNITS) and m.start() > 0:
+    if _is_unit(word) and m.start() > 0:
       inner = ""
       power = re.match(r"\s*\^\s*\{?\s*[23]\s*\}?", text[end:])
       if power:
         end += power.end()
     text = text[:m.start()] + inner + text[end:]
   return text
+
+
+def _is_unit(word: str) -> bool:
+  """`cm`, `square units`, `km/h`, `meters per second`."""
+  if word in _MULTIWORD_UNITS:
+    return True
+  parts = [p for p in re.split(r"\s*/\s*|\s+per\s+|\s+", word) if p]
+  return bool(parts) and all(p in _UNITS for p in parts)
+
+
+def _repeating_decimal(text: str) -> str:
+  """`0.1\\overline{6}` -> `\\frac{15}{90}`."""
+  def frac(m):
+    whole, fixed, rep = m.group(1) or "0", m.group(2), m.group(3)
+    if len(whole) + len(fixed) + len(rep) > 60:
+      return m.group(0)
+    num = int(whole + fixed + rep) - int(whole + fixed)
+    den = 10 ** len(fixed) * (10 ** len(rep) - 1)
+    return f"\\frac{{{num}}}{{{den}}}"
+  return re.sub(r"(?<!\d)(\d*)\.(\d*)\\overline\{(\d+)\}", frac, text)
 
 
 def _strip_units(text: str) -> str:
@@ -99,11 +119,8 @@ def _strip_units(text: str) -> str:
     m = re.search(r"(?<=[\d}])\s*([A-Za-z]+)(\^\{?[23]\}?)?\s*$", text)
     if m is None or m.group(1).lower() not in _UNITS:
       break
-    if len(m.group(1)) == 1 and not text[:m.start()].rstrip().endswith(" "):
-      # A single letter right after a number is a variable (`5m`), unless a
-      # space separates it; only multi-letter units are dropped here.
-      if not re.search(r"\s$", text[:m.start(1)]):
-        break
+    if len(m.group(1)) == 1 and not text[:m.start(1)].endswith(" "):
+      break  # `5m` is 5 times m; only `5 m` has a unit.
     text = text[:m.start()]
   return text
 
@@ -126,6 +143,7 @@ def strip_answer_noise(text: str) -> str:
   for opener, closer in ((r"\[", r"\]"), (r"\(", r"\)")):
     if text.startswith(opener) and text.endswith(closer):
       text = text[len(opener):-len(closer)]
+  text = text.replace("\\\\", "\x1e")  # Keep `\\` (matrix rows) intact.
   text = re.sub(r"\\(d|t|c)frac", r"\\frac", text)
   text = text.replace(r"\leqslant", r"\leq").replace(r"\geqslant", r"\geq")
   text = _unwrap(text)
@@ -135,7 +153,9 @@ def strip_answer_noise(text: str) -> str:
     else:
       text = text.replace(token, " ")
   text = text.replace("~", " ")
-  return text.strip()
+  # One-token subscripts: `x_{1}` -> `x_1`, `1011_{2}` -> `1011_2`.
+  text = re.sub(r"_\{\s*(\w+)\s*\}", r"_\1", text)
+  return text.replace("\x1e", "\\\\").strip()
 
 
 def normalize_answer(text: str) -> str:
@@ -152,7 +172,9 @@ def normalize_answer(text: str) -> str:
     collapsed to single spaces.
   """
   text = strip_answer_noise(text)
-  # Degrees, percent, currency.
+  # Degrees (in radians inside trig functions), percent, currency.
+  if re.search(r"\\(sin|cos|tan|cot|sec|csc)(?![a-z])", text):
+    text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", r"\\frac{\\pi}{180}", text)
   text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", text)
   text = re.sub(r"\\(circ|degree)(?![A-Za-z])", "", text)
   text = text.replace("°", "").replace(r"\%", "").replace("%", "")
@@ -164,6 +186,9 @@ def normalize_answer(text: str) -> str:
   if m:
     text = m.group(1) + m.group(2).replace(",", "") + (m.group(3) or "")
   text = _strip_units(text)
+  text = _repeating_decimal(text)
+  text = re.sub(r"\\varnothing|\\\{\s*\\\}|∅", r"\\emptyset", text)
+  text = re.sub(r"^\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*", "", text)
   # Trailing punctuation and a leading "x =".
   text = re.sub(r"[\s.,;:]+$", "", text)
   text = re.sub(r"^[\s.,;:]+(?=\D)", "", text)
