@@ -134,6 +134,11 @@ def test_clear_errors():
     sampler(state, [[1, 2, 3, 4]], jax.random.key(0))
   with pytest.raises(ValueError, match="prompt 0 is empty"):
     sampler(state, [[]], jax.random.key(0))
+  right_padded = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], np.float32)
+  with pytest.raises(ValueError, match="prompt 0 is empty or not left-padded"):
+    sampler.generate_padded(state, np.ones((2, 4), np.int32), right_padded, jax.random.key(0))
+  with pytest.raises(ValueError, match="leaf 0 has shapes"):
+    sampler_lib.Sampler(None, lambda b, s: {"k": jnp.zeros((b, b))}, cfg)
 
 
 @pytest.mark.parametrize("data,fsdp", [(8, 1), (2, 4)])

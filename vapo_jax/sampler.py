@@ -45,32 +45,36 @@ Rollout = rollout_lib.Rollout
 InitCacheFn = Callable[[int, int], Any]
 
 
-def cache_axes(init_cache: InitCacheFn) -> tuple[Any, list[tuple[int | None, int | None]]]:
-  """(treedef, [(batch_axis, seq_axis) per leaf]) of the cache, found by shape inference."""
-  a = jax.eval_shape(lambda: init_cache(2, 3))
-  b = jax.eval_shape(lambda: init_cache(5, 7))
-  leaves_a, treedef = jax.tree.flatten(a)
-  leaves_b = jax.tree.leaves(b)
+def cache_axes(init_cache: InitCacheFn) -> list[tuple[int, int]]:
+  """[(batch_axis, seq_axis)] per cache leaf, found by shape inference (no allocation).
+
+  Raises:
+    ValueError: a leaf without exactly one batch axis and one sequence axis.
+  """
+  a = jax.tree.leaves(jax.eval_shape(lambda: init_cache(2, 3)))
+  b = jax.tree.leaves(jax.eval_shape(lambda: init_cache(5, 7)))
   axes = []
-  for la, lb in zip(leaves_a, leaves_b):
-    batch = [i for i, (x, y) in enumerate(zip(la.shape, lb.shape)) if (x, y) == (2, 5)]
-    seq = [i for i, (x, y) in enumerate(zip(la.shape, lb.shape)) if (x, y) == (3, 7)]
-    axes.append((batch[0] if batch else None, seq[0] if seq else None))
-  return treedef, axes
+  for i, (la, lb) in enumerate(zip(a, b)):
+    pairs = list(zip(la.shape, lb.shape))
+    batch = [d for d, xy in enumerate(pairs) if xy == (2, 5)]
+    seq = [d for d, xy in enumerate(pairs) if xy == (3, 7)]
+    if len(batch) != 1 or len(seq) != 1 or len(la.shape) != len(lb.shape):
+      raise ValueError(
+          f"init_cache(batch, max_len) leaf {i} has shapes {la.shape} (2, 3) and "
+          f"{lb.shape} (5, 7): every cache leaf needs one batch and one sequence axis")
+    axes.append((batch[0], seq[0]))
+  if not axes:
+    raise ValueError("init_cache(batch, max_len) returned no arrays")
+  return axes
 
 
 def _write_prefill(cache: Any, small: Any, n: int, axes) -> Any:
   """Repeats each prefill-cache leaf n times along batch into slots [0, P) of `cache`."""
   leaves, treedef = jax.tree.flatten(cache)
-  small_leaves = jax.tree.leaves(small)
   out = []
-  for big, sm, (b_ax, s_ax) in zip(leaves, small_leaves, axes):
-    if b_ax is not None and n > 1:
-      sm = jnp.repeat(sm, n, axis=b_ax)
-    if s_ax is None:
-      out.append(sm.astype(big.dtype) if sm.shape == big.shape else big)
-    else:
-      out.append(jax.lax.dynamic_update_slice(big, sm.astype(big.dtype), (0,) * big.ndim))
+  for big, sm, (b_ax, _) in zip(leaves, jax.tree.leaves(small), axes):
+    sm = jnp.repeat(sm, n, axis=b_ax) if n > 1 else sm
+    out.append(jax.lax.dynamic_update_slice(big, sm.astype(big.dtype), (0,) * big.ndim))
   return jax.tree.unflatten(treedef, out)
 
 
@@ -174,10 +178,7 @@ class Sampler:
     self.cfg = cfg
     self.mesh = mesh
     self._init_cache = init_cache
-    self._treedef, self._axes = cache_axes(init_cache)
-    if not self._axes or self._axes[0][1] is None or self._axes[0][0] is None:
-      raise ValueError("init_cache(batch, max_len) must return arrays whose first leaf has "
-                       "a batch axis and a sequence axis")
+    self._axes = cache_axes(init_cache)
     self.batch_axes = ()
     if mesh is not None:
       axes = shd.logical_to_spec(("batch",), rules, mesh)[0]
@@ -212,9 +213,6 @@ class Sampler:
     leaves, treedef = jax.tree.flatten(x)
     out = []
     for leaf, (b_ax, _) in zip(leaves, self._axes):
-      if b_ax is None:
-        out.append(leaf)
-        continue
       spec = [P.UNCONSTRAINED] * leaf.ndim
       spec[b_ax] = self.batch_axes
       out.append(jax.lax.with_sharding_constraint(leaf, NamedSharding(self.mesh, P(*spec))))
@@ -247,9 +245,19 @@ class Sampler:
     return self.generate_padded(state, prompt_BxP, mask_BxP, key)
 
   def generate_padded(self, state, prompt_BxP, prompt_mask_BxP, key: jax.Array) -> Rollout:
-    """Like __call__ for prompts already left-padded to a static length P."""
+    """Like __call__ for host arrays already left-padded to a static length P.
+
+    Raises:
+      ValueError: a row that is empty or not left-padded (its last slot must be real),
+        P + max_new_tokens beyond the cache, or prompts not divisible over the batch shards.
+    """
     cfg = self.cfg
+    prompt_mask_BxP = np.asarray(prompt_mask_BxP, np.float32)
     bp, p = prompt_BxP.shape
+    bad = np.flatnonzero(prompt_mask_BxP[:, -1] == 0)
+    if bad.size:
+      raise ValueError(f"prompt {bad[0]} is empty or not left-padded: its mask must end "
+                       "with a real token (mask[:, -1] == 1)")
     if p + cfg.max_new_tokens > cfg.total_cache_len:
       raise ValueError(
           f"prompt length {p} + max_new_tokens {cfg.max_new_tokens} = "
@@ -259,17 +267,19 @@ class Sampler:
       raise ValueError(
           f"{bp} prompts cannot be split over the {self.batch_shards} batch shards of mesh "
           f"axes {self.batch_axes}; pass a multiple of {self.batch_shards}")
-    if self.mesh is not None and self.batch_axes:
-      sharding = NamedSharding(self.mesh, P(self.batch_axes))
-      prompt_BxP = jax.device_put(jnp.asarray(prompt_BxP, jnp.int32), sharding)
-      prompt_mask_BxP = jax.device_put(jnp.asarray(prompt_mask_BxP, jnp.float32), sharding)
-    else:
-      prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
-      prompt_mask_BxP = jnp.asarray(prompt_mask_BxP, jnp.float32)
+    prompt_BxP = self._place(np.asarray(prompt_BxP, np.int32))
+    prompt_mask_BxP = self._place(prompt_mask_BxP)
     rows = bp * cfg.n_per_prompt
     cache = self._cache_for(rows)
     out, self._caches[rows] = self._generate(state, prompt_BxP, prompt_mask_BxP, cache, key)
     return out
+
+  def _place(self, x_BxP: np.ndarray) -> jax.Array:
+    """Host array -> batch-sharded global array (every process passes the same array)."""
+    if self.mesh is None or not self.batch_axes:
+      return jnp.asarray(x_BxP)
+    sharding = NamedSharding(self.mesh, P(self.batch_axes))
+    return jax.make_array_from_callback(x_BxP.shape, sharding, lambda idx: x_BxP[idx])
 
   def clear_cache(self):
     """Frees the persistent KV caches (e.g. before training steps that need the memory)."""
