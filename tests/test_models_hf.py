@@ -140,3 +140,26 @@ def test_clear_errors(tmp_path):
   with pytest.raises(ValueError, match="(?s)shape mismatches:.*gate_proj"):
     hf_io.from_pretrained(write("shape", tensors,
                                 {**cfg, "intermediate_size": 48}))
+
+
+def test_load_tokenizer_with_chat_template(tmp_path):
+  tokenizers = pytest.importorskip("tokenizers")
+  vocab = {"<pad>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "user": 3,
+           "hello": 4, "assistant": 5, "[UNK]": 6}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, "[UNK]"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.add_special_tokens(["<pad>", "<|im_start|>", "<|im_end|>"])
+  tok.save(str(tmp_path / "tokenizer.json"))
+  template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} "
+              "{{ m['content'] }} <|im_end|> {% endfor %}")
+  json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
+             "chat_template": template, "pad_token": "<pad>"},
+            open(tmp_path / "tokenizer_config.json", "w"))
+  loaded = hf_io.load_tokenizer(str(tmp_path))
+  text = loaded.apply_chat_template([{"role": "user", "content": "hello"}],
+                                    tokenize=False)
+  assert text == "<|im_start|> user hello <|im_end|> "
+  assert loaded(text)["input_ids"] == [1, 3, 4, 2]
+  assert hf_io.read_chat_template(str(tmp_path)) == template
+  with pytest.raises(FileNotFoundError):
+    hf_io.load_tokenizer(str(tmp_path / "missing"))

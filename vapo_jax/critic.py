@@ -43,7 +43,8 @@ class Critic(nnx.Module):
 
   def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array
                ) -> jax.Array:
-    """Values of every prefix, float32 [B, T]: out[:, i] = V(tokens[:, :i+1])."""
+    """Values of all prefixes, float32 [B, T]: out[:, i] = V(tokens[:, :i+1]).
+    """
     mask_BxT = mask_BxT.astype(jnp.int32)
     hidden, _ = self.backbone(tokens_BxT, positions_from_mask(mask_BxT),
                               mask_BxT)

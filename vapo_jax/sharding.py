@@ -177,11 +177,5 @@ def state_shardings(state: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES):
   return jax.tree.map(one, state, is_leaf=_is_variable)
 
 
-def activation_spec(names: Sequence[str | None], rules: Rules = DEFAULT_RULES
-                    ) -> PartitionSpec:
-  """PartitionSpec for an activation, e.g. `("batch", None)` for tokens."""
-  return logical_to_spec(names, rules)
-
-
 def _is_variable(x: Any) -> bool:
   return hasattr(x, "get_metadata") and hasattr(x, "replace")

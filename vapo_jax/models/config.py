@@ -107,7 +107,8 @@ class ModelConfig:
         if v not in _DTYPES:
           raise ValueError(f"{field}={v!r}; allowed: {sorted(_DTYPES)}.")
         object.__setattr__(self, field, _DTYPES[v])
-    if self.real_vocab_size is not None and self.real_vocab_size > self.vocab_size:
+    if (self.real_vocab_size is not None
+        and self.real_vocab_size > self.vocab_size):
       raise ValueError(f"real_vocab_size={self.real_vocab_size} exceeds "
                        f"vocab_size={self.vocab_size}.")
 
@@ -220,6 +221,8 @@ class ModelConfig:
         "pad_token_id": self.pad_token_id,
         "use_cache": True,
     }
+    if self.rope_scaling:  # transformers-4 readers look here
+      out["rope_scaling"] = dict(self.rope_scaling)
     if self.model_type in ("llama", "qwen3"):
       out["attention_bias"] = self.qkv_bias
     if self.model_type == "llama":

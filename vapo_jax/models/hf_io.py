@@ -4,14 +4,15 @@ Name and layout map (HF torch Linear weights are [out, in]; ours [in, out],
 with attention heads split out):
 
   model.embed_tokens.weight                [V, D]      embed           [V, D]
-  model.layers.i.input_layernorm.weight    [D]         blocks/i/attn_norm/scale
-  model.layers.i.self_attn.q_proj.weight   [H*Dh, D]   blocks/i/attn/q [D, H, Dh]
-  model.layers.i.self_attn.q_proj.bias     [H*Dh]      blocks/i/attn/q_bias [H, Dh]
+  (below, "L." is model.layers.i. and "b/" is blocks/i/)
+  L.input_layernorm.weight           [D]         b/attn_norm/scale
+  L.self_attn.q_proj.weight          [H*Dh, D]   b/attn/q       [D, H, Dh]
+  L.self_attn.q_proj.bias            [H*Dh]      b/attn/q_bias  [H, Dh]
   (k_proj, v_proj likewise with K heads; q_norm/k_norm [Dh] for Qwen3)
-  model.layers.i.self_attn.o_proj.weight   [D, H*Dh]   blocks/i/attn/o [H, Dh, D]
-  model.layers.i.post_attention_layernorm  [D]         blocks/i/mlp_norm/scale
-  model.layers.i.mlp.{gate,up}_proj.weight [F, D]      blocks/i/mlp/{gate,up} [D, F]
-  model.layers.i.mlp.down_proj.weight      [D, F]      blocks/i/mlp/down [F, D]
+  L.self_attn.o_proj.weight          [D, H*Dh]   b/attn/o       [H, Dh, D]
+  L.post_attention_layernorm.weight  [D]         b/mlp_norm/scale
+  L.mlp.{gate,up}_proj.weight        [F, D]      b/mlp/{gate,up} [D, F]
+  L.mlp.down_proj.weight             [D, F]      b/mlp/down     [F, D]
   model.norm.weight                        [D]         final_norm/scale
   lm_head.weight                           [V, D]      lm_head [D, V] (untied)
   score.weight (sequence classification)   [1, D]      critic score [D]
@@ -239,13 +240,8 @@ def default_mesh():
   return shd.make_mesh(1, 1, 1, devices=jax.local_devices()[:1])
 
 
-def abstract_model(cfg: ModelConfig, build: Callable[[], nnx.Module]):
-  """(graphdef, abstract state) without allocating parameters."""
-  del cfg
-  return nnx.split(nnx.eval_shape(build))
-
-
-def from_pretrained(path: str, *, mesh=None, rules: shd.Rules = shd.DEFAULT_RULES,
+def from_pretrained(path: str, *, mesh=None,
+                    rules: shd.Rules = shd.DEFAULT_RULES,
                     param_dtype: Any = jnp.float32, dtype: Any = None,
                     **overrides) -> tuple[Transformer, ModelConfig]:
   """Loads an HF Qwen2/Qwen2.5/Qwen3/Llama checkpoint directory.
@@ -267,8 +263,8 @@ def from_pretrained(path: str, *, mesh=None, rules: shd.Rules = shd.DEFAULT_RULE
                             **overrides)
   files = st_io.CheckpointFiles(path)
   mesh = default_mesh() if mesh is None else mesh
-  graphdef, abs_state = abstract_model(
-      cfg, lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, abs_state = nnx.split(
+      nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
   shardings = shd.state_shardings(abs_state, mesh, rules)
   ignore = ("lm_head\\.weight",) if cfg.tie_word_embeddings else ()
   state = load_state(files, abs_state, shardings, hf_name, ignore)
@@ -278,7 +274,7 @@ def from_pretrained(path: str, *, mesh=None, rules: shd.Rules = shd.DEFAULT_RULE
 def gather(x: jax.Array) -> np.ndarray:
   """A whole array on this host (all-gathers across processes if needed)."""
   if jax.process_count() > 1 and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top,line-too-long
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(jax.device_get(x))
 

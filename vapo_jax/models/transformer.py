@@ -1,6 +1,6 @@
-"""The decoder-only transformer (Qwen2/2.5, Qwen3, Llama 3) in Flax NNX.
+"""The decoder-only transformer (Qwen2/2.5, Qwen3, Llama 3), Flax NNX.
 
-    tokens_BxT --embed--> [Block x L] --RMSNorm--> hidden_BxTxD --logits--> [B,T,V]
+  tokens_BxT -embed-> [Block x L] -RMSNorm-> hidden_BxTxD -logits-> [B, T, V]
 
 Left-padded batches are handled by the caller's positions (for a mask m:
 `positions = max(cumsum(m) - 1, 0)`) and the key mask. Decoding uses a KV
@@ -11,12 +11,13 @@ expands a prompt cache for group sampling).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from vapo_jax import sharding as shd
 from vapo_jax.models import layers
 from vapo_jax.models.config import ModelConfig
 
@@ -131,3 +132,18 @@ def forward_logits(model: Transformer, tokens_BxT: jax.Array,
   """Convenience full forward: float32 logits [B, T, V] of a padded batch."""
   hidden, _ = model(tokens_BxT, positions_from_mask(mask_BxT), mask_BxT)
   return model.logits(hidden)
+
+
+def init_sharded(build: Callable[[nnx.Rngs], nnx.Module], mesh,
+                 rules: shd.Rules = shd.DEFAULT_RULES, seed: int = 0):
+  """Random init under jit, each parameter created directly in its sharding.
+
+  Example: `init_sharded(lambda r: Transformer(cfg, rngs=r), mesh)`. Nothing
+  is materialised whole on one device.
+  """
+  graphdef, abs_state = nnx.split(
+      nnx.eval_shape(lambda: build(nnx.Rngs(seed))))
+  shardings = shd.state_shardings(abs_state, mesh, rules)
+  init = jax.jit(lambda: nnx.state(build(nnx.Rngs(seed))),
+                 out_shardings=shardings)
+  return nnx.merge(graphdef, init())

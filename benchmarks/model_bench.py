@@ -1,0 +1,194 @@
+"""Training-step throughput: vapo_jax transformer vs transformers/PyTorch, CPU.
+
+One run prints, for the same Qwen2-style config, batch and optimizer
+(forward + backward + AdamW on the mean next-token NLL, float32):
+
+  * our tokens/s (jax.jit, split/merge state, donated buffers),
+  * PyTorch's tokens/s (transformers Qwen2ForCausalLM, torch.optim.AdamW),
+  * their ratio,
+  * our model-FLOPs utilisation against a float32 matmul peak measured in
+    this run (best of jax and torch on a square matmul),
+  * machine and versions.
+
+Usage: python benchmarks/model_bench.py [--layers 4 --hidden 512 ...]
+Needs `pip install torch transformers` for the PyTorch column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from vapo_jax import policy  # noqa: E402
+from vapo_jax.models import ModelConfig, Transformer  # noqa: E402
+from vapo_jax.models.config import flops_per_token  # noqa: E402
+
+
+def _flags():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--hidden", type=int, default=512)
+  p.add_argument("--intermediate", type=int, default=1408)
+  p.add_argument("--heads", type=int, default=8)
+  p.add_argument("--kv_heads", type=int, default=2)
+  p.add_argument("--vocab", type=int, default=8192)
+  p.add_argument("--batch", type=int, default=4)
+  p.add_argument("--seq", type=int, default=256)
+  p.add_argument("--steps", type=int, default=5, help="timed steps per round")
+  p.add_argument("--rounds", type=int, default=3,
+                 help="alternating jax/torch rounds; the median is reported")
+  p.add_argument("--chunked", action="store_true",
+                 help="our loss via policy.token_logprobs (chunked vocab)")
+  return p.parse_args()
+
+
+def matmul_peak(n: int = 2048, reps: int = 10) -> dict[str, float]:
+  """Best float32 GFLOP/s of an n x n matmul in jax and in torch."""
+  out = {}
+  a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  best = min(_time(lambda: f(a).block_until_ready()) for _ in range(reps))
+  out["jax"] = 2 * n ** 3 / best / 1e9
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    t = torch.randn(n, n)
+    t @ t
+    best = min(_time(lambda: t @ t) for _ in range(reps))
+    out["torch"] = 2 * n ** 3 / best / 1e9
+  except ImportError:
+    pass
+  return out
+
+
+def _time(fn) -> float:
+  t0 = time.perf_counter()
+  fn()
+  return time.perf_counter() - t0
+
+
+def jax_step_fn(cfg: ModelConfig, tokens: np.ndarray, chunked: bool):
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model, nnx.Param)
+  tx = optax.adamw(1e-4, weight_decay=0.01)
+  opt_state = tx.init(params)
+  mask = jnp.ones(tokens.shape, jnp.int32)
+  toks = jnp.asarray(tokens)
+
+  def loss_fn(params):
+    m = nnx.merge(graphdef, params)
+    if chunked:
+      return -jnp.mean(policy.token_logprobs(m, toks, mask, chunk=64))
+    h, _ = m(toks, jnp.broadcast_to(jnp.arange(toks.shape[1]), toks.shape),
+             mask)
+    lp = jax.nn.log_softmax(m.logits(h[:, :-1]), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(lp, toks[:, 1:, None], -1))
+
+  @jax.jit
+  def step(params, opt_state):
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  step = jax.jit(step, donate_argnums=(0, 1))
+  state = [params, opt_state]
+
+  def run():
+    state[0], state[1], loss = step(*state)
+    loss.block_until_ready()
+
+  return run
+
+
+def torch_step_fn(cfg: ModelConfig, tokens: np.ndarray):
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  hf = transformers.Qwen2Config(**{k: v for k, v in cfg.to_hf().items()
+                                   if k not in ("architectures", "dtype")})
+  model = transformers.Qwen2ForCausalLM(hf).float().train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+  ids = torch.tensor(tokens, dtype=torch.long)
+
+  def run():
+    opt.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+
+  return run
+
+
+def main():
+  a = _flags()
+  cfg = ModelConfig(vocab_size=a.vocab, hidden_size=a.hidden,
+                    intermediate_size=a.intermediate, num_layers=a.layers,
+                    num_heads=a.heads, num_kv_heads=a.kv_heads, qkv_bias=True,
+                    tie_word_embeddings=False, rms_norm_eps=1e-6)
+  tokens = np.random.RandomState(0).randint(0, a.vocab, (a.batch, a.seq))
+  tokens = tokens.astype(np.int32)
+  n_tok = a.batch * a.seq
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+    torch_run = torch_step_fn(cfg, tokens)
+    torch_info = (f"torch {torch.__version__} ({torch.get_num_threads()} "
+                  f"threads), transformers {transformers.__version__}")
+  except ImportError as e:
+    torch_run, torch_info = None, f"PyTorch column skipped: {e}"
+  jax_run = jax_step_fn(cfg, tokens, a.chunked)
+  t0 = time.perf_counter()
+  jax_run()
+  compile_s = time.perf_counter() - t0
+  if torch_run:
+    torch_run()
+  peak: dict[str, float] = {}
+  times = {"jax": [], "torch": []}
+  for _ in range(a.rounds):  # alternate so both see the same machine load
+    for k, v in matmul_peak().items():  # best over rounds: a conservative MFU
+      peak[k] = max(peak.get(k, 0.0), v)
+    jax_run()
+    times["jax"].append(min(_time(jax_run) for _ in range(a.steps)))
+    if torch_run:
+      torch_run()
+      times["torch"].append(min(_time(torch_run) for _ in range(a.steps)))
+  ours = n_tok / statistics.median(times["jax"])
+  train_flops = 3 * flops_per_token(cfg, a.seq)
+  peak_gflops = max(peak.values())
+  print(f"machine: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, {platform.platform()}")
+  print(f"versions: python {platform.python_version()}, jax {jax.__version__}"
+        f", flax {__import__('flax').__version__}, optax {optax.__version__}; "
+        f"{torch_info}")
+  print(f"config: layers={a.layers} hidden={a.hidden} mlp={a.intermediate} "
+        f"heads={a.heads}/{a.kv_heads} vocab={a.vocab} batch={a.batch} "
+        f"seq={a.seq} ({cfg.num_params / 1e6:.1f}M params, float32, "
+        f"AdamW, loss={'chunked token_logprobs' if a.chunked else 'full logits'})")
+  print("matmul peak (2048^2 f32, best of all rounds): " + ", ".join(
+      f"{k} {v:.1f} GFLOP/s" for k, v in peak.items()))
+  print(f"jax compile+first step: {compile_s:.1f} s")
+  print(f"vapo_jax train step: {ours:10.1f} tokens/s  "
+        f"(step {n_tok / ours * 1e3:.0f} ms)")
+  if times["torch"]:
+    theirs = n_tok / statistics.median(times["torch"])
+    print(f"PyTorch  train step: {theirs:10.1f} tokens/s  "
+          f"(step {n_tok / theirs * 1e3:.0f} ms)")
+    print(f"ratio vapo_jax / PyTorch: {ours / theirs:.2f}x")
+  mfu = ours * train_flops / (peak_gflops * 1e9)
+  print(f"vapo_jax MFU: {100 * mfu:.1f}% of {peak_gflops:.1f} GFLOP/s "
+        f"({train_flops / 1e6:.1f} MFLOP per token, 3x forward)")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,75 @@
+"""The same forward on 8 fake CPU devices (FSDP, tensor parallel) as on one."""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vapo_jax import sharding as shd
+from vapo_jax.models import (Transformer, forward_logits, hf_io, init_sharded,
+                             tiny_config)
+
+MESHES = [dict(data=1, fsdp=8, tensor=1), dict(data=2, fsdp=2, tensor=2),
+          dict(data=1, fsdp=2, tensor=4)]
+
+
+def test_make_mesh_and_specs():
+  mesh = shd.make_mesh(data=2, fsdp=-1, tensor=2)
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  with pytest.raises(ValueError, match="devices"):
+    shd.make_mesh(data=3, fsdp=1, tensor=1)
+  P = jax.sharding.PartitionSpec
+  assert shd.logical_to_spec(("embed", "heads", "head_dim")) == P(
+      "fsdp", "tensor", None)
+  assert shd.logical_to_spec(("batch", None)) == P(("data", "fsdp"), None)
+  # kv_heads=2 does not divide over tensor=4: replicated on that dim.
+  mesh = shd.make_mesh(data=1, fsdp=2, tensor=4)
+  assert shd.logical_to_spec(("embed", "kv_heads", "head_dim"), mesh=mesh,
+                             shape=(128, 2, 32)) == P("fsdp", None, None)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  cfg = tiny_config(vocab_size=64, tie_word_embeddings=False, qk_norm=True,
+                    qkv_bias=False, model_type="qwen3")
+  model = Transformer(cfg, rngs=nnx.Rngs(1))
+  path = str(tmp_path_factory.mktemp("ckpt"))
+  hf_io.save_pretrained(model, cfg, path)
+  tokens = np.random.RandomState(0).randint(0, 64, (8, 12)).astype(np.int32)
+  mask = np.ones((8, 12), np.int32)
+  mask[::2, :4] = 0
+  ref, _ = hf_io.from_pretrained(path)
+  return path, tokens, mask, np.asarray(forward_logits(ref, tokens, mask))
+
+
+@pytest.mark.parametrize("axes", MESHES, ids=str)
+def test_sharded_forward_matches_one_device(checkpoint, axes):
+  path, tokens, mask, ref = checkpoint
+  mesh = shd.make_mesh(**axes)
+  model, cfg = hf_io.from_pretrained(path, mesh=mesh)
+  q = model.blocks[0].attn.q[...]
+  assert q.sharding.spec == shd.logical_to_spec(
+      ("embed", "heads", "head_dim"), mesh=mesh, shape=q.shape)
+  assert len(q.sharding.device_set) == 8
+  graphdef, state = nnx.split(model)
+  batch = jax.sharding.NamedSharding(
+      mesh, shd.logical_to_spec(("batch", None), mesh=mesh, shape=(8, 12)))
+  f = jax.jit(lambda s, t, m: forward_logits(nnx.merge(graphdef, s), t, m))
+  out = f(state, jax.device_put(tokens, batch), jax.device_put(mask, batch))
+  np.testing.assert_allclose(np.asarray(out), ref, atol=2e-5, rtol=1e-5)
+  del cfg
+
+
+def test_init_sharded_places_parameters():
+  mesh = shd.make_mesh(data=1, fsdp=4, tensor=2)
+  cfg = tiny_config()
+  model = init_sharded(lambda r: Transformer(cfg, rngs=r), mesh)
+  up = model.blocks[1].mlp.up[...]
+  assert up.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+  ref = Transformer(cfg, rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(np.asarray(up), np.asarray(ref.blocks[1].mlp.up[...]),
+                             atol=1e-7)
+  tokens = jnp.ones((2, 4), jnp.int32)
+  np.testing.assert_allclose(forward_logits(model, tokens, tokens),
+                             forward_logits(ref, tokens, tokens), atol=1e-5)
