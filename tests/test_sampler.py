@@ -33,7 +33,7 @@ def test_rollout_contract_and_teacher_forced_logprobs():
   cfg = SamplingConfig(max_new_tokens=7, temperature=0.8, stop_token_ids=(5, 9), pad_id=0,
                        vocab_size=11, n_per_prompt=3, max_prompt_len=8, min_prompt_bucket=4)
   model, state, sampler = make(cfg, scale=0.2)
-  out = as_np(sampler(state, PROMPTS, jax.random.key(0)))
+  out = as_np(sampler(state, PROMPTS, jax.random.key(1)))
   b, r = 12, 7
   assert out.prompt_BxP.shape == (b, 8) and out.response_BxR.shape == (b, r)
   assert out.response_BxR.dtype == np.int32 and out.response_mask_BxR.dtype == np.float32

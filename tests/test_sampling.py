@@ -110,3 +110,22 @@ def test_prompt_buckets():
 def test_config_validation_names_the_field(field, value):
   with pytest.raises(ValueError, match=f"SamplingConfig.{field}"):
     SamplingConfig(**{"max_new_tokens": 4, field: value})
+
+
+@pytest.mark.parametrize("block", [8, 128])
+def test_two_level_draw_across_blocks(block):
+  """50 ids (7 blocks of 8 with padding, or one block); -inf ids never drawn."""
+  n, v = 60_000, 50
+  z = np.random.RandomState(0).normal(0, 1.5, v).astype(np.float32)
+  z[[3, 17, 40, 41]] = -np.inf
+  want = np.exp(z - z.max())
+  want /= want.sum()
+  logits = jnp.broadcast_to(jnp.asarray(z), (n, v))
+  ids = jax.jit(lambda k, x: sampling.draw(k, x, block=block))(jax.random.key(11), logits)
+  counts = np.bincount(np.asarray(ids), minlength=v)
+  assert counts.shape == (v,) and counts[want == 0].sum() == 0
+  sigma = np.sqrt(n * want * (1 - want))
+  assert np.all(np.abs(counts - n * want) <= 5 * sigma + 1), (counts / n, want)
+  kept = want > 0
+  chi2 = np.sum((counts[kept] - n * want[kept]) ** 2 / (n * want[kept]))
+  assert chi2 < 46 + 6 * np.sqrt(2 * 46), chi2  # dof 45: mean 45, ~6 sigma margin
