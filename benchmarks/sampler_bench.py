@@ -7,6 +7,7 @@ exactly R tokens), float32, on this CPU with all cores (`torch.set_num_threads`)
 
   python benchmarks/sampler_bench.py                     # default: --preset=tiny
   python benchmarks/sampler_bench.py --preset=small --repeats=2
+  python benchmarks/sampler_bench.py --preset=all        # tiny, then small
 
 Prints tokens/s (new tokens only, wall time after warm-up, median of --repeats), the ratio,
 and the fraction of the roofline reached. Roofline: for prefill and each decode step,
@@ -31,10 +32,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PRESETS = {
-    # ~2.3M params: configs/tiny.py territory, where per-step overhead dominates.
+    # ~1.3M params: configs/tiny.py territory, where per-step overhead dominates.
     "tiny": dict(vocab=4096, hidden=128, inter=352, layers=4, heads=4, kv=2, batch=16,
                  prompt=64, new=128),
-    # ~48M params: compute starts to dominate on 2 cores.
+    # ~39M params: compute dominates on 2 cores.
     "small": dict(vocab=32768, hidden=512, inter=1408, layers=8, heads=8, kv=2, batch=16,
                   prompt=64, new=128),
 }
@@ -84,12 +85,16 @@ def roofline_seconds(p, flops_peak, bw_peak):
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+  ap.add_argument("--preset", choices=sorted(PRESETS) + ["all"], default="tiny")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--threads", type=int, default=os.cpu_count())
   args = ap.parse_args()
-  p = PRESETS[args.preset]
+  for name in sorted(PRESETS, reverse=True) if args.preset == "all" else [args.preset]:
+    run(name, PRESETS[name], args)
 
+
+def run(preset: str, p: dict, args):
+  """Benchmarks one preset and prints its figures."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
@@ -107,8 +112,10 @@ def main():
       num_key_value_heads=p["kv"], tie_word_embeddings=True, rms_norm_eps=1e-6)
   hf_model = transformers.Qwen2ForCausalLM(hf_cfg).float().eval()
   n_params = sum(x.numel() for x in hf_model.parameters())
-  path = tempfile.mkdtemp(prefix="sampler_bench_")
-  hf_model.save_pretrained(path)
+  with tempfile.TemporaryDirectory(prefix="sampler_bench_") as path:
+    hf_model.save_pretrained(path)
+    model, model_cfg = hf_io.from_pretrained(path)
+    jax.block_until_ready(nnx.state(model))  # read before the files go
 
   b, P, R = p["batch"], p["prompt"], p["new"]
   rng = np.random.RandomState(0)
@@ -116,7 +123,6 @@ def main():
   new_tokens = b * R
 
   # --- vapo_jax -----------------------------------------------------------------------
-  model, model_cfg = hf_io.from_pretrained(path)
   graphdef, state = nnx.split(model)
   cfg = SamplingConfig(max_new_tokens=R, temperature=1.0, top_p=1.0, top_k=0,
                        max_prompt_len=P, pad_id=0)
@@ -156,7 +162,7 @@ def main():
         f"python {platform.python_version()}, jax {jax.__version__}, "
         f"torch {torch.__version__}, transformers {transformers.__version__}; "
         f"load average {os.getloadavg()[0]:.1f}")
-  print(f"preset {args.preset}: Qwen2 {n_params / 1e6:.1f}M params (V={p['vocab']}, "
+  print(f"preset {preset}: Qwen2 {n_params / 1e6:.1f}M params (V={p['vocab']}, "
         f"D={p['hidden']}, L={p['layers']}, H={p['heads']}, K={p['kv']}), float32, "
         f"batch {b}, prompt {P}, new tokens {R}, sampling T=1 top_p=1 top_k=off, "
         f"torch threads {args.threads}, median of {args.repeats} interleaved runs")

@@ -53,7 +53,10 @@ def test_rollout_contract_and_teacher_forced_logprobs():
     else:
       assert stops[-1] and not stops[:-1].any()  # the stop token is kept, then nothing
   assert out.truncated_B.any() and (~out.truncated_B).any()
+  assert rollout_lib.response_lists(out)[0] == out.response_BxR[0, :out.lengths_B[0]].tolist()
   tokens_BxL, mask_BxL = rollout_lib.rollout_tokens(out)
+  assert tokens_BxL.shape == (b, 8 + r) and mask_BxL.dtype == jnp.float32
+  np.testing.assert_array_equal(mask_BxL[:, 8:], out.response_mask_BxR)
   ref = toy_lm.teacher_forced_logprobs(model, tokens_BxL, mask_BxL, out.prompt_BxP.shape[1],
                                        temperature=0.8, vocab_size=11)
   np.testing.assert_allclose(np.asarray(ref) * out.response_mask_BxR, out.logp_BxR,
