@@ -136,6 +136,7 @@ def main():
                     intermediate_size=a.intermediate, num_layers=a.layers,
                     num_heads=a.heads, num_kv_heads=a.kv_heads, qkv_bias=True,
                     tie_word_embeddings=False, rms_norm_eps=1e-6)
+  load0 = os.getloadavg()[0]
   tokens = np.random.RandomState(0).randint(0, a.vocab, (a.batch, a.seq))
   tokens = tokens.astype(np.int32)
   n_tok = a.batch * a.seq
@@ -167,7 +168,8 @@ def main():
   train_flops = 3 * flops_per_token(cfg, a.seq)
   peak_gflops = max(peak.values())
   print(f"machine: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, {platform.platform()}")
+        f"{os.cpu_count()} cores, {platform.platform()}, load average "
+        f"(1 min) at start {load0:.1f}, at end {os.getloadavg()[0]:.1f}")
   print(f"versions: python {platform.python_version()}, jax {jax.__version__}"
         f", flax {__import__('flax').__version__}, optax {optax.__version__}; "
         f"{torch_info}")
@@ -184,7 +186,9 @@ def main():
     theirs = n_tok / statistics.median(times["torch"])
     print(f"PyTorch  train step: {theirs:10.1f} tokens/s  "
           f"(step {n_tok / theirs * 1e3:.0f} ms)")
-    print(f"ratio vapo_jax / PyTorch: {ours / theirs:.2f}x")
+    paired = [t / j for j, t in zip(times["jax"], times["torch"])]
+    print(f"ratio vapo_jax / PyTorch: {ours / theirs:.2f}x (per round: "
+          + ", ".join(f"{r:.2f}" for r in paired) + ")")
   mfu = ours * train_flops / (peak_gflops * 1e9)
   print(f"vapo_jax MFU: {100 * mfu:.1f}% of {peak_gflops:.1f} GFLOP/s "
         f"({train_flops / 1e6:.1f} MFLOP per token, 3x forward)")
