@@ -169,7 +169,9 @@ def run(preset: str, p: dict, args):
   print(f"vapo_jax sampler      : {new_tokens / t_ours:9.1f} tokens/s  ({t_ours:.3f} s; "
         f"first call incl. compile {compile_s:.1f} s)")
   print(f"transformers generate : {new_tokens / t_theirs:9.1f} tokens/s  ({t_theirs:.3f} s)")
-  print(f"ratio                 : {t_theirs / t_ours:9.2f} x")
+  rounds = sorted(t / o for o, t in zip(ours, theirs))
+  print(f"ratio                 : {t_theirs / t_ours:9.2f} x  (per round: "
+        f"{', '.join(f'{x:.1f}' for x in rounds)})")
   print(f"roofline (peaks measured here: {flops_peak / 1e9:.0f} GFLOP/s fp32 matmul, "
         f"{bw_peak / 1e9:.1f} GB/s copy): bound {bound:.3f} s -> vapo_jax "
         f"{100 * bound / t_ours:.1f}%, transformers {100 * bound / t_theirs:.1f}%")
