@@ -15,32 +15,13 @@ from vapo_jax.models import hf_io  # noqa: E402
 from vapo_jax.models import transformer  # noqa: E402
 from vapo_jax.sampling import SamplingConfig  # noqa: E402
 from flax import nnx  # noqa: E402
+import tiny_hf  # noqa: E402
 
-VOCAB, PAD, R = 96, 0, 10
+PAD, R = 0, 10
 # Mixed lengths, padded to the bucket 16 (more left padding than transformers'
 # 9), which must not change a single token.
 PROMPTS = [[5, 17, 33, 2, 71, 8, 90, 41, 12], [3, 64, 28, 7],
            [50, 11, 9, 60, 21, 44], [77]]
-
-
-def tiny_hf_model(family: str):
-  torch.manual_seed(0)
-  base = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              rms_norm_eps=1e-5)
-  if family == "qwen2":
-    cfg = transformers.Qwen2Config(**base)
-  else:
-    cfg = transformers.Qwen3Config(head_dim=16, **base)
-  model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
-  # Random weights far from the 0.02 init: no near-tied logits for argmax.
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "norm" in name:
-        p.copy_(1.0 + 0.2 * torch.randn_like(p))
-      else:
-        p.add_(0.15 * torch.randn_like(p))
-  return model
 
 
 def hf_greedy(model, prompts, eos):
@@ -63,7 +44,7 @@ def hf_greedy(model, prompts, eos):
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])
 def ckpt(request, tmp_path_factory):
   path = str(tmp_path_factory.mktemp(request.param))
-  model = tiny_hf_model(request.param)
+  model = tiny_hf.make_model(request.param)  # weights far from the 0.02 init
   model.save_pretrained(path)
   return path, model
 
