@@ -1,4 +1,4 @@
-"""The decode loop on a toy attention LM: stops, groups, log-probs, cache reuse, meshes."""
+"""The decode loop on a toy attention LM: stops, groups, log-probs, meshes."""
 
 import functools
 
@@ -30,13 +30,15 @@ def as_np(rollout):
 
 
 def test_rollout_contract_and_teacher_forced_logprobs():
-  cfg = SamplingConfig(max_new_tokens=7, temperature=0.8, stop_token_ids=(5, 9), pad_id=0,
-                       vocab_size=11, n_per_prompt=3, max_prompt_len=8, min_prompt_bucket=4)
+  cfg = SamplingConfig(max_new_tokens=7, temperature=0.8, stop_token_ids=(5, 9),
+                       pad_id=0, vocab_size=11, n_per_prompt=3,
+                       max_prompt_len=8, min_prompt_bucket=4)
   model, state, sampler = make(cfg, scale=0.2)
-  out = as_np(sampler(state, PROMPTS, jax.random.key(0)))
+  out = as_np(sampler(state, PROMPTS, jax.random.key(1)))
   b, r = 12, 7
   assert out.prompt_BxP.shape == (b, 8) and out.response_BxR.shape == (b, r)
-  assert out.response_BxR.dtype == np.int32 and out.response_mask_BxR.dtype == np.float32
+  assert out.response_BxR.dtype == np.int32
+  assert out.response_mask_BxR.dtype == np.float32
   np.testing.assert_array_equal(out.group_ids_B, np.repeat(np.arange(4), 3))
   for row in range(b):
     prompt = PROMPTS[row // 3]
@@ -51,13 +53,19 @@ def test_rollout_contract_and_teacher_forced_logprobs():
     if out.truncated_B[row]:
       assert n == r and not stops.any()
     else:
-      assert stops[-1] and not stops[:-1].any()  # the stop token is kept, then nothing
+      # The stop token is kept, then nothing.
+      assert stops[-1] and not stops[:-1].any()
   assert out.truncated_B.any() and (~out.truncated_B).any()
+  first_row = out.response_BxR[0, :out.lengths_B[0]].tolist()
+  assert rollout_lib.response_lists(out)[0] == first_row
   tokens_BxL, mask_BxL = rollout_lib.rollout_tokens(out)
-  ref = toy_lm.teacher_forced_logprobs(model, tokens_BxL, mask_BxL, out.prompt_BxP.shape[1],
-                                       temperature=0.8, vocab_size=11)
-  np.testing.assert_allclose(np.asarray(ref) * out.response_mask_BxR, out.logp_BxR,
-                             atol=2e-5)
+  assert tokens_BxL.shape == (b, 8 + r) and mask_BxL.dtype == jnp.float32
+  np.testing.assert_array_equal(mask_BxL[:, 8:], out.response_mask_BxR)
+  ref = toy_lm.teacher_forced_logprobs(model, tokens_BxL, mask_BxL,
+                                       out.prompt_BxP.shape[1], temperature=0.8,
+                                       vocab_size=11)
+  np.testing.assert_allclose(
+      np.asarray(ref) * out.response_mask_BxR, out.logp_BxR, atol=2e-5)
 
 
 def test_prefill_runs_once_per_prompt_and_loop_stops_early():
@@ -73,15 +81,18 @@ def test_prefill_runs_once_per_prompt_and_loop_stops_early():
   model = Counting(V, D, 64, nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   # Greedy: find the 2nd token every row generates, and make it the stop token.
-  cfg = SamplingConfig(max_new_tokens=20, greedy=True, n_per_prompt=4, max_prompt_len=8,
-                       min_prompt_bucket=8)
+  cfg = SamplingConfig(max_new_tokens=20, greedy=True, n_per_prompt=4,
+                       max_prompt_len=8, min_prompt_bucket=8)
   init = functools.partial(toy_lm.init_cache, dim=D)
-  first = as_np(sampler_lib.Sampler(graphdef, init, cfg)(state, [[1, 2]], jax.random.key(0)))
+  sampler = sampler_lib.Sampler(graphdef, init, cfg)
+  first = as_np(sampler(state, [[1, 2]], jax.random.key(0)))
   stop = int(first.response_BxR[0, 1])
   calls.clear()
-  cfg = SamplingConfig(max_new_tokens=20, greedy=True, n_per_prompt=4, max_prompt_len=8,
-                       min_prompt_bucket=8, stop_token_ids=(stop,))
-  out = as_np(sampler_lib.Sampler(graphdef, init, cfg)(state, [[1, 2]], jax.random.key(0)))
+  cfg = SamplingConfig(max_new_tokens=20, greedy=True, n_per_prompt=4,
+                       max_prompt_len=8, min_prompt_bucket=8,
+                       stop_token_ids=(stop,))
+  sampler = sampler_lib.Sampler(graphdef, init, cfg)
+  out = as_np(sampler(state, [[1, 2]], jax.random.key(0)))
   jax.effects_barrier()
   assert calls[0] == (1, 8)  # prefill: 1 prompt row, not n = 4
   assert (4, 1) in calls  # decode: 4 rows
@@ -91,7 +102,8 @@ def test_prefill_runs_once_per_prompt_and_loop_stops_early():
 
 
 def test_group_rows_share_prompt_and_sampling_is_keyed():
-  cfg = SamplingConfig(max_new_tokens=6, n_per_prompt=4, max_prompt_len=8, min_prompt_bucket=8)
+  cfg = SamplingConfig(max_new_tokens=6, n_per_prompt=4, max_prompt_len=8,
+                       min_prompt_bucket=8)
   _, state, sampler = make(cfg, scale=0.3)
   a = as_np(sampler(state, PROMPTS, jax.random.key(1)))
   b = as_np(sampler(state, PROMPTS, jax.random.key(1)))
@@ -100,15 +112,18 @@ def test_group_rows_share_prompt_and_sampling_is_keyed():
   assert np.any(a.response_BxR != c.response_BxR)
   # Responses within a group differ (independent draws), prompts are identical.
   assert len({tuple(x) for x in a.response_BxR[:4]}) > 1
-  greedy = SamplingConfig(max_new_tokens=6, n_per_prompt=3, greedy=True, max_prompt_len=8)
+  greedy = SamplingConfig(max_new_tokens=6, n_per_prompt=3, greedy=True,
+                          max_prompt_len=8)
   _, state, sampler = make(greedy)
   g = as_np(sampler(state, PROMPTS, jax.random.key(1)))
   for p in range(4):
-    np.testing.assert_array_equal(g.response_BxR[3 * p], g.response_BxR[3 * p + 2])
+    np.testing.assert_array_equal(g.response_BxR[3 * p],
+                                  g.response_BxR[3 * p + 2])
 
 
 def test_cache_reused_across_calls_and_buckets_bound_compiles():
-  cfg = SamplingConfig(max_new_tokens=5, n_per_prompt=2, max_prompt_len=16, min_prompt_bucket=4)
+  cfg = SamplingConfig(max_new_tokens=5, n_per_prompt=2, max_prompt_len=16,
+                       min_prompt_bucket=4)
   model, state, sampler = make(cfg)
   long = [[1] * 16, [2] * 15]
   short = [[3, 4, 5], [6]]
@@ -117,7 +132,8 @@ def test_cache_reused_across_calls_and_buckets_bound_compiles():
   reused = as_np(sampler(state, short, jax.random.key(5)))
   assert buf.is_deleted()  # donated to the call, not regrown
   fresh = as_np(make(cfg)[2](state, short, jax.random.key(5)))
-  jax.tree.map(np.testing.assert_array_equal, reused, fresh)  # stale slots are masked
+  # Stale slots of the reused buffer are masked: same result as a fresh one.
+  jax.tree.map(np.testing.assert_array_equal, reused, fresh)
   # Prompt lengths 3 and 4 share the bucket 4: no new compile.
   sampler(state, [[1, 2, 3, 4], [5]], jax.random.key(0))
   assert sampler._generate._cache_size() == 2
@@ -126,7 +142,8 @@ def test_cache_reused_across_calls_and_buckets_bound_compiles():
 def test_clear_errors():
   cfg = SamplingConfig(max_new_tokens=5, max_prompt_len=6)
   _, state, sampler = make(cfg)
-  with pytest.raises(ValueError, match="prompt 1 has 7 tokens.*max_prompt_len=6"):
+  with pytest.raises(ValueError,
+                     match="prompt 1 has 7 tokens.*max_prompt_len=6"):
     sampler(state, [[1], [1] * 7], jax.random.key(0))
   small = SamplingConfig(max_new_tokens=5, max_prompt_len=6, cache_len=8)
   _, state, sampler = make(small)
@@ -134,6 +151,12 @@ def test_clear_errors():
     sampler(state, [[1, 2, 3, 4]], jax.random.key(0))
   with pytest.raises(ValueError, match="prompt 0 is empty"):
     sampler(state, [[]], jax.random.key(0))
+  right_padded = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], np.float32)
+  with pytest.raises(ValueError, match="prompt 0 is empty or not left-padded"):
+    sampler.generate_padded(state, np.ones((2, 4), np.int32), right_padded,
+                            jax.random.key(0))
+  with pytest.raises(ValueError, match="leaf 0 has shapes"):
+    sampler_lib.Sampler(None, lambda b, s: {"k": jnp.zeros((b, b))}, cfg)
 
 
 @pytest.mark.parametrize("data,fsdp", [(8, 1), (2, 4)])
@@ -148,11 +171,12 @@ def test_eight_devices_equal_one(data, fsdp):
   got = many(state, prompts, jax.random.key(4))
   assert len(got.response_BxR.sharding.device_set) == 8
   got = as_np(got)
-  # Tokens, masks and lengths bit for bit; log-probs to float32 rounding (per-device batch
-  # shapes differ, so XLA may pick differently vectorised kernels).
-  for field in ("prompt_BxP", "response_BxR", "response_mask_BxR", "lengths_B", "truncated_B",
-                "group_ids_B"):
+  # Tokens, masks and lengths bit for bit; log-probs to float32 rounding (the
+  # per-device batch shapes differ, so XLA may pick other vectorised kernels).
+  for field in ("prompt_BxP", "response_BxR", "response_mask_BxR", "lengths_B",
+                "truncated_B", "group_ids_B"):
     np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
   np.testing.assert_allclose(got.logp_BxR, want.logp_BxR, rtol=1e-5, atol=1e-6)
-  with pytest.raises(ValueError, match="cannot be split over the 8 batch shards"):
+  with pytest.raises(ValueError,
+                     match="cannot be split over the 8 batch shards"):
     many(state, PROMPTS, jax.random.key(4))

@@ -1,4 +1,4 @@
-"""The sampler on the real transformer: greedy parity with transformers, log-probs, meshes."""
+"""The sampler on the real transformer: transformers parity, log-probs, mesh."""
 
 import jax
 import jax.numpy as jnp
@@ -15,26 +15,13 @@ from vapo_jax.models import hf_io  # noqa: E402
 from vapo_jax.models import transformer  # noqa: E402
 from vapo_jax.sampling import SamplingConfig  # noqa: E402
 from flax import nnx  # noqa: E402
+import tiny_hf  # noqa: E402
 
-VOCAB, PAD, R = 96, 0, 10
-# Mixed lengths: with max_prompt_len=16 the batch is padded to the bucket 16 (more left
-# padding than transformers' 9), which must not change a single token.
-PROMPTS = [[5, 17, 33, 2, 71, 8, 90, 41, 12], [3, 64, 28, 7], [50, 11, 9, 60, 21, 44], [77]]
-
-
-def tiny_hf_model(family: str):
-  torch.manual_seed(0)
-  base = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5)
-  if family == "qwen2":
-    cfg = transformers.Qwen2Config(**base)
-  else:
-    cfg = transformers.Qwen3Config(head_dim=16, **base)
-  model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
-  with torch.no_grad():  # random weights far from the 0.02 init: no near-tied logits
-    for name, p in model.named_parameters():
-      p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else p + 0.15 * torch.randn_like(p))
-  return model
+PAD, R = 0, 10
+# Mixed lengths, padded to the bucket 16 (more left padding than transformers'
+# 9), which must not change a single token.
+PROMPTS = [[5, 17, 33, 2, 71, 8, 90, 41, 12], [3, 64, 28, 7],
+           [50, 11, 9, 60, 21, 44], [77]]
 
 
 def hf_greedy(model, prompts, eos):
@@ -44,9 +31,10 @@ def hf_greedy(model, prompts, eos):
   for i, x in enumerate(prompts):
     ids[i, p - len(x):], mask[i, p - len(x):] = x, 1
   with torch.no_grad():
-    out = model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                         do_sample=False, max_new_tokens=R, min_new_tokens=0,
-                         eos_token_id=list(eos) or None, pad_token_id=PAD)
+    out = model.generate(
+        input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+        do_sample=False, max_new_tokens=R, min_new_tokens=0,
+        eos_token_id=list(eos) or None, pad_token_id=PAD)
   resp = np.full((len(prompts), R), PAD, np.int64)
   gen = out[:, p:].numpy()
   resp[:, :gen.shape[1]] = gen
@@ -56,14 +44,15 @@ def hf_greedy(model, prompts, eos):
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])
 def ckpt(request, tmp_path_factory):
   path = str(tmp_path_factory.mktemp(request.param))
-  model = tiny_hf_model(request.param)
+  model = tiny_hf.make_model(request.param)  # weights far from the 0.02 init
   model.save_pretrained(path)
   return path, model
 
 
 def greedy_cfg(eos, n=1):
-  return SamplingConfig(max_new_tokens=R, greedy=True, stop_token_ids=eos, pad_id=PAD,
-                        n_per_prompt=n, max_prompt_len=16, min_prompt_bucket=16)
+  return SamplingConfig(max_new_tokens=R, greedy=True, stop_token_ids=eos,
+                        pad_id=PAD, n_per_prompt=n, max_prompt_len=16,
+                        min_prompt_bucket=16)
 
 
 def test_greedy_equals_transformers_generate(ckpt):
@@ -74,7 +63,8 @@ def test_greedy_equals_transformers_generate(ckpt):
   want = hf_greedy(hf_model, PROMPTS, eos)
   model, model_cfg = hf_io.from_pretrained(path)
   graphdef, state = nnx.split(model)
-  sampler = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, greedy_cfg(eos, n=2))
+  sampler = sampler_lib.Sampler.for_transformer(graphdef, model_cfg,
+                                                greedy_cfg(eos, n=2))
   out = jax.tree.map(np.asarray, sampler(state, PROMPTS, jax.random.key(0)))
   assert out.prompt_BxP.shape[1] == 16
   np.testing.assert_array_equal(out.response_BxR[::2], want)
@@ -90,10 +80,12 @@ def test_greedy_equals_transformers_generate(ckpt):
 
 def _teacher_forced(model, rollout, temperature):
   tokens_BxL, mask_BxL = rollout_lib.rollout_tokens(rollout)
-  logits = transformer.forward_logits(model, tokens_BxL, mask_BxL.astype(jnp.int32))
+  logits = transformer.forward_logits(model, tokens_BxL,
+                                      mask_BxL.astype(jnp.int32))
   logp = jax.nn.log_softmax(logits / temperature, axis=-1)
   p = rollout.prompt_len
-  pred = jnp.take_along_axis(logp[:, p - 1:-1], tokens_BxL[:, p:, None], axis=-1)[..., 0]
+  pred = jnp.take_along_axis(logp[:, p - 1:-1], tokens_BxL[:, p:, None],
+                             axis=-1)[..., 0]
   return np.asarray(pred * rollout.response_mask_BxR)
 
 
@@ -102,32 +94,35 @@ def test_sampled_logprobs_equal_teacher_forced(ckpt):
   model, model_cfg = hf_io.from_pretrained(path)
   graphdef, state = nnx.split(model)
   cfg = SamplingConfig(max_new_tokens=R, temperature=0.7, top_k=20, top_p=0.9,
-                       stop_token_ids=(1, 2), pad_id=PAD, n_per_prompt=3, max_prompt_len=16)
-  out = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)(
-      state, PROMPTS, jax.random.key(1))
-  np.testing.assert_allclose(np.asarray(out.logp_BxR), _teacher_forced(model, out, 0.7),
-                             atol=5e-5)
+                       stop_token_ids=(1, 2), pad_id=PAD, n_per_prompt=3,
+                       max_prompt_len=16)
+  sampler = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
+  out = sampler(state, PROMPTS, jax.random.key(1))
+  np.testing.assert_allclose(
+      np.asarray(out.logp_BxR), _teacher_forced(model, out, 0.7), atol=5e-5)
   policy = pytest.importorskip("vapo_jax.policy")
   tokens_BxL, mask_BxL = rollout_lib.rollout_tokens(out)
-  logp, _ = policy.response_logprobs(model, tokens_BxL, mask_BxL, out.prompt_len,
-                                     temperature=0.7)
-  np.testing.assert_allclose(np.asarray(logp) * np.asarray(out.response_mask_BxR),
-                             np.asarray(out.logp_BxR), atol=5e-5)
+  logp, _ = policy.response_logprobs(model, tokens_BxL, mask_BxL,
+                                     out.prompt_len, temperature=0.7)
+  np.testing.assert_allclose(
+      np.asarray(logp) * np.asarray(out.response_mask_BxR),
+      np.asarray(out.logp_BxR), atol=5e-5)
 
 
 def test_sharded_model_on_eight_devices_equals_one(ckpt):
   path, _ = ckpt
-  cfg = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=(1,), pad_id=PAD,
-                       n_per_prompt=2, max_prompt_len=16)
+  cfg = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=(1,),
+                       pad_id=PAD, n_per_prompt=2, max_prompt_len=16)
   model, model_cfg = hf_io.from_pretrained(path)
   graphdef, state = nnx.split(model)
-  want = jax.tree.map(np.asarray, sampler_lib.Sampler.for_transformer(
-      graphdef, model_cfg, cfg)(state, PROMPTS, jax.random.key(2)))
+  one = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
+  want = jax.tree.map(np.asarray, one(state, PROMPTS, jax.random.key(2)))
   mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
   model, model_cfg = hf_io.from_pretrained(path, mesh=mesh)
   graphdef, state = nnx.split(model)
-  got = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg, mesh=mesh)(
-      state, PROMPTS, jax.random.key(2))
+  many = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg,
+                                             mesh=mesh)
+  got = many(state, PROMPTS, jax.random.key(2))
   assert len(got.response_BxR.sharding.device_set) == 8
   got = jax.tree.map(np.asarray, got)
   np.testing.assert_array_equal(got.response_BxR, want.response_BxR)

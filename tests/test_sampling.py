@@ -1,4 +1,4 @@
-"""Sampling math: configs, buckets, the filtered distribution, and a statistical test."""
+"""Sampling math: config, buckets, filtered distribution, statistical tests."""
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,7 @@ REAL = 6
 
 
 def reference_probs(logits, temperature, top_k, top_p, vocab_size):
-  """float64 numpy: temperature, then top-k, then top-p on the renormalised rest."""
+  """float64 numpy: temperature, top-k, then top-p on the renormalised rest."""
   z = np.asarray(logits, np.float64)[:vocab_size] / temperature
   order = np.argsort(-z, kind="stable")
   keep = np.zeros(len(z), bool)
@@ -50,36 +50,41 @@ def test_filtered_distribution_matches_reference(opts):
 
 @pytest.mark.parametrize("opts", CASES)
 def test_samples_follow_the_distribution(opts):
-  """Empirical frequencies of 40k draws within 5 sigma of the reference; zeros stay zero."""
+  """40k draws: each frequency within 5 sigma; filtered-out ids never drawn."""
   n = 40_000
   cfg = SamplingConfig(max_new_tokens=1, vocab_size=REAL, **opts)
   logits = jnp.broadcast_to(jnp.asarray(LOGITS, jnp.float32), (n, len(LOGITS)))
-  tokens, logp = jax.jit(lambda k, z: sampling.sample_step(k, z, cfg))(jax.random.key(3),
-                                                                       logits)
+  tokens, logp = jax.jit(lambda k, z: sampling.sample_step(k, z, cfg))(
+      jax.random.key(3), logits)
   counts = np.bincount(np.asarray(tokens), minlength=len(LOGITS))
   want = reference_probs(LOGITS, opts["temperature"], opts.get("top_k", 0),
                          opts.get("top_p", 1.0), REAL)
   assert counts[want == 0].sum() == 0, (counts, want)
   sigma = np.sqrt(n * want * (1 - want))
   assert np.all(np.abs(counts - n * want) <= 5 * sigma + 1), (counts / n, want)
-  # Chi-square over the kept tokens, well inside its 99.99% quantile for <= 5 dof (25.7).
+  # Chi-square over the kept tokens: below its 99.99% quantile at 5 dof, 25.7.
   kept = want > 0
-  chi2 = np.sum((counts[kept] - n * want[kept]) ** 2 / (n * want[kept]))
+  chi2 = np.sum((counts[kept] - n * want[kept])**2 / (n * want[kept]))
   assert chi2 < 25.7, chi2
-  # Behaviour log-probs: the temperature-scaled FULL distribution, not the filtered one.
-  full = np.log(reference_probs(LOGITS, opts["temperature"], 0, 1.0, REAL)[:REAL])
-  np.testing.assert_allclose(np.asarray(logp), full[np.asarray(tokens)], atol=1e-5)
+  # Behaviour log-probs: the temperature-scaled FULL distribution.
+  full = np.log(
+      reference_probs(LOGITS, opts["temperature"], 0, 1.0, REAL)[:REAL])
+  np.testing.assert_allclose(
+      np.asarray(logp), full[np.asarray(tokens)], atol=1e-5)
 
 
 def test_greedy_and_padded_vocab():
   cfg = SamplingConfig(max_new_tokens=1, greedy=True, vocab_size=REAL)
-  tokens, logp = sampling.sample_step(jax.random.key(0), jnp.asarray(LOGITS[None]), cfg)
+  tokens, logp = sampling.sample_step(
+      jax.random.key(0), jnp.asarray(LOGITS[None]), cfg)
   assert int(tokens[0]) == 0  # rows 6 and 7 are larger but are padding
-  np.testing.assert_allclose(float(logp[0]), np.log(reference_probs(LOGITS, 1.0, 0, 1.0,
-                                                                    REAL)[0]), atol=1e-6)
+  np.testing.assert_allclose(
+      float(logp[0]), np.log(reference_probs(LOGITS, 1.0, 0, 1.0, REAL)[0]),
+      atol=1e-6)
   # Without the vocab mask the padding row would win.
-  tokens, _ = sampling.sample_step(jax.random.key(0), jnp.asarray(LOGITS[None]),
-                                   SamplingConfig(max_new_tokens=1, greedy=True))
+  tokens, _ = sampling.sample_step(
+      jax.random.key(0), jnp.asarray(LOGITS[None]),
+      SamplingConfig(max_new_tokens=1, greedy=True))
   assert int(tokens[0]) == 6
 
 
@@ -94,19 +99,45 @@ def test_deterministic_for_a_key():
 
 
 def test_prompt_buckets():
-  cfg = SamplingConfig(max_new_tokens=4, max_prompt_len=100, min_prompt_bucket=16)
-  assert [sampling.prompt_bucket(n, cfg) for n in (1, 16, 17, 33, 64, 65, 100)] == [
-      16, 16, 32, 64, 64, 100, 100]
-  cfg = SamplingConfig(max_new_tokens=4, max_prompt_len=48, prompt_buckets=(8, 24, 48))
+  cfg = SamplingConfig(max_new_tokens=4, max_prompt_len=100,
+                       min_prompt_bucket=16)
+  lengths = (1, 16, 17, 33, 64, 65, 100)
+  buckets = [sampling.prompt_bucket(n, cfg) for n in lengths]
+  assert buckets == [16, 16, 32, 64, 64, 100, 100]
+  cfg = SamplingConfig(max_new_tokens=4, max_prompt_len=48,
+                       prompt_buckets=(8, 24, 48))
   assert [sampling.prompt_bucket(n, cfg) for n in (3, 9, 30)] == [8, 24, 48]
   with pytest.raises(ValueError, match="49 tokens.*max_prompt_len=48"):
     sampling.prompt_bucket(49, cfg)
   assert cfg.total_cache_len == 52
 
 
-@pytest.mark.parametrize("field,value", [
-    ("temperature", 0.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
-    ("n_per_prompt", 0), ("max_new_tokens", 0), ("prompt_buckets", (8, 4))])
+BAD_FIELDS = [("temperature", 0.0), ("top_p", 0.0), ("top_p", 1.5),
+              ("top_k", -1), ("n_per_prompt", 0), ("max_new_tokens", 0),
+              ("prompt_buckets", (8, 4))]
+
+
+@pytest.mark.parametrize("field,value", BAD_FIELDS)
 def test_config_validation_names_the_field(field, value):
   with pytest.raises(ValueError, match=f"SamplingConfig.{field}"):
     SamplingConfig(**{"max_new_tokens": 4, field: value})
+
+
+@pytest.mark.parametrize("block", [8, 128])
+def test_two_level_draw_across_blocks(block):
+  """50 ids (7 blocks of 8 with padding, or one block); -inf ids never drawn."""
+  n, v = 60_000, 50
+  z = np.random.RandomState(0).normal(0, 1.5, v).astype(np.float32)
+  z[[3, 17, 40, 41]] = -np.inf
+  want = np.exp(z - z.max())
+  want /= want.sum()
+  logits = jnp.broadcast_to(jnp.asarray(z), (n, v))
+  ids = jax.jit(lambda k, x: sampling.draw(k, x, block=block))(
+      jax.random.key(11), logits)
+  counts = np.bincount(np.asarray(ids), minlength=v)
+  assert counts.shape == (v,) and counts[want == 0].sum() == 0
+  sigma = np.sqrt(n * want * (1 - want))
+  assert np.all(np.abs(counts - n * want) <= 5 * sigma + 1), (counts / n, want)
+  kept = want > 0
+  chi2 = np.sum((counts[kept] - n * want[kept])**2 / (n * want[kept]))
+  assert chi2 < 46 + 6 * np.sqrt(2 * 46), chi2  # 45 dof: ~6 sigma margin

@@ -1,26 +1,32 @@
-"""KV-cache rollouts: one prefill per prompt, then a compiled decode loop, group sampling.
+"""KV-cache rollouts: one prefill per prompt, a compiled decode loop, groups.
 
-Model contract (`vapo_jax.models.transformer.Transformer`, or any nnx.Module like it):
+Model contract (`vapo_jax.models.transformer.Transformer`, or any nnx.Module
+like it):
 
-  model(tokens_BxT, positions_BxT, kv_mask_BxS, *, cache, cache_index) -> (hidden, cache)
+  model(tokens_BxT, positions_BxT, kv_mask_BxS, *, cache, cache_index)
+      -> (hidden_BxTxD, cache)
   model.logits(hidden_...xD) -> logits_...xV
-  init_cache(batch, max_len) -> pytree of arrays with one batch and one sequence axis
+  init_cache(batch, max_len) -> pytree of arrays, each with one batch axis and
+      one sequence axis
 
-The model travels as `nnx.split` graphdef (static) + state (arrays), through plain `jax.jit`.
+The model travels as `nnx.split` graphdef (static) + state (arrays), through
+plain `jax.jit`.
 
 Algorithm for Bp prompts, n responses each (B = Bp * n rows, row = p * n + j):
 
-  1. prefill the Bp left-padded prompts [Bp, P] into a small [Bp, P] cache (once per
-     prompt, not n times); positions = clip(cumsum(mask) - 1, 0);
-  2. repeat that cache n times along batch and write it into slots [0, P) of the persistent
-     [B, S] cache (S = cfg.total_cache_len); the persistent cache is donated and handed back,
-     so one buffer per batch size is allocated for the whole run;
-  3. token 0 is drawn from the prefill logits at the last prompt position; step t >= 1 feeds
-     token t-1 at slot P + t - 1 and draws token t, inside `jax.lax.while_loop`, which exits
-     as soon as every row has produced a stop token or t = R.
+  1. Prefill the Bp left-padded prompts [Bp, P] into a small [Bp, P] cache
+     (once per prompt, not n times); positions = max(cumsum(mask) - 1, 0).
+  2. Repeat that cache n times along batch and write it into slots [0, P) of
+     the persistent [B, S] cache (S = cfg.total_cache_len). The persistent
+     cache is donated and handed back, so one buffer per row count is
+     allocated for the whole run.
+  3. Token 0 is drawn from the prefill logits at the last prompt position;
+     step t >= 1 feeds token t-1 at slot P + t - 1 and draws token t, inside
+     `jax.lax.while_loop`, which exits as soon as every row has produced a
+     stop token, or at t = R.
 
-Slots never written in this call (stale values from an earlier call, or padding) are
-masked out by kv_mask, so reusing the buffer changes nothing.
+Slots not written in this call (stale values from an earlier call, or padding)
+are masked out by kv_mask, so reusing the buffer changes nothing.
 """
 
 from __future__ import annotations
@@ -45,39 +51,46 @@ Rollout = rollout_lib.Rollout
 InitCacheFn = Callable[[int, int], Any]
 
 
-def cache_axes(init_cache: InitCacheFn) -> tuple[Any, list[tuple[int | None, int | None]]]:
-  """(treedef, [(batch_axis, seq_axis) per leaf]) of the cache, found by shape inference."""
-  a = jax.eval_shape(lambda: init_cache(2, 3))
-  b = jax.eval_shape(lambda: init_cache(5, 7))
-  leaves_a, treedef = jax.tree.flatten(a)
-  leaves_b = jax.tree.leaves(b)
+def cache_axes(init_cache: InitCacheFn) -> list[tuple[int, int]]:
+  """[(batch_axis, seq_axis)] per cache leaf, by shape inference (no memory).
+
+  Raises:
+    ValueError: a leaf without exactly one batch axis and one sequence axis.
+  """
+  a = jax.tree.leaves(jax.eval_shape(lambda: init_cache(2, 3)))
+  b = jax.tree.leaves(jax.eval_shape(lambda: init_cache(5, 7)))
   axes = []
-  for la, lb in zip(leaves_a, leaves_b):
-    batch = [i for i, (x, y) in enumerate(zip(la.shape, lb.shape)) if (x, y) == (2, 5)]
-    seq = [i for i, (x, y) in enumerate(zip(la.shape, lb.shape)) if (x, y) == (3, 7)]
-    axes.append((batch[0] if batch else None, seq[0] if seq else None))
-  return treedef, axes
+  for i, (la, lb) in enumerate(zip(a, b)):
+    pairs = list(zip(la.shape, lb.shape))
+    batch = [d for d, xy in enumerate(pairs) if xy == (2, 5)]
+    seq = [d for d, xy in enumerate(pairs) if xy == (3, 7)]
+    if len(batch) != 1 or len(seq) != 1 or len(la.shape) != len(lb.shape):
+      raise ValueError(
+          f"init_cache(batch, max_len) leaf {i} has shapes {la.shape} (2, 3) "
+          f"and {lb.shape} (5, 7): every cache leaf needs one batch and one "
+          "sequence axis")
+    axes.append((batch[0], seq[0]))
+  if not axes:
+    raise ValueError("init_cache(batch, max_len) returned no arrays")
+  return axes
 
 
 def _write_prefill(cache: Any, small: Any, n: int, axes) -> Any:
-  """Repeats each prefill-cache leaf n times along batch into slots [0, P) of `cache`."""
+  """Writes each prefill leaf, repeated n times, into slots [0, P) of cache."""
   leaves, treedef = jax.tree.flatten(cache)
-  small_leaves = jax.tree.leaves(small)
   out = []
-  for big, sm, (b_ax, s_ax) in zip(leaves, small_leaves, axes):
-    if b_ax is not None and n > 1:
-      sm = jnp.repeat(sm, n, axis=b_ax)
-    if s_ax is None:
-      out.append(sm.astype(big.dtype) if sm.shape == big.shape else big)
-    else:
-      out.append(jax.lax.dynamic_update_slice(big, sm.astype(big.dtype), (0,) * big.ndim))
+  for big, sm, (b_ax, _) in zip(leaves, jax.tree.leaves(small), axes):
+    sm = jnp.repeat(sm, n, axis=b_ax) if n > 1 else sm
+    out.append(
+        jax.lax.dynamic_update_slice(big, sm.astype(big.dtype),
+                                     (0,) * big.ndim))
   return jax.tree.unflatten(treedef, out)
 
 
-def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig, axes,
-              constrain: Callable[[Any, int | None], Any], state, prompt_BxP, prompt_mask_BxP,
-              cache, key) -> tuple[Rollout, Any]:
-  """The compiled body: prefill, group repeat, decode loop. See the module docstring."""
+def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
+              axes, constrain: Callable[[Any, int | None], Any], state,
+              prompt_BxP, prompt_mask_BxP, cache, key) -> tuple[Rollout, Any]:
+  """The compiled body: prefill, group repeat, decode loop (see module)."""
   bp, p = prompt_BxP.shape
   n, r = cfg.n_per_prompt, cfg.max_new_tokens
   b, s = bp * n, jax.tree.leaves(cache)[0].shape[axes[0][1]]
@@ -102,12 +115,14 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig, a
   logits_BxV = constrain(jnp.repeat(logits_BpxV, n, axis=0), 0)
   prompt_len_B = constrain(jnp.repeat(jnp.sum(mask_BpxP, axis=1), n), 0)
   kv_mask_BxS = jnp.zeros((b, s), jnp.int32)
-  kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS, jnp.repeat(mask_BpxP, n, axis=0),
+  kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS,
+                                             jnp.repeat(mask_BpxP, n, axis=0),
                                              (0, 0))
   kv_mask_BxS = constrain(kv_mask_BxS, 0)
 
   # 3. Token 0 from the prefill logits, then the loop.
-  tok_B, logp_B = sampling.sample_step(jax.random.fold_in(key, 0), logits_BxV, cfg)
+  tok_B, logp_B = sampling.sample_step(
+      jax.random.fold_in(key, 0), logits_BxV, cfg)
   response_BxR = jnp.full((b, r), cfg.pad_id, jnp.int32).at[:, 0].set(tok_B)
   logp_BxR = jnp.zeros((b, r), jnp.float32).at[:, 0].set(logp_B)
   done_B = is_stop(tok_B)
@@ -118,30 +133,38 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig, a
     return (t < r) & ~jnp.all(done_B)
 
   def body(carry):
-    t, cache, tok_B, done_B, lengths_B, response_BxR, logp_BxR, kv_mask_BxS = carry
+    (t, cache, tok_B, done_B, lengths_B, response_BxR, logp_BxR,
+     kv_mask_BxS) = carry
     slot = p + t - 1
-    kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS, jnp.ones((b, 1), jnp.int32),
+    kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS,
+                                               jnp.ones((b, 1), jnp.int32),
                                                (0, slot))
     positions_Bx1 = (prompt_len_B + t - 1)[:, None]
-    logits_BxV, cache = model_apply(tok_B[:, None], positions_Bx1, kv_mask_BxS, cache, slot)
-    new_B, lp_B = sampling.sample_step(jax.random.fold_in(key, t), logits_BxV, cfg)
+    logits_BxV, cache = model_apply(tok_B[:, None], positions_Bx1, kv_mask_BxS,
+                                    cache, slot)
+    new_B, lp_B = sampling.sample_step(
+        jax.random.fold_in(key, t), logits_BxV, cfg)
     new_B = jnp.where(done_B, cfg.pad_id, new_B)
     lp_B = jnp.where(done_B, 0.0, lp_B)
-    response_BxR = jax.lax.dynamic_update_slice(response_BxR, new_B[:, None], (0, t))
+    response_BxR = jax.lax.dynamic_update_slice(response_BxR, new_B[:, None],
+                                                (0, t))
     logp_BxR = jax.lax.dynamic_update_slice(logp_BxR, lp_B[:, None], (0, t))
     lengths_B = lengths_B + (~done_B).astype(jnp.int32)
     done_B = done_B | is_stop(new_B)
-    return (t + 1, cache, new_B, done_B, lengths_B, response_BxR, logp_BxR, kv_mask_BxS)
+    return (t + 1, cache, new_B, done_B, lengths_B, response_BxR, logp_BxR,
+            kv_mask_BxS)
 
-  carry = (jnp.int32(1), cache, tok_B, done_B, lengths_B, response_BxR, logp_BxR,
-           kv_mask_BxS)
-  _, cache, _, done_B, lengths_B, response_BxR, logp_BxR, _ = jax.lax.while_loop(
-      cond, body, carry)
+  carry = (jnp.int32(1), cache, tok_B, done_B, lengths_B, response_BxR,
+           logp_BxR, kv_mask_BxS)
+  carry = jax.lax.while_loop(cond, body, carry)
+  _, cache, _, done_B, lengths_B, response_BxR, logp_BxR, _ = carry
 
-  response_mask_BxR = (jnp.arange(r)[None, :] < lengths_B[:, None]).astype(jnp.float32)
+  real_BxR = jnp.arange(r)[None, :] < lengths_B[:, None]
+  response_mask_BxR = real_BxR.astype(jnp.float32)
   out = Rollout(
       prompt_BxP=jnp.repeat(prompt_BxP, n, axis=0),
-      prompt_mask_BxP=jnp.repeat(prompt_mask_BxP.astype(jnp.float32), n, axis=0),
+      prompt_mask_BxP=jnp.repeat(
+          prompt_mask_BxP.astype(jnp.float32), n, axis=0),
       response_BxR=response_BxR,
       response_mask_BxR=response_mask_BxR,
       lengths_B=lengths_B,
@@ -157,53 +180,58 @@ class Sampler:
 
   Usage:
     graphdef, state = nnx.split(model)
-    sampler = Sampler(graphdef, functools.partial(init_cache, model_cfg, dtype=...), cfg,
-                      mesh=mesh)       # or Sampler.for_transformer(graphdef, model_cfg, cfg)
+    sampler = Sampler.for_transformer(graphdef, model_cfg, cfg, mesh=mesh)
+    # (any model: Sampler(graphdef, init_cache_fn, cfg, mesh=mesh))
     rollout = sampler(state, [[1, 2, 3], [4, 5]], jax.random.key(0))
 
-  Sharding: prompts and every row-major array (the cache's batch axis included) are split
-  over the mesh axes the rules give the logical axis "batch" (data and fsdp by default);
-  parameters keep the sharding they arrive with (`hf_io.from_pretrained(mesh=...)`).
+  Sharding: prompts and every row-major array (the cache's batch axis too) are
+  split over the mesh axes that the rules give the logical axis "batch" (data
+  and fsdp by default); parameters keep the sharding they arrive with
+  (`hf_io.from_pretrained(mesh=...)`).
 
-  Holds one donated KV cache per row count and reuses it across calls. Shapes compiled:
-  one per (number of prompts, prompt bucket).
+  Holds one donated KV cache per row count and reuses it across calls. Shapes
+  compiled: one per (number of prompts, prompt bucket).
   """
 
-  def __init__(self, graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig, *,
-               mesh: jax.sharding.Mesh | None = None, rules: shd.Rules = shd.DEFAULT_RULES):
+  def __init__(self, graphdef, init_cache: InitCacheFn,
+               cfg: sampling.SamplingConfig, *,
+               mesh: jax.sharding.Mesh | None = None,
+               rules: shd.Rules = shd.DEFAULT_RULES):
     self.cfg = cfg
     self.mesh = mesh
     self._init_cache = init_cache
-    self._treedef, self._axes = cache_axes(init_cache)
-    if not self._axes or self._axes[0][1] is None or self._axes[0][0] is None:
-      raise ValueError("init_cache(batch, max_len) must return arrays whose first leaf has "
-                       "a batch axis and a sequence axis")
+    self._axes = cache_axes(init_cache)
     self.batch_axes = ()
     if mesh is not None:
       axes = shd.logical_to_spec(("batch",), rules, mesh)[0]
       self.batch_axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-    self.batch_shards = int(np.prod([mesh.shape[a] for a in self.batch_axes])) if mesh else 1
+    self.batch_shards = int(np.prod([mesh.shape[a] for a in self.batch_axes
+                                    ])) if mesh else 1
     self._caches: dict[int, Any] = {}
-    fn = functools.partial(_generate, graphdef, init_cache, cfg, self._axes, self._constrain)
+    fn = functools.partial(_generate, graphdef, init_cache, cfg, self._axes,
+                           self._constrain)
     self._generate = jax.jit(fn, donate_argnums=(3,))
 
   @classmethod
   def for_transformer(cls, graphdef, model_cfg, cfg: sampling.SamplingConfig, *,
-                      mesh: jax.sharding.Mesh | None = None, rules: shd.Rules = shd.DEFAULT_RULES,
+                      mesh: jax.sharding.Mesh | None = None,
+                      rules: shd.Rules = shd.DEFAULT_RULES,
                       cache_dtype: Any = None) -> "Sampler":
     """A sampler for `vapo_jax.models.Transformer` (graphdef from `nnx.split`).
 
-    If `cfg.vocab_size` is None it takes the model's `real_vocab_size`, so the embedding's
-    padding rows are never sampled. The cache dtype defaults to the compute dtype.
+    If `cfg.vocab_size` is None it takes the model's `real_vocab_size`, so the
+    embedding's padding rows are never sampled. The cache dtype defaults to the
+    compute dtype.
     """
     if cfg.vocab_size is None and model_cfg.real_vocab_size is not None:
       cfg = dataclasses.replace(cfg, vocab_size=model_cfg.real_vocab_size)
-    init = functools.partial(transformer.init_cache, model_cfg, dtype=cache_dtype)
-    return cls(graphdef, lambda batch, max_len: init(batch, max_len), cfg, mesh=mesh,
-               rules=rules)
+    init = functools.partial(transformer.init_cache, model_cfg,
+                             dtype=cache_dtype)
+    return cls(graphdef, lambda batch, max_len: init(batch, max_len), cfg,
+               mesh=mesh, rules=rules)
 
   def _constrain(self, x, batch_axis: int | None):
-    """Batch-shards arrays (batch_axis=0) or every cache leaf (batch_axis=None)."""
+    """Batch-shards an array (batch_axis=0) or each cache leaf (None)."""
     if self.mesh is None or not self.batch_axes:
       return x
     if batch_axis is not None:
@@ -212,24 +240,24 @@ class Sampler:
     leaves, treedef = jax.tree.flatten(x)
     out = []
     for leaf, (b_ax, _) in zip(leaves, self._axes):
-      if b_ax is None:
-        out.append(leaf)
-        continue
       spec = [P.UNCONSTRAINED] * leaf.ndim
       spec[b_ax] = self.batch_axes
-      out.append(jax.lax.with_sharding_constraint(leaf, NamedSharding(self.mesh, P(*spec))))
+      out.append(
+          jax.lax.with_sharding_constraint(leaf,
+                                           NamedSharding(self.mesh, P(*spec))))
     return jax.tree.unflatten(treedef, out)
 
   def _cache_for(self, rows: int):
-    """The persistent [rows, S] cache, allocated (batch-sharded) on first use."""
+    """The persistent [rows, S] cache, allocated batch-sharded on first use."""
     if rows not in self._caches:
       s = self.cfg.total_cache_len
       alloc = jax.jit(lambda: self._constrain(self._init_cache(rows, s), None))
       self._caches[rows] = alloc()
     return self._caches.pop(rows)
 
-  def pad_prompts(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Left-pads prompts to their bucket; raises ValueError naming an over-budget prompt."""
+  def pad_prompts(
+      self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pads prompts to their bucket; ValueError names a too-long one."""
     cfg = self.cfg
     for i, prompt in enumerate(prompts):
       if len(prompt) > cfg.max_prompt_len:
@@ -239,38 +267,58 @@ class Sampler:
     p = sampling.prompt_bucket(max(len(x) for x in prompts), cfg)
     return rollout_lib.left_pad(prompts, p, cfg.pad_id)
 
-  def __call__(self, state, prompts: Sequence[Sequence[int]], key: jax.Array) -> Rollout:
+  def __call__(self, state, prompts: Sequence[Sequence[int]],
+               key: jax.Array) -> Rollout:
     """Samples n responses for each prompt (lists of token ids, any lengths)."""
     if not prompts:
       raise ValueError("no prompts given")
     prompt_BxP, mask_BxP = self.pad_prompts(prompts)
     return self.generate_padded(state, prompt_BxP, mask_BxP, key)
 
-  def generate_padded(self, state, prompt_BxP, prompt_mask_BxP, key: jax.Array) -> Rollout:
-    """Like __call__ for prompts already left-padded to a static length P."""
+  def generate_padded(self, state, prompt_BxP, prompt_mask_BxP,
+                      key: jax.Array) -> Rollout:
+    """Like __call__ for host arrays already left-padded to a static length P.
+
+    Raises:
+      ValueError: a row that is empty or not left-padded (its last slot must be
+        real), P + max_new_tokens beyond the cache, or prompts not divisible
+        over the batch shards.
+    """
     cfg = self.cfg
+    prompt_mask_BxP = np.asarray(prompt_mask_BxP, np.float32)
     bp, p = prompt_BxP.shape
+    bad = np.flatnonzero(prompt_mask_BxP[:, -1] == 0)
+    if bad.size:
+      raise ValueError(
+          f"prompt {bad[0]} is empty or not left-padded: its mask must end "
+          "with a real token (mask[:, -1] == 1)")
     if p + cfg.max_new_tokens > cfg.total_cache_len:
       raise ValueError(
           f"prompt length {p} + max_new_tokens {cfg.max_new_tokens} = "
-          f"{p + cfg.max_new_tokens} overflows the KV cache of {cfg.total_cache_len} slots "
+          f"{p + cfg.max_new_tokens} overflows the KV cache of "
+          f"{cfg.total_cache_len} slots "
           f"(SamplingConfig.cache_len / max_prompt_len)")
     if bp % self.batch_shards:
       raise ValueError(
-          f"{bp} prompts cannot be split over the {self.batch_shards} batch shards of mesh "
-          f"axes {self.batch_axes}; pass a multiple of {self.batch_shards}")
-    if self.mesh is not None and self.batch_axes:
-      sharding = NamedSharding(self.mesh, P(self.batch_axes))
-      prompt_BxP = jax.device_put(jnp.asarray(prompt_BxP, jnp.int32), sharding)
-      prompt_mask_BxP = jax.device_put(jnp.asarray(prompt_mask_BxP, jnp.float32), sharding)
-    else:
-      prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
-      prompt_mask_BxP = jnp.asarray(prompt_mask_BxP, jnp.float32)
+          f"{bp} prompts cannot be split over the {self.batch_shards} batch "
+          f"shards of mesh axes {self.batch_axes}; pass a multiple of "
+          f"{self.batch_shards}")
+    prompt_BxP = self._place(np.asarray(prompt_BxP, np.int32))
+    prompt_mask_BxP = self._place(prompt_mask_BxP)
     rows = bp * cfg.n_per_prompt
     cache = self._cache_for(rows)
-    out, self._caches[rows] = self._generate(state, prompt_BxP, prompt_mask_BxP, cache, key)
+    out, self._caches[rows] = self._generate(state, prompt_BxP, prompt_mask_BxP,
+                                             cache, key)
     return out
 
+  def _place(self, x_BxP: np.ndarray) -> jax.Array:
+    """Host array -> batch-sharded global array (same array on every host)."""
+    if self.mesh is None or not self.batch_axes:
+      return jnp.asarray(x_BxP)
+    sharding = NamedSharding(self.mesh, P(self.batch_axes))
+    return jax.make_array_from_callback(x_BxP.shape, sharding,
+                                        lambda idx: x_BxP[idx])
+
   def clear_cache(self):
-    """Frees the persistent KV caches (e.g. before training steps that need the memory)."""
+    """Frees the persistent KV caches (e.g. before big train steps)."""
     self._caches.clear()

@@ -1,24 +1,29 @@
-"""Sampling options and the per-step sampling math: temperature, top-k, top-p, greedy.
+"""Sampling options and per-step sampling math: temperature, top-k/p, greedy.
 
-Pure jax; no model, no flax. The sampler (`vapo_jax.sampler`) calls `sample_step` once per
-generated token.
+Pure jax; no model, no flax. The sampler (`vapo_jax.sampler`) calls
+`sample_step` once per generated token.
 
 Conventions, with logits `z_BxV` of the full (padded) embedding vocabulary:
 
-  * Rows `v >= vocab_size` (the embedding's padding rows, no tokenizer token) get `-inf`
-    before anything else, so they are never sampled and carry no probability mass.
-  * Behaviour log-prob of token `y`:  `log softmax(z / T)[y]` over the real vocabulary --
-    the temperature-scaled FULL distribution, before top-k / top-p. This is the quantity
-    PPO's importance ratio needs and what `policy.response_logprobs(..., temperature=T)`
-    computes by teacher forcing. (The distribution actually sampled from is the filtered
-    one below; the two differ only when top-k / top-p cut the tail.)
+  * Rows `v >= vocab_size` (the embedding's padding rows, no tokenizer token)
+    get `-inf` before anything else, so they are never sampled and carry no
+    probability mass.
+  * Behaviour log-prob of token `y`:  `log softmax(z / T)[y]` over the real
+    vocabulary -- the temperature-scaled FULL distribution, before top-k /
+    top-p. This is the quantity PPO's importance ratio needs and what
+    `policy.response_logprobs(..., temperature=T)` computes by teacher forcing.
+    (The distribution actually sampled from is the filtered one below; the two
+    differ only when top-k / top-p cut the tail.)
   * Sampling distribution (the order of transformers' logits warpers):
       1. `z' = z / T`;
       2. top-k: keep the k largest `z'` (k = 0: all);
-      3. top-p: on the renormalised kept set sorted descending, keep token i iff the mass of
-         the tokens before it is `< top_p` (always keeps the most likely token);
-      4. draw from softmax of the kept logits.
-  * Greedy: `argmax z` over the real vocabulary (ties: lowest id, as `torch.argmax`).
+      3. top-p: on the renormalised kept set sorted descending, keep token i
+         iff the mass of the tokens before it is `< top_p` (the most likely
+         token is always kept);
+      4. draw from softmax of the kept logits (`draw`: two-level inverse CDF;
+         the top-k path draws among its k candidates with Gumbel-max).
+  * Greedy: `argmax z` over the real vocabulary (ties: lowest id, as
+    `torch.argmax`).
 """
 
 from __future__ import annotations
@@ -33,27 +38,30 @@ _NEG_INF = -jnp.inf
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-  """Options of one sampler. Hashable: it is a static argument of the compiled loop.
+  """Options of one sampler; hashable, as a static argument of the loop.
 
   Attributes:
-    max_new_tokens: R, the static length of every response (the trainer's shapes).
-    temperature: T > 0; logits are divided by T. Use `greedy=True` for argmax decoding.
+    max_new_tokens: R, the static length of every response (the trainer's
+      shapes).
+    temperature: T > 0; logits are divided by T. Use `greedy=True` for argmax
+      decoding.
     top_p: nucleus mass in (0, 1]; 1 disables it.
     top_k: keep the k most likely tokens; 0 disables it.
     greedy: argmax decoding (log-probs are still those of softmax(z / T)).
-    stop_token_ids: a response ends right after any of these (the stop token is kept and
-      counted in the response mask and length).
+    stop_token_ids: a response ends right after any of these (the stop token is
+      kept and counted in the response mask and length).
     pad_id: fills prompts on the left and responses on the right.
-    vocab_size: number of real tokens; logits rows at or above it are never sampled.
-      None: all rows of the logits are real.
-    n_per_prompt: n responses per prompt (group sampling); rows `p * n .. p * n + n - 1`
-      answer prompt p and share one prefill.
+    vocab_size: number of real tokens; logits rows at or above it are never
+      sampled. None: all rows of the logits are real.
+    n_per_prompt: n responses per prompt (group sampling); rows
+      `p * n .. p * n + n - 1` answer prompt p and share one prefill.
     max_prompt_len: the prompt budget; longer prompts raise ValueError.
     prompt_buckets: sorted prompt lengths to pad to; empty: powers of two from
       `min_prompt_bucket`, capped at `max_prompt_len`.
     min_prompt_bucket: the smallest power-of-two bucket.
-    cache_len: KV-cache slots per row; None: `max_prompt_len + max_new_tokens`. One cache
-      of this length serves every prompt bucket (prompt in slots [0, P), response after).
+    cache_len: KV-cache slots per row; None: `max_prompt_len + max_new_tokens`.
+      One cache of this length serves every prompt bucket (prompt in slots
+      [0, P), response after).
   """
 
   max_new_tokens: int
@@ -71,13 +79,15 @@ class SamplingConfig:
   cache_len: int | None = None
 
   def __post_init__(self):
+
     def bad(field, value, allowed):
       raise ValueError(f"SamplingConfig.{field}={value!r}: must be {allowed}.")
 
     if self.max_new_tokens < 1:
       bad("max_new_tokens", self.max_new_tokens, ">= 1")
     if not self.temperature > 0:
-      bad("temperature", self.temperature, "> 0 (for argmax decoding set greedy=True)")
+      bad("temperature", self.temperature,
+          "> 0 (for argmax decoding set greedy=True)")
     if not 0 < self.top_p <= 1:
       bad("top_p", self.top_p, "in (0, 1]")
     if self.top_k < 0:
@@ -92,50 +102,55 @@ class SamplingConfig:
       bad("min_prompt_bucket", self.min_prompt_bucket, ">= 1")
     if list(self.prompt_buckets) != sorted(set(self.prompt_buckets)) or any(
         b < 1 for b in self.prompt_buckets):
-      bad("prompt_buckets", self.prompt_buckets, "strictly increasing positive lengths")
+      bad("prompt_buckets", self.prompt_buckets,
+          "strictly increasing positive lengths")
     if self.prompt_buckets and self.prompt_buckets[-1] < self.max_prompt_len:
       bad("prompt_buckets", self.prompt_buckets,
           f"ending at or above max_prompt_len={self.max_prompt_len}")
     if self.cache_len is not None and self.cache_len < 2:
       bad("cache_len", self.cache_len, ">= 2 or None")
     # Tuples keep the config hashable even when a list was passed.
-    object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-    object.__setattr__(self, "prompt_buckets", tuple(int(b) for b in self.prompt_buckets))
+    object.__setattr__(self, "stop_token_ids",
+                       tuple(int(t) for t in self.stop_token_ids))
+    object.__setattr__(self, "prompt_buckets",
+                       tuple(int(b) for b in self.prompt_buckets))
 
   @property
   def total_cache_len(self) -> int:
-    """Cache slots per row: `cache_len`, or `max_prompt_len + max_new_tokens`."""
+    """Cache slots per row: cache_len, or max_prompt_len + max_new_tokens."""
     if self.cache_len is not None:
       return self.cache_len
     return self.max_prompt_len + self.max_new_tokens
 
 
 def prompt_bucket(length: int, cfg: SamplingConfig) -> int:
-  """The padded prompt length P for a batch whose longest prompt has `length` tokens.
+  """The padded length P of a batch whose longest prompt has `length` tokens.
 
-  The smallest entry of `cfg.prompt_buckets` that is >= length; without explicit buckets
-  the smallest power of two >= max(length, min_prompt_bucket), capped at max_prompt_len.
-  A long run therefore compiles at most ~log2(max_prompt_len) prompt shapes.
+  The smallest entry of `cfg.prompt_buckets` that is >= length; without explicit
+  buckets the smallest power of two >= max(length, min_prompt_bucket), capped at
+  max_prompt_len. A long run therefore compiles at most ~log2(max_prompt_len)
+  prompt shapes.
 
   Raises:
     ValueError: length > cfg.max_prompt_len, or no bucket fits it.
   """
   if length > cfg.max_prompt_len:
-    raise ValueError(
-        f"prompt of {length} tokens is longer than the budget "
-        f"SamplingConfig.max_prompt_len={cfg.max_prompt_len}")
+    raise ValueError(f"prompt of {length} tokens is longer than the budget "
+                     f"SamplingConfig.max_prompt_len={cfg.max_prompt_len}")
   if cfg.prompt_buckets:
     for b in cfg.prompt_buckets:
       if b >= length:
         return b
-    raise ValueError(f"no prompt bucket in {cfg.prompt_buckets} holds {length} tokens")
+    raise ValueError(
+        f"no prompt bucket in {cfg.prompt_buckets} holds {length} tokens")
   b = max(1, cfg.min_prompt_bucket)
   while b < length:
     b *= 2
   return min(b, cfg.max_prompt_len)
 
 
-def mask_padded_vocab(logits_BxV: jax.Array, vocab_size: int | None) -> jax.Array:
+def mask_padded_vocab(logits_BxV: jax.Array,
+                      vocab_size: int | None) -> jax.Array:
   """float32 logits with rows `v >= vocab_size` set to -inf."""
   logits_BxV = logits_BxV.astype(jnp.float32)
   v = logits_BxV.shape[-1]
@@ -154,7 +169,7 @@ def behaviour_logprobs(logits_BxV: jax.Array, tokens_B: jax.Array,
 
 
 def _top_p_keep(sorted_logits_BxK: jax.Array, top_p: float) -> jax.Array:
-  """Keep mask for descending-sorted logits: mass strictly before token i < top_p."""
+  """Keep mask of descending-sorted logits: mass before token i < top_p."""
   probs_BxK = jax.nn.softmax(sorted_logits_BxK, axis=-1)
   mass_before_BxK = jnp.cumsum(probs_BxK, axis=-1) - probs_BxK
   keep_BxK = mass_before_BxK < top_p
@@ -162,10 +177,11 @@ def _top_p_keep(sorted_logits_BxK: jax.Array, top_p: float) -> jax.Array:
 
 
 def filtered_logits(logits_BxV: jax.Array, cfg: SamplingConfig) -> jax.Array:
-  """The logits of the sampling distribution over all V rows (-inf where filtered out).
+  """Logits of the sampling distribution over all V ids (-inf: filtered).
 
-  Reference form of steps 1-3 in the module docstring (a full sort); `sample_step` draws
-  from the same distribution with a cheaper path when top-k is set.
+  Reference form of steps 1-3 in the module docstring (a full sort);
+  `sample_step` draws from the same distribution with a cheaper path when top-k
+  is set.
   """
   z_BxV = mask_padded_vocab(logits_BxV, cfg.vocab_size) / cfg.temperature
   v = z_BxV.shape[-1]
@@ -177,32 +193,71 @@ def filtered_logits(logits_BxV: jax.Array, cfg: SamplingConfig) -> jax.Array:
     sorted_BxV = jnp.take_along_axis(z_BxV, order_BxV, axis=-1)
     keep_sorted_BxV = _top_p_keep(sorted_BxV, cfg.top_p)
     rows_B1 = jnp.arange(z_BxV.shape[0])[:, None]
-    keep_BxV = jnp.zeros(z_BxV.shape, bool).at[rows_B1, order_BxV].set(keep_sorted_BxV)
+    keep_BxV = jnp.zeros(z_BxV.shape, bool)
+    keep_BxV = keep_BxV.at[rows_B1, order_BxV].set(keep_sorted_BxV)
     z_BxV = jnp.where(keep_BxV, z_BxV, _NEG_INF)
   return z_BxV
 
 
+def draw(key: jax.Array, z_BxV: jax.Array, block: int = 128) -> jax.Array:
+  """One draw per row from softmax(z_BxV) by two-level inverse CDF; int32 [B].
+
+  Picks a block of `block` consecutive ids with probability its mass, then an
+  id inside it: two uniforms per row instead of Gumbel noise over all V ids
+  (threefry over B x V dominated the sampling time on CPU). Prefix sums run
+  over at most max(V / block, block) terms, so float32 rounding moves a
+  probability by ~1e-6 at most. Ids with zero mass (-inf logits) are never
+  drawn.
+  """
+  b, v = z_BxV.shape
+  nb = -(-v // block)
+  z_BxV = jnp.pad(
+      z_BxV.astype(jnp.float32), ((0, 0), (0, nb * block - v)),
+      constant_values=_NEG_INF)
+  p_BxV = jnp.exp(z_BxV - jnp.max(z_BxV, axis=-1, keepdims=True))
+  p_BxNxK = p_BxV.reshape(b, nb, block)
+  k_block, k_inner = jax.random.split(key)
+
+  def invert(k, p_BxM):
+    cdf_BxM = jnp.cumsum(p_BxM, axis=-1)
+    u_B = (1.0 - jax.random.uniform(k, (b,))) * cdf_BxM[:, -1]  # in (0, total]
+    i_B = jnp.sum((cdf_BxM < u_B[:, None]).astype(jnp.int32), axis=-1)
+    return jnp.minimum(i_B, p_BxM.shape[-1] - 1)
+
+  blk_B = invert(k_block, jnp.sum(p_BxNxK, axis=-1))
+  p_BxK = jnp.take_along_axis(p_BxNxK, blk_B[:, None, None], axis=1)[:, 0]
+  return (blk_B * block + invert(k_inner, p_BxK)).astype(jnp.int32)
+
+
 def sample_step(key: jax.Array, logits_BxV: jax.Array,
                 cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
-  """Draws one token per row; returns (tokens_B int32, behaviour logp_B float32).
+  """Draws one token per row: (tokens_B int32, behaviour logp_B float32).
 
-  The same key and logits give the same tokens, on any number of devices (the draws use
-  the partitionable threefry PRNG, independent of sharding).
+  The same key and logits give the same tokens, on any number of devices (the
+  draws use the partitionable threefry PRNG, independent of sharding).
   """
   z_BxV = mask_padded_vocab(logits_BxV, cfg.vocab_size)
   v = z_BxV.shape[-1]
   if cfg.greedy:
     tokens_B = jnp.argmax(z_BxV, axis=-1)
   elif cfg.top_k and cfg.top_k < v:
-    # Only the k candidates are sorted and drawn from: O(V) selection + O(k) sampling.
+    # Only the k candidates are sorted and drawn from: O(V) selection + O(k)
+    # sampling.
     vals_BxK, idx_BxK = jax.lax.top_k(z_BxV / cfg.temperature, cfg.top_k)
     if cfg.top_p < 1.0:
       vals_BxK = jnp.where(_top_p_keep(vals_BxK, cfg.top_p), vals_BxK, _NEG_INF)
     j_B = jax.random.categorical(key, vals_BxK, axis=-1)
     tokens_B = jnp.take_along_axis(idx_BxK, j_B[:, None], axis=-1)[:, 0]
   elif cfg.top_p < 1.0:
-    tokens_B = jax.random.categorical(key, filtered_logits(logits_BxV, cfg), axis=-1)
+    # Sort once, filter and draw in sorted order, map back to ids.
+    order_BxV = jnp.argsort(-z_BxV, axis=-1, stable=True)
+    sorted_BxV = jnp.take_along_axis(z_BxV / cfg.temperature, order_BxV,
+                                     axis=-1)
+    sorted_BxV = jnp.where(
+        _top_p_keep(sorted_BxV, cfg.top_p), sorted_BxV, _NEG_INF)
+    j_B = draw(key, sorted_BxV)
+    tokens_B = jnp.take_along_axis(order_BxV, j_B[:, None], axis=-1)[:, 0]
   else:
-    tokens_B = jax.random.categorical(key, z_BxV / cfg.temperature, axis=-1)
+    tokens_B = draw(key, z_BxV / cfg.temperature)
   tokens_B = tokens_B.astype(jnp.int32)
   return tokens_B, behaviour_logprobs(logits_BxV, tokens_B, cfg)

@@ -1,0 +1,195 @@
+r"""Sampler throughput: vapo_jax's KV-cache sampler vs transformers `generate`.
+
+Both sides run the same random Qwen2-style checkpoint (written once by
+transformers and loaded by `hf_io.from_pretrained`), the same batch, prompt
+length and number of new tokens, with sampling on (temperature 1, top-p 1, top-k
+off, no stop token, so every row makes exactly R tokens), float32, on this CPU
+with all cores (`torch.set_num_threads`).
+
+  python benchmarks/sampler_bench.py                # --preset=tiny
+  python benchmarks/sampler_bench.py --preset=small --repeats=2
+  python benchmarks/sampler_bench.py --preset=all   # tiny, then small
+
+Prints tokens/s (new tokens only, wall time after warm-up, median of --repeats),
+the ratio, and the fraction of the roofline reached. Roofline: for prefill and
+each decode step, time >= max(FLOPs / peak FLOP/s, bytes / peak bandwidth),
+where FLOPs = 2 * (matmul params) per token + attention over the live context,
+bytes = parameters + live KV cache read once per step, and peaks are measured in
+this run (float32 matmul, large copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+# Run from a checkout without installing: this repository's vapo_jax first.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PRESETS = {
+    # ~1.3M params: configs/tiny.py territory; per-step overhead dominates.
+    "tiny":
+        dict(vocab=4096, hidden=128, inter=352, layers=4, heads=4, kv=2,
+             batch=16, prompt=64, new=128),
+    # ~39M params: compute dominates on 2 cores.
+    "small":
+        dict(vocab=32768, hidden=512, inter=1408, layers=8, heads=8, kv=2,
+             batch=16, prompt=64, new=128),
+}
+
+
+def measure_peaks(jax, jnp):
+  """(float32 matmul FLOP/s, copy bytes/s) measured with jax on this machine."""
+  n = 1024
+  a = jnp.ones((n, n), jnp.float32)
+  mm = jax.jit(lambda x: x @ x)
+  mm(a).block_until_ready()
+  t = time.perf_counter()
+  for _ in range(10):
+    mm(a).block_until_ready()
+  flops = 10 * 2 * n**3 / (time.perf_counter() - t)
+  x = np.ones(64 << 20, np.float32)  # 256 MiB
+  y = np.empty_like(x)
+  np.copyto(y, x)
+  t = time.perf_counter()
+  for _ in range(5):
+    np.copyto(y, x)
+  bw = 5 * 2 * x.nbytes / (time.perf_counter() - t)  # read + write
+  return flops, bw
+
+
+def roofline_seconds(p, flops_peak, bw_peak):
+  """Lower bound on the time of one generate call (prefill + decode)."""
+  d, f, L = p["hidden"], p["inter"], p["layers"]
+  h, k, v = p["heads"], p["kv"], p["vocab"]
+  dh = d // h
+  b, P, R = p["batch"], p["prompt"], p["new"]
+  layer_params = d * dh * (h + 2 * k) + h * dh * d + 3 * d * f
+  matmul_params = L * layer_params + d * v  # + LM head (tied: the embedding)
+  param_bytes = 4 * (L * layer_params + d * v)
+  kv_bytes_per_tok = 4 * 2 * L * k * dh
+
+  def attn_flops(q_tokens, ctx):
+    return 4 * L * h * dh * q_tokens * ctx
+
+  t = max(b * (2 * matmul_params * P + attn_flops(P, P / 2)) / flops_peak,
+          (param_bytes + b * P * kv_bytes_per_tok) / bw_peak)
+  for i in range(R - 1):
+    ctx = P + i + 1
+    t += max(b * (2 * matmul_params + attn_flops(1, ctx)) / flops_peak,
+             (param_bytes + b * ctx * kv_bytes_per_tok) / bw_peak)
+  return t
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--preset", choices=sorted(PRESETS) + ["all"], default="tiny")
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--threads", type=int, default=os.cpu_count())
+  args = ap.parse_args()
+  names = ["tiny", "small"] if args.preset == "all" else [args.preset]
+  for name in names:
+    run(name, PRESETS[name], args)
+
+
+def run(preset: str, p: dict, args):
+  """Benchmarks one preset and prints its figures."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from vapo_jax import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
+  from vapo_jax.models import hf_io  # pylint: disable=g-import-not-at-top
+  from vapo_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
+
+  torch.set_num_threads(args.threads)
+  torch.manual_seed(0)
+  hf_cfg = transformers.Qwen2Config(
+      vocab_size=p["vocab"], hidden_size=p["hidden"],
+      intermediate_size=p["inter"], num_hidden_layers=p["layers"],
+      num_attention_heads=p["heads"], num_key_value_heads=p["kv"],
+      tie_word_embeddings=True, rms_norm_eps=1e-6)
+  hf_model = transformers.Qwen2ForCausalLM(hf_cfg).float().eval()
+  n_params = sum(x.numel() for x in hf_model.parameters())
+  with tempfile.TemporaryDirectory(prefix="sampler_bench_") as path:
+    hf_model.save_pretrained(path)
+    model, model_cfg = hf_io.from_pretrained(path)
+    jax.block_until_ready(nnx.state(model))  # read before the files go
+
+  b, P, R = p["batch"], p["prompt"], p["new"]
+  rng = np.random.RandomState(0)
+  prompts = rng.randint(1, p["vocab"], (b, P))
+  new_tokens = b * R
+
+  # --- vapo_jax -------------------------------------------------------------
+  graphdef, state = nnx.split(model)
+  cfg = SamplingConfig(max_new_tokens=R, temperature=1.0, top_p=1.0, top_k=0,
+                       max_prompt_len=P, pad_id=0)
+  sampler = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
+  prompt_list = prompts.tolist()
+  t = time.perf_counter()
+  jax.block_until_ready(sampler(state, prompt_list, jax.random.key(0)))
+  compile_s = time.perf_counter() - t
+
+  # --- transformers generate (same prompts, same R, sampling on) -------------
+  ids = torch.tensor(prompts, dtype=torch.long)
+  mask = torch.ones_like(ids)
+  gen_kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                max_new_tokens=R, min_new_tokens=R, pad_token_id=0,
+                eos_token_id=None)
+  with torch.inference_mode():
+    hf_model.generate(input_ids=ids, attention_mask=mask,
+                      **dict(gen_kw, max_new_tokens=4, min_new_tokens=4))
+
+  # Interleaved, so that load from other processes hits both sides alike.
+  ours, theirs = [], []
+  for i in range(args.repeats):
+    t = time.perf_counter()
+    out = jax.block_until_ready(
+        sampler(state, prompt_list, jax.random.key(i + 1)))
+    ours.append(time.perf_counter() - t)
+    with torch.inference_mode():
+      t = time.perf_counter()
+      gen = hf_model.generate(input_ids=ids, attention_mask=mask, **gen_kw)
+      theirs.append(time.perf_counter() - t)
+  assert int(np.asarray(out.lengths_B).sum()) == new_tokens
+  assert gen.shape == (b, P + R), gen.shape
+
+  # --- report ---------------------------------------------------------------
+  flops_peak, bw_peak = measure_peaks(jax, jnp)
+  bound = roofline_seconds(p, flops_peak, bw_peak)
+  t_ours, t_theirs = statistics.median(ours), statistics.median(theirs)
+  versions = (f"python {platform.python_version()}, jax {jax.__version__}, "
+              f"torch {torch.__version__}, "
+              f"transformers {transformers.__version__}")
+  print(f"machine: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores; {versions}; "
+        f"load average {os.getloadavg()[0]:.1f}")
+  print(f"preset {preset}: Qwen2 {n_params / 1e6:.1f}M params "
+        f"(V={p['vocab']}, D={p['hidden']}, L={p['layers']}, H={p['heads']}, "
+        f"K={p['kv']}), float32, batch {b}, prompt {P}, new tokens {R}, "
+        f"sampling T=1 top_p=1 top_k=off, torch threads {args.threads}, "
+        f"median of {args.repeats} interleaved runs")
+  print(f"vapo_jax sampler      : {new_tokens / t_ours:9.1f} tokens/s  "
+        f"({t_ours:.3f} s; first call incl. compile {compile_s:.1f} s)")
+  print(f"transformers generate : {new_tokens / t_theirs:9.1f} tokens/s  "
+        f"({t_theirs:.3f} s)")
+  rounds = sorted(t / o for o, t in zip(ours, theirs))
+  print(f"ratio                 : {t_theirs / t_ours:9.2f} x  (per round: "
+        f"{', '.join(f'{x:.1f}' for x in rounds)})")
+  print(f"roofline (peaks measured here: {flops_peak / 1e9:.0f} GFLOP/s fp32 "
+        f"matmul, {bw_peak / 1e9:.1f} GB/s copy): bound {bound:.3f} s -> "
+        f"vapo_jax {100 * bound / t_ours:.1f}%, "
+        f"transformers {100 * bound / t_theirs:.1f}%")
+
+
+if __name__ == "__main__":
+  main()
