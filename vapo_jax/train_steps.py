@@ -150,7 +150,7 @@ def _apply(tx, state: TrainState, grads, loss) -> tuple[TrainState, jax.Array, j
   Returns:
     (new state, global gradient norm (inf/NaN when skipped), skipped: float32 0 or 1).
   """
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
