@@ -19,11 +19,18 @@ from vapo_jax import trainer as trainer_lib
 from test_trainer import tiny
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
-  """Trainers of one test compile the same programs: share them through the disk cache."""
+  """Trainers compile the same programs over and over: share them through jax's disk cache.
+
+  Modules that import this fixture get their own instance; the first one sets the cache
+  up for the whole session and the others leave it alone.
+  """
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
            "jax_persistent_cache_min_entry_size_bytes")
+  if jax.config.jax_compilation_cache_dir:
+    yield
+    return
   old = {n: getattr(jax.config, n) for n in names}
   jax.config.update(names[0], str(tmp_path_factory.mktemp("jax_cache")))
   jax.config.update(names[1], 0)
