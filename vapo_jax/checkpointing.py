@@ -29,7 +29,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocp_managers
 

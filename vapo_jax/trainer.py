@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from vapo_jax import builders
-from vapo_jax import checkpointing
 from vapo_jax import critic as critic_lib
 from vapo_jax import evaluation
 from vapo_jax import metrics as metrics_lib
 from vapo_jax import rl_batch
 from vapo_jax import rollout as rollout_lib
+from vapo_jax import run_checkpoint
 from vapo_jax import run_control
 from vapo_jax import train_steps as ts
 from vapo_jax.data import PromptIterator
@@ -63,10 +63,7 @@ class Trainer:
     self.progress = progress
     self.log = metrics_lib.MetricsWriter(workdir, tensorboard=cfg.metrics.tensorboard)
     ck = cfg.checkpoint
-    self.ckpt = (checkpointing.CheckpointStore(os.path.join(workdir, "checkpoints"),
-                                               keep=ck.keep, keep_best=ck.keep_best,
-                                               async_save=ck.async_save)
-                 if workdir else None)
+    self.ckpt = run_checkpoint.store(cfg, workdir)
     self.ctl = run_control.RunControl(
         stage=run_control.first_stage(cfg), max_in_a_row=cfg.faults.max_consecutive_nonfinite,
         save_every=ck.every)
@@ -434,90 +431,13 @@ class Trainer:
     self.ctl.stage, self.ctl.step = run_control.next_stage(self.cfg, stage), 0
     self.save(score=score)
 
-  def _groups(self) -> dict[str, Any]:
-    """The arrays a checkpoint holds at the current position."""
-    groups = {}
-    if self.ctl.stage == "sft" and self.sft_state is not None:
-      groups["sft"] = self.sft_state
-    elif self.ctl.stage in ("rl", "done") and self.policy_state is not None:
-      groups["policy"] = self.policy_state
-    else:
-      groups["policy_params"] = self.policy_params
-    if self.critic_state is not None:
-      groups["critic"] = self.critic_state
-    return groups
-
   def save(self, score: float | None = None) -> None:
     """Checkpoints the current position (no-op without a workdir or if already saved)."""
-    if not self.ckpt or self.ctl.global_step in self.ckpt.steps():
-      return
-    t0 = time.perf_counter()
-    iterators = {"rl": self.prompts.get_state()}
-    if self.sft_prompts is not None:
-      iterators["sft"] = self.sft_prompts.get_state()
-    meta = {"position": self.ctl.state(), "iterators": iterators,
-            "key": [int(x) for x in np.asarray(jax.random.key_data(self.key)).ravel()],
-            "metrics_lines": self.log.lines, "summary": self.summary,
-            "config": dataclasses.asdict(self.cfg)}
-    self.ckpt.save(self.ctl.global_step, self._groups(), meta, score=score)
-    self.last_save_s = time.perf_counter() - t0
+    run_checkpoint.save(self, score=score)
 
-  def _like(self, name: str):
-    """A freshly built tree of group `name` (the restore target: structure, shardings)."""
-    if name == "sft":
-      self._sft_setup()
-      return self.sft_state
-    if name == "policy":
-      self._rl_setup()
-      return self.policy_state
-    if name == "critic":
-      self._ensure_critic()
-      return self.critic_state
-    if name == "policy_params":
-      return self.policy_params
-    raise checkpointing.CheckpointError(f"unknown checkpoint group {name!r}")
-
-  def resume(self) -> int | None:
-    """Restores the newest good checkpoint of the workdir; returns its step (None: none)."""
-    if not self.ckpt:
-      return None
-    initial = (self.policy_params, self.key)
-
-    def attempt(step, meta):
-      self.policy_params, self.key = initial
-      self.sft_state = self.sft_prompts = self.policy_state = self.critic_state = None
-      _warn_config_changes(meta.get("config", {}), dataclasses.asdict(self.cfg))
-      groups = self.ckpt.restore(step, {n: self._like(n) for n in meta["groups"]})
-      return step, meta, groups
-
-    found = self.ckpt.restore_latest(attempt)
-    if found is None:
-      return None
-    step, meta, groups = found
-    if "sft" in groups:
-      self.sft_state = groups["sft"]
-    if "policy" in groups:
-      self.policy_state = groups["policy"]
-      self.policy_params = self.policy_state.params
-    if "policy_params" in groups:
-      self.policy_params = groups["policy_params"]
-    if "critic" in groups:
-      self.critic_state = groups["critic"]
-    self.prompts.set_state(meta["iterators"]["rl"])
-    if "sft" in meta["iterators"]:
-      self._sft_setup()
-      self.sft_prompts.set_state(meta["iterators"]["sft"])
-    self.key = jax.random.wrap_key_data(jnp.asarray(meta["key"], jnp.uint32))
-    self.ctl.load(meta["position"])
-    self.summary = meta["summary"]
-    pos = self.ctl
-    purge = {s: 0 for s in run_control.STAGES}
-    purge[pos.stage] = pos.step + 1
-    purge["eval"] = pos.step + 1 if pos.stage == "rl" and pos.step else 0
-    self.log.truncate(meta["metrics_lines"], purge)
-    print(f"Resumed from checkpoint {step}: {pos.stage} step {pos.step} "
-          f"(global step {pos.global_step})", flush=True)
-    return step
+  def resume(self, step: int | None = None) -> int | None:
+    """Restores checkpoint `step` (None: the newest good one); returns its step or None."""
+    return run_checkpoint.restore(self, step)
 
   def _save_critic(self):
     """The value-pretrained critic as an HF directory other runs load via model.critic_path."""
@@ -536,12 +456,3 @@ class Trainer:
     except ImportError as e:
       warnings.warn(f"no {CURVES_PNG}: {e}")
 
-
-def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:
-  """Warns about config fields that differ from the checkpoint's (resuming is allowed)."""
-  for k in sorted(set(saved) | set(current)):
-    a, b = saved.get(k), current.get(k)
-    if isinstance(a, dict) and isinstance(b, dict):
-      _warn_config_changes(a, b, f"{prefix}{k}.")
-    elif a != b and not (isinstance(b, tuple) and list(b) == a):
-      warnings.warn(f"resuming with config.{prefix}{k}={b!r}; the checkpoint had {a!r}")
