@@ -78,6 +78,7 @@ def test_export_policy_and_critic_reload_in_transformers(finished_run, tmp_path)
 
 
 def test_plot_command_draws_runs_side_by_side(finished_run, tmp_path):
+  pytest.importorskip("matplotlib")
   _, workdir, _ = finished_run
   assert os.path.getsize(os.path.join(workdir, trainer_lib.CURVES_PNG)) > 10_000
   out = tmp_path / "compare.png"
