@@ -51,7 +51,7 @@ def test_export_policy_and_critic_reload_in_transformers(finished_run, tmp_path)
   cfg, workdir, _ = finished_run
   export_tool.export(cfg, workdir, str(tmp_path / "policy"))
   export_tool.export(cfg, workdir, str(tmp_path / "critic"), what="critic")
-  t = trainer_lib.Trainer(cfg, workdir, progress=False)
+  t = trainer_lib.Trainer(cfg, workdir, progress=False, read_only=True)
   try:
     t.resume()
     policy = trainer_lib.run_checkpoint.policy_model(t)
@@ -87,3 +87,22 @@ def test_plot_command_draws_runs_side_by_side(finished_run, tmp_path):
                         text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert out.stat().st_size > 10_000
+
+
+def test_checkpoint_restores_onto_another_mesh(finished_run):
+  """A run saved on one device restores, bit for bit, onto a 2 x 2 x 2 mesh."""
+  cfg, workdir, _ = finished_run
+  trees = []
+  for mesh in ((1, 1, 1), (2, 2, 2)):
+    c = small(**{"sft.enabled": False, "rl.steps": 2, "mesh.data": mesh[0],
+                 "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]})
+    t = trainer_lib.Trainer(c, workdir, progress=False, read_only=True)
+    try:
+      t.resume()
+      trees.append(jax.device_get((t.policy_state, t.critic_state)))
+      assert jax.tree.leaves(t.policy_state.params)[0].sharding.mesh.shape == dict(
+          zip(("data", "fsdp", "tensor"), mesh))
+    finally:
+      t.close()
+  for a, b in zip(jax.tree.leaves(trees[0]), jax.tree.leaves(trees[1])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

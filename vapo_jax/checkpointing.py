@@ -88,18 +88,23 @@ class CheckpointStore:
     keep_best: also keep the best-scoring one (saves given a `score`).
     async_save: return from `save` once the arrays are copied off the devices and write
       them to disk in the background (the next save, `wait` or `close` waits for it).
+    read_only: only restore (tools reading a run that may still be training): nothing is
+      saved, cleaned up or moved aside.
   """
 
   def __init__(self, directory: str, *, keep: int = 3, keep_best: bool = True,
-               async_save: bool = True):
+               async_save: bool = True, read_only: bool = False):
     self.directory = os.path.abspath(directory)
+    self.read_only = read_only
     policies = [ocp_managers.LatestN(n=keep)]
     if keep_best:
       policies.append(ocp_managers.BestN(get_metric_fn=lambda m: m["score"], n=1,
                                          keep_checkpoints_without_metrics=False))
     options = ocp.CheckpointManagerOptions(
         preservation_policy=ocp_managers.AnyPreservationPolicy(policies),
-        enable_async_checkpointing=async_save, create=True, cleanup_tmp_directories=True)
+        enable_async_checkpointing=async_save, create=not read_only, read_only=read_only,
+        # A reader (evaluate / export of a live run) must not touch the writer's saves.
+        cleanup_tmp_directories=not read_only)
     self._manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={ARRAYS: ocp.StandardCheckpointHandler(),
@@ -182,10 +187,12 @@ class CheckpointStore:
       try:
         return restore_fn(step, self.read_meta(step))
       except Exception as e:  # pylint: disable=broad-except
+        where = "leaving it" if self.read_only else f"moving it to {self._quarantine_dir()}"
         warnings.warn(f"checkpoint {step} in {self.directory} cannot be restored "
-                      f"({type(e).__name__}: {str(e)[:300]}); moving it to "
-                      f"{self._quarantine_dir()} and trying the previous one")
-        self._quarantine(step)
+                      f"({type(e).__name__}: {str(e)[:300]}); {where} and trying the "
+                      "previous one")
+        if not self.read_only:
+          self._quarantine(step)
     return None
 
   def _quarantine_dir(self) -> str:

@@ -34,13 +34,15 @@ from vapo_jax import run_control
 CHECKPOINTS = "checkpoints"
 
 
-def store(cfg, workdir: str | None) -> checkpointing.CheckpointStore | None:
+def store(cfg, workdir: str | None, *, read_only: bool = False
+          ) -> checkpointing.CheckpointStore | None:
   """The run's checkpoint store under `workdir/checkpoints` (None without a workdir)."""
   if not workdir:
     return None
   ck = cfg.checkpoint
   return checkpointing.CheckpointStore(os.path.join(workdir, CHECKPOINTS), keep=ck.keep,
-                                       keep_best=ck.keep_best, async_save=ck.async_save)
+                                       keep_best=ck.keep_best, async_save=ck.async_save,
+                                       read_only=read_only)
 
 
 def groups(trainer) -> dict[str, Any]:
@@ -66,7 +68,7 @@ def save(trainer, score: float | None = None) -> None:
     score: the eval avg@k at this point, if any (the best-scoring checkpoint is kept).
   """
   ckpt = trainer.ckpt
-  if not ckpt or trainer.ctl.global_step in ckpt.steps():
+  if not ckpt or ckpt.read_only or trainer.ctl.global_step in ckpt.steps():
     return
   iterators = {"rl": trainer.prompts.get_state()}
   if trainer.sft_prompts is not None:

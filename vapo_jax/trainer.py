@@ -57,13 +57,24 @@ def _lr(base: float, warmup: int, count) -> float:
 class Trainer:
   """Holds the run's parts and runs its stages in order."""
 
-  def __init__(self, cfg, workdir: str | None = None, *, progress: bool = True):
+  def __init__(self, cfg, workdir: str | None = None, *, progress: bool = True,
+               read_only: bool = False):
+    """Builds the run's parts.
+
+    Args:
+      cfg: the run's `config.Config`.
+      workdir: where metrics, checkpoints and the plot go (None: nowhere).
+      progress: show progress bars.
+      read_only: only read the workdir's checkpoints (tools that evaluate or export a run,
+        perhaps while it trains): no metrics are written and no checkpoint is touched.
+    """
     self.cfg = cfg
     self.workdir = workdir
     self.progress = progress
-    self.log = metrics_lib.MetricsWriter(workdir, tensorboard=cfg.metrics.tensorboard)
+    self.log = metrics_lib.MetricsWriter(None if read_only else workdir,
+                                         tensorboard=cfg.metrics.tensorboard)
     ck = cfg.checkpoint
-    self.ckpt = run_checkpoint.store(cfg, workdir)
+    self.ckpt = run_checkpoint.store(cfg, workdir, read_only=read_only)
     self.ctl = run_control.RunControl(
         stage=run_control.first_stage(cfg), max_in_a_row=cfg.faults.max_consecutive_nonfinite,
         save_every=ck.every)
@@ -377,8 +388,8 @@ class Trainer:
         self._finish_stage("sft")
       if self.ctl.stage == "value_pretrain":
         summary["value_pretrain"] = self.value_pretrain()
-        self._finish_stage("value_pretrain")
         self._save_critic()
+        self._finish_stage("value_pretrain")
       if self.ctl.stage == "rl":
         if self.ctl.step == 0:
           summary["eval_before_rl"] = self.evaluate()

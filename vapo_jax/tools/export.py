@@ -34,7 +34,7 @@ def export(cfg, workdir: str, out: str, *, what: str = "policy", step: str = "la
   from vapo_jax import run_checkpoint  # pylint: disable=import-outside-toplevel
   from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   from vapo_jax.models import hf_io  # pylint: disable=import-outside-toplevel
-  trainer = trainer_lib.Trainer(cfg, workdir, progress=False)
+  trainer = trainer_lib.Trainer(cfg, workdir, progress=False, read_only=True)
   try:
     restored = trainer.resume(run_checkpoint.select_step(trainer, step))
     if what == "policy":
