@@ -379,6 +379,10 @@ class Trainer:
     self.summary = {"data": self.data_stats}
     if cfg.checkpoint.resume:
       self.resume()
+    elif self.ckpt and self.ckpt.steps():
+      raise ValueError(f"{self.ckpt.directory} holds checkpoints {self.ckpt.steps()} and "
+                       "config.checkpoint.resume is False: use a fresh --workdir (a new run "
+                       "would not be able to save over them)")
     summary = self.summary
     if cfg.faults.handle_sigterm:
       self.ctl.install_sigterm()
