@@ -137,12 +137,12 @@ def restore(trainer, step: int | None = None) -> int | None:
   if "critic" in arrays:
     trainer.critic_state = arrays["critic"]
   trainer.prompts.set_state(meta["iterators"]["rl"])
-  if "sft" in meta["iterators"]:
-    trainer._sft_setup()  # pylint: disable=protected-access
-    trainer.sft_prompts.set_state(meta["iterators"]["sft"])
   trainer.key = jax.random.wrap_key_data(jnp.asarray(meta["key"], jnp.uint32))
   pos = trainer.ctl
   pos.load(meta["position"])
+  if pos.stage == "sft":  # (the SFT iterator is only needed while SFT runs)
+    trainer._sft_setup()  # pylint: disable=protected-access
+    trainer.sft_prompts.set_state(meta["iterators"]["sft"])
   trainer.summary = meta["summary"]
   # Records written after this checkpoint will be written again: drop them.
   purge = {s: 0 for s in run_control.STAGES}

@@ -205,6 +205,7 @@ class Trainer:
     if bar:
       bar.close()
     self.policy_params = self.sft_state.params
+    self.sft_state = None  # frees the SFT optimizer's moments before the critic is built
     return metrics
 
   def experience(self, examples, *, for_value_pretraining: bool = False) -> tuple[dict, dict]:
