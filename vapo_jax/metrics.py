@@ -126,8 +126,3 @@ class MetricsWriter:
                                       flush_secs=30)
     return self._tb[stage]
 
-
-def mean_records(records: list[dict[str, Any]]) -> dict[str, float]:
-  """Key-wise mean of a list of scalar dicts (e.g. one per mini-batch update)."""
-  records = jax.device_get(records)
-  return {k: float(sum(float(r[k]) for r in records) / len(records)) for k in records[0]}

@@ -1,1 +1,1 @@
-"""Commands around a run: `python -m vapo_jax.tools.{evaluate,export,plot}`."""
+"""Command-line tools built on the trainer's parts (e.g. `python -m vapo_jax.tools.compile_check`)."""
