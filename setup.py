@@ -21,6 +21,7 @@ setuptools.setup(
         "sympy>=1.13,<2",
         "safetensors>=0.4",
         "tqdm>=4.60",
+        "tensorboardX>=2.6",       # TensorBoard event files (imported lazily)
     ],
     extras_require={
         # Parity tests use transformers (PyTorch, CPU) as the oracle for the model.
@@ -30,7 +31,10 @@ setuptools.setup(
             "transformers>=5,<6",
             "tokenizers>=0.20",
             "pyarrow>=15",
+            "matplotlib>=3.8",
         ],
+        # workdir/curves.png and `python -m vapo_jax.tools.plot`.
+        "plot": ["matplotlib>=3.8"],
         "hf": ["transformers>=5,<6", "tokenizers>=0.20"],
         "parquet": ["pyarrow>=15"],
         "tfds": ["tensorflow-datasets>=4.9"],

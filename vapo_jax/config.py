@@ -159,6 +159,29 @@ class EvalSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+  """Orbax checkpoints under `workdir/checkpoints` (a run without a workdir saves nothing)."""
+  every: int = 50                       # steps (of any stage) between saves; 0: stage ends only
+  keep: int = 3                         # newest checkpoints kept
+  keep_best: bool = True                # also keep the one with the best eval avg@k
+  async_save: bool = True               # write in the background while training goes on
+  resume: bool = True                   # continue from the newest good checkpoint in workdir
+  save_critic: bool = True              # HF-format critic in workdir/critic after value pretraining
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultsSection:
+  max_consecutive_nonfinite: int = 5    # updates skipped in a row (NaN/inf) before the run stops
+  handle_sigterm: bool = True           # SIGTERM: checkpoint at the next step boundary, exit
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsSection:
+  tensorboard: bool = True              # event files in workdir/tensorboard/<stage>
+  plot: bool = True                     # workdir/curves.png at the end of the run
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   seed: int = 0
   log_every: int = 1
@@ -172,6 +195,9 @@ class Config:
   rl: RLSection = RLSection()
   mesh: MeshSection = MeshSection()
   eval: EvalSection = EvalSection()
+  checkpoint: CheckpointSection = CheckpointSection()
+  faults: FaultsSection = FaultsSection()
+  metrics: MetricsSection = MetricsSection()
 
   # ---- derived quantities (one place, so every caller agrees)
   @property
@@ -335,6 +361,11 @@ def validate(cfg: Config) -> None:
   need(e.num_examples >= 1 and e.samples_per_problem >= 1 and e.batch_prompts >= 1,
        "eval.num_examples", e.num_examples,
        ">= 1 (and eval.samples_per_problem, eval.batch_prompts >= 1)")
+  ck = cfg.checkpoint
+  need(ck.every >= 0, "checkpoint.every", ck.every, ">= 0 (0: at stage ends only)")
+  need(ck.keep >= 1, "checkpoint.keep", ck.keep, ">= 1")
+  need(cfg.faults.max_consecutive_nonfinite >= 1, "faults.max_consecutive_nonfinite",
+       cfg.faults.max_consecutive_nonfinite, ">= 1")
 
 
 # --------------------------------------------------------------------------- internals

@@ -139,10 +139,26 @@ def _accumulate(loss_fn: Callable, params, batch, n: int):
   return loss, grads, metrics
 
 
-def _apply(tx, state: TrainState, grads) -> tuple[TrainState, jax.Array]:
+def _apply(tx, state: TrainState, grads, loss) -> tuple[TrainState, jax.Array, jax.Array]:
+  """Applies one optimizer update unless the loss or a gradient is NaN/inf.
+
+  A non-finite update would poison the parameters and Adam's moments for good, so it is
+  dropped: parameters, optimizer state (and with it the learning-rate schedule's count) and
+  `step` stay as they were. Selecting with `jnp.where` keeps this inside the one jitted step;
+  a finite update passes through unchanged, bit for bit.
+
+  Returns:
+    (new state, global gradient norm (inf/NaN when skipped), skipped: float32 0 or 1).
+  """
+  grad_norm = optax.tree.norm(grads)
+  ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  return TrainState(params, opt_state, state.step + 1), optax.global_norm(grads)
+  keep = lambda new, old: jnp.where(ok, new, old)
+  new_state = TrainState(jax.tree.map(keep, params, state.params),
+                         jax.tree.map(keep, opt_state, state.opt_state),
+                         state.step + ok.astype(state.step.dtype))
+  return new_state, grad_norm, 1.0 - ok.astype(jnp.float32)
 
 
 # --------------------------------------------------------------------------------- policy
@@ -185,8 +201,9 @@ def policy_step(graphdef, tx: optax.GradientTransformation, hp: PolicyHParams,
     return loss, metrics
 
   loss, grads, metrics = _accumulate(loss_fn, state.params, batch, hp.micro_batches)
-  state, grad_norm = _apply(tx, state, grads)
-  metrics.update(policy_loss=loss, policy_grad_norm=grad_norm, rows=rows)
+  state, grad_norm, skipped = _apply(tx, state, grads, loss)
+  metrics.update(policy_loss=loss, policy_grad_norm=grad_norm, rows=rows,
+                 policy_skipped=skipped)
   return state, metrics
 
 
@@ -214,8 +231,8 @@ def critic_step(graphdef, tx: optax.GradientTransformation, hp: CriticHParams,
                   / jnp.maximum(jnp.sum(resp_mask), 1.0)}
 
   loss, grads, metrics = _accumulate(loss_fn, state.params, batch, hp.micro_batches)
-  state, grad_norm = _apply(tx, state, grads)
-  metrics.update(value_loss=loss, critic_grad_norm=grad_norm)
+  state, grad_norm, skipped = _apply(tx, state, grads, loss)
+  metrics.update(value_loss=loss, critic_grad_norm=grad_norm, critic_skipped=skipped)
   return state, metrics
 
 
@@ -238,8 +255,8 @@ def sft_step(graphdef, tx: optax.GradientTransformation, state: TrainState,
     return losses.safe_divide(-jnp.sum(logp * resp_mask), jnp.sum(resp_mask))
 
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
-  state, grad_norm = _apply(tx, state, grads)
-  return state, {"sft_loss": loss, "sft_grad_norm": grad_norm}
+  state, grad_norm, skipped = _apply(tx, state, grads, loss)
+  return state, {"sft_loss": loss, "sft_grad_norm": grad_norm, "sft_skipped": skipped}
 
 
 # ----------------------------------------------------------------------- forward passes

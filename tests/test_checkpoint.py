@@ -1,0 +1,171 @@
+"""Checkpoints: a run killed by SIGTERM and resumed equals one that never stopped, bit for bit;
+a damaged newest checkpoint falls back to the previous one; restoring onto another mesh."""
+
+import glob
+import os
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from vapo_jax import builders
+from vapo_jax import checkpointing
+from vapo_jax import metrics as metrics_lib
+from vapo_jax import sharding as shd
+from vapo_jax import trainer as trainer_lib
+from test_trainer import tiny
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory):
+  """Trainers compile the same programs over and over: share them through jax's disk cache.
+
+  Modules that import this fixture get their own instance; the first one sets the cache
+  up for the whole session and the others leave it alone.
+  """
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+           "jax_persistent_cache_min_entry_size_bytes")
+  if jax.config.jax_compilation_cache_dir:
+    yield
+    return
+  old = {n: getattr(jax.config, n) for n in names}
+  jax.config.update(names[0], str(tmp_path_factory.mktemp("jax_cache")))
+  jax.config.update(names[1], 0)
+  jax.config.update(names[2], 0)
+  yield
+  for n, v in old.items():
+    jax.config.update(n, v)
+
+
+def small(**overrides):
+  return tiny(**{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, "sft.enabled": True,
+                 "sft.steps": 3, "sft.batch_size": 8, "value_pretrain.max_steps": 2,
+                 "value_pretrain.min_steps": 2, "rl.steps": 3, "checkpoint.every": 1,
+                 "checkpoint.keep": 3, "metrics.plot": False, **overrides})
+
+
+class Recorder:
+  """Records the prompts each stage sees and sends SIGTERM at chosen step boundaries."""
+
+  def __init__(self, monkeypatch, kill_at=()):
+    self.seen = []
+    self.kill_at = set(kill_at)
+    experience, sft_batch = trainer_lib.Trainer.experience, builders.sft_batch
+    step_end = trainer_lib.Trainer._step_end
+
+    def record_experience(trainer, examples, **kw):
+      self.seen.append(("rollout", tuple(ex.uid for ex in examples)))
+      return experience(trainer, examples, **kw)
+
+    def record_sft(examples, *a, **kw):
+      self.seen.append(("sft", tuple(ex.uid for ex in examples)))
+      return sft_batch(examples, *a, **kw)
+
+    def maybe_kill(trainer, stage, done, **kw):
+      if (stage, done) in self.kill_at:
+        self.kill_at.discard((stage, done))
+        os.kill(os.getpid(), signal.SIGTERM)  # a real signal, handled by the trainer
+      return step_end(trainer, stage, done, **kw)
+
+    monkeypatch.setattr(trainer_lib.Trainer, "experience", record_experience)
+    monkeypatch.setattr(trainer_lib.builders, "sft_batch", record_sft)
+    monkeypatch.setattr(trainer_lib.Trainer, "_step_end", maybe_kill)
+
+
+def final_state(t):
+  return jax.device_get({"policy": t.policy_state, "critic": t.critic_state})
+
+
+def run_to_end(cfg, workdir):
+  """Runs (and reruns after each preemption) until done; returns (state, summaries)."""
+  summaries = []
+  while True:
+    t = trainer_lib.Trainer(cfg, workdir, progress=False)
+    try:
+      summaries.append(t.run())
+      if "preempted" not in summaries[-1]:
+        return final_state(t), summaries
+    finally:
+      t.close()
+
+
+def assert_bitwise_equal(a, b):
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(la) == len(lb)
+  for x, y in zip(la, lb):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def records(workdir):
+  return [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")
+           and "per_s" not in k and "seconds" not in k}
+          for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def test_sigterm_resume_equals_uninterrupted_run_and_corrupt_newest_falls_back(
+    tmp_path, monkeypatch):
+  cfg = small()
+  straight = Recorder(monkeypatch)
+  want, (summary,) = run_to_end(cfg, str(tmp_path / "a"))
+  assert summary["eval_after_rl"] and "preempted" not in summary
+  want_seen = list(straight.seen)
+
+  # Killed once in each stage: SFT, value pretraining, RL.
+  kills = [("sft", 2), ("value_pretrain", 1), ("rl", 2)]
+  killed = Recorder(monkeypatch, kill_at=kills)
+  got, summaries = run_to_end(cfg, str(tmp_path / "b"))
+  assert len(summaries) == 4 and all("preempted" in s for s in summaries[:3])
+  assert killed.seen == want_seen              # the same prompts, none skipped or repeated
+  assert_bitwise_equal(got, want)                  # parameters, both optimizer states, steps
+  assert records(tmp_path / "b") == records(tmp_path / "a")  # metrics written once each
+  for stage in ("sft", "value_pretrain", "rl", "eval"):
+    assert glob.glob(str(tmp_path / "b" / "tensorboard" / stage / "events.*"))
+  assert os.path.exists(tmp_path / "b" / trainer_lib.CRITIC_DIR / "config.json")
+
+  # Damage the newest checkpoint of run a: the resume warns, moves it aside, uses the
+  # previous one, and finishing from there gives the same result again.
+  ckdir = tmp_path / "a" / "checkpoints"
+  steps = sorted(int(s) for s in os.listdir(ckdir))
+  assert steps == [6, 7, 8]                        # keep=3 (sft 3 + value 2 + rl 3 steps)
+  for f in glob.glob(str(ckdir / "8" / "arrays" / "**"), recursive=True):
+    if os.path.isfile(f):
+      with open(f, "r+b") as fh:
+        fh.write(b"\0garbage\0" * 8)
+  t = trainer_lib.Trainer(cfg, str(tmp_path / "a"), progress=False)
+  try:
+    with pytest.warns(UserWarning, match="checkpoint 8 .* cannot be restored"):
+      assert t.resume() == 7
+    assert os.path.isdir(tmp_path / "a" / "checkpoints_corrupt" / "8")
+    assert (t.ctl.stage, t.ctl.step, t.ctl.global_step) == ("rl", 2, 7)
+  finally:
+    t.close()
+  again, _ = run_to_end(cfg, str(tmp_path / "a"))  # the last RL step, eval, final save
+  assert_bitwise_equal(again, want)
+
+
+def test_restore_onto_another_mesh_and_checksums(tmp_path):
+  mesh8 = shd.make_mesh(1, 8, 1)
+  mesh2 = shd.make_mesh(1, 2, 1, devices=jax.devices()[:2])
+  tree = {"w": jax.device_put(jnp.arange(64.0).reshape(16, 4),
+                              NamedSharding(mesh8, PartitionSpec("fsdp"))),
+          "b": jnp.arange(3, dtype=jnp.bfloat16), "step": jnp.int32(7)}
+  store = checkpointing.CheckpointStore(str(tmp_path / "ck"), keep=2, keep_best=True)
+  store.save(1, {"s": tree}, {"note": "scored"}, score=0.5)
+  for step in (2, 3, 4):
+    store.save(step, {"s": tree}, {"note": step})
+  store.wait()
+  assert store.steps() == [1, 3, 4] and store.best_step() == 1  # newest 2 + the best
+  like = {"s": {"w": jax.device_put(jnp.zeros((16, 4)), NamedSharding(mesh2, PartitionSpec())),
+                "b": jnp.zeros(3, jnp.bfloat16), "step": jnp.int32(0)}}
+  out = store.restore(4, like)["s"]
+  assert out["w"].sharding == like["s"]["w"].sharding   # the new run's sharding, not the old
+  assert_bitwise_equal(out, tree)
+  assert checkpointing.checksums(tree) == checkpointing.checksums(out)
+  flipped = dict(tree, w=tree["w"].at[3, 1].add(1e-3))
+  assert checkpointing.checksums(flipped) != checkpointing.checksums(tree)
+  with pytest.raises(checkpointing.CheckpointError, match="does not match"):
+    store.restore(4, {"s": {"w": like["s"]["w"]}})
+  store.close()

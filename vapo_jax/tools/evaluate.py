@@ -1,0 +1,68 @@
+"""avg@k and pass@k of any checkpoint, with the run's own sampler and checker.
+
+  python -m vapo_jax.tools.evaluate --config=configs/tiny.py --workdir=/tmp/vapo_tiny
+  python -m vapo_jax.tools.evaluate --config=configs/tiny.py --workdir=/tmp/vapo_tiny \\
+      --step=best --config.eval.samples_per_problem=32 --config.eval.num_examples=30
+  python -m vapo_jax.tools.evaluate --config=configs/qwen32b.py \\
+      --config.model.hf_path=/ckpt/exported          # an HF directory, no workdir
+
+k is `eval.samples_per_problem` (the paper's AIME avg@32 is k = 32); the problems are the
+config's held-out set (`data.eval_path`, else the first `eval.num_examples` training
+problems). Prints a JSON line and, with a workdir, writes `workdir/eval/step_<N>.json`.
+"""
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from vapo_jax import config as config_lib
+
+
+def evaluate_checkpoint(cfg, workdir: str | None, step: str = "latest") -> dict:
+  """Restores a checkpoint of `workdir` (or none: the config's model) and evaluates it."""
+  from vapo_jax import run_checkpoint  # pylint: disable=import-outside-toplevel
+  from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  trainer = trainer_lib.Trainer(cfg, workdir, progress=False, read_only=True)
+  try:
+    out = {}
+    if workdir:
+      out["step"] = trainer.resume(run_checkpoint.select_step(trainer, step))
+      out["stage"] = trainer.ctl.stage
+    out.update(trainer.evaluate())
+    out["num_problems"] = min(len(trainer.eval_examples), cfg.eval.num_examples)
+    out["k"] = cfg.eval.samples_per_problem
+  finally:
+    trainer.close()
+  if workdir and out.get("step") is not None:
+    os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
+    with open(os.path.join(workdir, "eval", f"step_{out['step']}.json"), "w") as f:
+      json.dump(out, f, indent=1)
+  return out
+
+
+def define_flags() -> None:
+  """The command's flags (defined only when run as a command, so the module imports freely)."""
+  config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+  flags.DEFINE_string("workdir", None, "Run directory with checkpoints/ (optional).")
+  flags.DEFINE_string("step", "latest", '"latest", "best" or a checkpoint number.')
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  if f.config is None:
+    raise app.UsageError("--config=configs/<experiment>.py is required")
+  try:
+    cfg = config_lib.from_config_dict(f.config)
+  except config_lib.ConfigError as e:
+    sys.exit(f"Invalid config: {e}")
+  print(json.dumps(evaluate_checkpoint(cfg, f.workdir, f.step)))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
