@@ -141,7 +141,7 @@ def main():
   print(f"\nfastest vapo_jax impl: {best!r} "
         + (f"{t_torch / ours[best]:.0f}x the PyTorch loop" if t_torch else "")
         + (f", {t_rlax / ours[best]:.1f}x rlax" if t_rlax else "")
-        + f"; default 'scan': " + (f"{t_torch / ours['scan']:.0f}x torch" if t_torch else "")
+        + "; default 'scan': " + (f"{t_torch / ours['scan']:.0f}x torch" if t_torch else "")
         + (f", {t_rlax / ours['scan']:.1f}x rlax" if t_rlax else ""))
 
 

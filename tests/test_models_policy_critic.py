@@ -151,3 +151,19 @@ def test_critic_hf_reward_model_and_own_checkpoints(tmp_path):
   fresh, _ = critic_lib.Critic.from_pretrained(lm)
   np.testing.assert_array_equal(np.asarray(fresh.score[...]), 0.0)
   del cfg
+
+
+def test_padded_vocab_rows_have_no_probability():
+  """With real_vocab_size < vocab_size the log-probs are over real tokens only."""
+  cfg = tiny_config(vocab_size=48, real_vocab_size=40)
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, 40)
+  mask = jnp.ones((2, 9), jnp.int32)
+  logp, ent = policy.response_logprobs(model, tokens, mask, 4)
+  logits = forward_logits(model, tokens, mask)[:, 3:-1, :40]
+  want = jax.nn.log_softmax(logits, -1)
+  want_logp = jnp.take_along_axis(want, tokens[:, 4:, None], -1)[..., 0]
+  np.testing.assert_allclose(logp, want_logp, atol=1e-5)
+  np.testing.assert_allclose(ent, -jnp.sum(jnp.exp(want) * want, -1), atol=1e-5)
+  g = jax.grad(lambda m: policy.response_logprobs(m, tokens, mask, 4)[1].sum())(model)
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(nnx.state(g)))

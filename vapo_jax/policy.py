@@ -23,9 +23,14 @@ from vapo_jax.models.transformer import Transformer, positions_from_mask
 
 def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
                      head_DxV: jax.Array, *, temperature: float = 1.0,
-                     chunk: int = 128, dtype=None
+                     chunk: int = 128, dtype=None,
+                     vocab_size: int | None = None
                      ) -> tuple[jax.Array, jax.Array]:
   """log p(target) and entropy from hidden states, chunked over R.
+
+  Rows of the head at or above `vocab_size` (an embedding padded past the
+  tokenizer) get probability 0, as in the sampler: the distribution is over real
+  tokens only, so teacher-forced log-probs equal the behaviour log-probs.
 
   Args:
     hidden_BxRxD: hidden states that predict `targets_BxR`.
@@ -34,6 +39,7 @@ def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
     temperature: logits are divided by it.
     chunk: positions per vocab-projection chunk.
     dtype: matmul input dtype (default: hidden's); accumulation is float32.
+    vocab_size: number of real tokens (None: every row of the head is real).
 
   Returns:
     (logp_BxR, entropy_BxR), float32.
@@ -49,11 +55,18 @@ def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
   y_NxBxC = y.reshape(b, n, c).swapaxes(0, 1)
   w = head_DxV.astype(dtype)
   inv_t = 1.0 / temperature
+  v = head_DxV.shape[1]
+  real_V = None if vocab_size is None or vocab_size >= v else (
+      jnp.arange(v) < vocab_size)
 
   @jax.checkpoint
   def one(h_BxCxD, y_BxC):
     z = jnp.einsum("bcd,dv->bcv", h_BxCxD.astype(dtype), w,
                    preferred_element_type=jnp.float32) * inv_t
+    if real_V is not None:
+      # A finite floor, not -inf: exp gives exactly 0 and p * z stays 0 in the
+      # backward pass (0 * -inf would be NaN).
+      z = jnp.where(real_V, z, -1e30)
     lse = jax.nn.logsumexp(z, axis=-1)
     z_y = jnp.take_along_axis(z, y_BxC[..., None].astype(jnp.int32),
                               axis=-1)[..., 0]
@@ -95,7 +108,8 @@ def response_logprobs(model: Transformer, tokens_BxL: jax.Array,
   h = hidden[:, prompt_len - 1:-1]
   logp, ent = chunked_logprobs(h, tokens_BxL[:, prompt_len:],
                                model.head_weight(), temperature=temperature,
-                               chunk=chunk, dtype=model.cfg.dtype)
+                               chunk=chunk, dtype=model.cfg.dtype,
+                               vocab_size=model.real_vocab_size)
   resp = mask_BxL[:, prompt_len:].astype(jnp.float32)
   return logp * resp, ent * resp
 

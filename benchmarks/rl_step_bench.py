@@ -1,0 +1,139 @@
+"""Time split of one VAPO RL step on a config: rollout, reward, forward passes, updates.
+
+  python benchmarks/rl_step_bench.py [--config configs/tiny.py] [--steps 5]
+
+Runs the pieces of `Trainer.experience` and `Trainer._updates` one at a time, each waited
+for, so the split is exact (the trainer itself overlaps reward scoring with the forward
+passes). Prints per-phase medians over the steps after the first (which compiles), tokens/s
+of the rollout and of the updates, and the model-FLOPs rate of the updates against a matmul
+peak measured in the same run.
+"""
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vapo_jax import config as config_lib
+from vapo_jax import rollout as rollout_lib
+from vapo_jax import trainer as trainer_lib
+from vapo_jax.models import config as model_config
+
+
+def load_config(path, preset):
+  spec = importlib.util.spec_from_file_location("cfg", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return config_lib.from_config_dict(module.get_config(preset))
+
+
+def matmul_peak(n=1024, repeats=10):
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  t = min(_timed(lambda: f(a).block_until_ready()) for _ in range(repeats))
+  return 2 * n**3 / t
+
+
+def _timed(fn):
+  t0 = time.perf_counter()
+  fn()
+  return time.perf_counter() - t0
+
+
+def one_step(t: trainer_lib.Trainer, i: int) -> dict:
+  cfg = t.cfg
+  out = {}
+  examples = next(t.prompts)
+  prompts = [t.text.prompt_ids(ex.problem) for ex in examples]
+  t0 = time.perf_counter()
+  rollout = t.rollout_sampler(t.policy_params, prompts, t._next_key())  # pylint: disable=protected-access
+  jax.block_until_ready(rollout)
+  out["rollout"] = time.perf_counter() - t0
+  tokens, mask = rollout_lib.rollout_tokens(rollout)
+  p = rollout.prompt_len
+  n = cfg.responses_per_prompt
+  t0 = time.perf_counter()
+  texts = [t.text.decode(r) for r in rollout_lib.response_lists(rollout)]
+  scores = t.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,
+                                [ex.answer for ex in examples for _ in range(n)])
+  out["reward"] = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  old_logp, _ = t._logp_fn(t.policy_params, tokens, mask, prompt_len=p,  # pylint: disable=protected-access
+                           temperature=cfg.sampling.temperature)
+  values = (t._values_fn(t.critic_state.params, tokens, mask, prompt_len=p)  # pylint: disable=protected-access
+            if t.critic_state is not None else None)
+  jax.block_until_ready((old_logp, values))
+  out["forward"] = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  scores_B = jnp.asarray(scores.rewards)
+  adv = t._adv_fn(scores_B, rollout.lengths_B, rollout.response_mask_BxR, values)  # pylint: disable=protected-access
+  batch = {"tokens_BxL": tokens, "mask_BxL": mask, "old_logp_BxR": old_logp,
+           "advantages_BxR": adv["advantages_BxR"], "returns_BxR": adv["returns_BxR"],
+           "old_values_BxR": values if values is not None else jnp.zeros_like(old_logp),
+           "response_mask_BxR": rollout.response_mask_BxR, "scores_B": scores_B}
+  jax.block_until_ready(batch)
+  out["advantages"] = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  t._updates(batch, policy=True, critic=cfg.rl.use_critic, stage=1, step=i)  # pylint: disable=protected-access
+  t.policy_params = t.policy_state.params
+  jax.block_until_ready(t.policy_params)
+  out["updates"] = time.perf_counter() - t0
+  out["response_tokens"] = float(np.asarray(rollout.lengths_B).sum())
+  out["train_tokens"] = float(np.asarray(mask).sum()) * cfg.rl.ppo_epochs
+  return out
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", default="configs/tiny.py")
+  parser.add_argument("--preset", default="vapo")
+  parser.add_argument("--steps", type=int, default=5)
+  args = parser.parse_args()
+  cfg = load_config(args.config, args.preset)
+  print(f"machine: {platform.machine()}, {os.cpu_count()} cores; jax {jax.__version__} "
+        f"({jax.device_count()} {jax.devices()[0].platform} devices)")
+  t = trainer_lib.Trainer(cfg, progress=False)
+  try:
+    # rl() with 0 steps builds (and the critic) the compiled steps without running one.
+    t.cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, steps=0))
+    t.rl()
+    t.cfg = cfg
+    runs = [one_step(t, i) for i in range(args.steps)]
+  finally:
+    t.close()
+  warm = runs[1:] or runs
+  med = {k: statistics.median(r[k] for r in warm) for k in warm[0]}
+  phases = ("rollout", "reward", "forward", "advantages", "updates")
+  total = sum(med[k] for k in phases)
+  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  print(f"config {args.config} ({args.preset}): {cfg.prompts_per_step} prompts x "
+        f"{cfg.responses_per_prompt} = {rows} responses, max_new_tokens "
+        f"{cfg.sampling.max_new_tokens}; first step (with compiles) "
+        f"{sum(runs[0][k] for k in phases):.1f} s")
+  for k in phases:
+    print(f"  {k:11s} {med[k]:8.3f} s  {med[k] / total:6.1%}")
+  print(f"  {'step':11s} {total:8.3f} s")
+  peak = matmul_peak()
+  mcfg = t.model_cfg
+  seq = t.cfg.data.max_prompt_tokens + t.cfg.sampling.max_new_tokens
+  flops_tok = model_config.flops_per_token(mcfg, seq)  # forward FLOPs per token
+  nets = 2 if cfg.rl.use_critic else 1
+  update_flops = 3 * flops_tok * med["train_tokens"] * nets
+  print(f"rollout: {med['response_tokens'] / med['rollout']:.0f} response tokens/s; "
+        f"updates: {med['train_tokens'] * nets / med['updates']:.0f} tokens/s "
+        f"({update_flops / med['updates'] / 1e9:.2f} GFLOP/s = "
+        f"{update_flops / med['updates'] / peak:.1%} of the {peak / 1e9:.0f} GFLOP/s matmul "
+        f"peak measured now); whole step: {med['response_tokens'] / total:.0f} response "
+        f"tokens/s")
+
+
+if __name__ == "__main__":
+  main()
