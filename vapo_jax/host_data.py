@@ -38,12 +38,32 @@ def row_sharding(sampler) -> NamedSharding | None:
 
 
 def sample(sampler, params, prompt_ids: Callable[[int], Sequence[int]], num_prompts: int,
-           key: jax.Array) -> rollout_lib.Rollout:
+           key: jax.Array, *, prompts_per_call: int = 0) -> rollout_lib.Rollout:
   """Samples `sampler.cfg.n_per_prompt` responses for each of the global prompts.
 
   prompt_ids(i) -> token ids of global prompt i; it is called only for this host's rows.
   Prompts are left-padded to the sampler's largest bucket, one static P on every host.
+  prompts_per_call > 0 samples that many prompts per sampler call (call c with key
+  fold_in(key, c)) and joins the calls' rollouts in prompt order.
   """
+  per = prompts_per_call or num_prompts
+  if per >= num_prompts:
+    return _sample_once(sampler, params, prompt_ids, num_prompts, key)
+  if num_prompts % per:
+    raise ValueError(f"{num_prompts} prompts do not split into calls of {per}")
+  parts = []
+  for c in range(num_prompts // per):
+    part = _sample_once(sampler, params, lambda i, o=c * per: prompt_ids(o + i), per,
+                        jax.random.fold_in(key, c))
+    parts.append(dataclasses.replace(
+        part, group_ids_B=part.group_ids_B + c * per))
+  sh = row_sharding(sampler)
+  join = jax.jit(lambda ps: jax.tree.map(lambda *x: jax.numpy.concatenate(x), *ps),
+                 out_shardings=sh)
+  return join(parts)
+
+
+def _sample_once(sampler, params, prompt_ids, num_prompts: int, key) -> rollout_lib.Rollout:
   sh = row_sharding(sampler)
   if sh is None:
     return sampler(params, [prompt_ids(i) for i in range(num_prompts)], key)

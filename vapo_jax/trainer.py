@@ -97,12 +97,16 @@ class Trainer:
     self._adv_fn = jax.jit(functools.partial(rl_batch.compute_advantages, self.adv_cfg))
     self._mc_fn = jax.jit(functools.partial(rl_batch.compute_advantages, dataclasses.replace(
         self.adv_cfg, use_critic=True, decoupled=True, lam_critic=1.0)))
-    self._logp_fn = jax.jit(functools.partial(ts.policy_logprobs, self.graphdef),
-                            static_argnames=("prompt_len", "temperature"))
     rows = cfg.prompts_per_step * n
     self.minibatch_rows = rows // cfg.rl.num_minibatches
     mb = cfg.rl.micro_batch_size
     self.micro_batches = self.minibatch_rows // mb if mb else 1
+    # The old-log-prob and value passes over the whole rollout run in train-sized
+    # micro-batches: at 32B × 20k tokens the whole batch at once would not fit any pod.
+    self.forward_chunks = rows // mb if mb else 1
+    self._logp_fn = jax.jit(ts.in_micro_batches(functools.partial(
+        ts.policy_logprobs, self.graphdef), self.forward_chunks),
+                            static_argnames=("prompt_len", "temperature"))
     take = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, 0), batch),
                    out_shardings=ts.batch_sharding(self.mesh, self.batch_axes))
     # idx is the same on every host; as a replicated global array it also works multi-host.
@@ -132,7 +136,8 @@ class Trainer:
       self._critic_step = ts.compile_step(
           functools.partial(ts.critic_step, self.critic_graphdef, self.critic_tx, hp),
           self.critic_state, self.mesh, self.batch_axes)
-      self._values_fn = jax.jit(functools.partial(ts.critic_values, self.critic_graphdef),
+      self._values_fn = jax.jit(ts.in_micro_batches(functools.partial(
+          ts.critic_values, self.critic_graphdef), self.forward_chunks),
                                 static_argnames=("prompt_len",))
 
   # ------------------------------------------------------------------------- stages
@@ -178,10 +183,14 @@ class Trainer:
     t0 = time.perf_counter()
     rollout = host_data.sample(self.rollout_sampler, self.policy_params,
                                lambda i: self.text.prompt_ids(examples[i].problem),
-                               len(examples), self._next_key())
+                               len(examples), self._next_key(),
+                               prompts_per_call=cfg.sampling.prompts_per_call)
     tokens, mask = rollout_lib.rollout_tokens(rollout)
     p = rollout.prompt_len
     jax.block_until_ready(rollout.lengths_B)
+    # Free the KV cache for the train steps' activations (at 32B × 20k it is tens of GB per
+    # chip); allocating it again next step costs nothing next to sampling.
+    self.rollout_sampler.clear_cache()
     t1 = time.perf_counter()
     # Device work first (asynchronous), then the host scores the responses meanwhile.
     old_logp, entropy = self._logp_fn(self.policy_params, tokens, mask, prompt_len=p,
