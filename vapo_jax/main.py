@@ -37,7 +37,8 @@ def main(argv):
   distributed.initialize(_DIST.value, coordinator=_COORD.value,
                          num_processes=_NPROC.value, process_id=_PID.value)
   from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
-  trainer = trainer_lib.Trainer(cfg, _WORKDIR.value, progress=_PROGRESS.value)
+  trainer = trainer_lib.Trainer(cfg, _WORKDIR.value,
+                                progress=_PROGRESS.value and distributed.is_main())
   try:
     summary = trainer.run()
   finally:

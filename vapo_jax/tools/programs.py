@@ -81,6 +81,8 @@ class Program:
   kwargs: dict
   resident_arg_bytes: int      # per device
   resident: tuple[str, ...] = ("policy_state", "critic_state", "rollout_batch")
+  # XLA's cost analysis counts a loop body once; the micro-batch loop runs this many times.
+  trips: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,13 +149,13 @@ def build(cfg, mcfg, mesh, names=PROGRAMS) -> Plan:
     fn = ts.compile_step(functools.partial(ts.policy_step, graphdef, p_tx, hp), p_state, mesh,
                          batch_axes)
     progs.append(Program("policy_step", fn, (p_state, batch(mini)), {},
-                         parts["policy_state"]))
+                         parts["policy_state"], trips=micro))
   if "critic_step" in names and cfg.rl.use_critic:
     hp = ts.critic_hparams(cfg, micro)
     fn = ts.compile_step(functools.partial(ts.critic_step, c_graphdef, c_tx, hp), c_state,
                          mesh, batch_axes)
     progs.append(Program("critic_step", fn, (c_state, batch(mini)), {},
-                         parts["critic_state"]))
+                         parts["critic_state"], trips=micro))
   tokens, mask = rollout_batch["tokens_BxL"], rollout_batch["mask_BxL"]
   in_rollout = per_device_bytes((tokens, mask))
   if "logprobs" in names:
@@ -161,12 +163,12 @@ def build(cfg, mcfg, mesh, names=PROGRAMS) -> Plan:
                  static_argnames=("prompt_len", "temperature"))
     progs.append(Program("logprobs", fn, (params, tokens, mask),
                          {"prompt_len": p_len, "temperature": cfg.sampling.temperature},
-                         per_device_bytes(params) + in_rollout))
+                         per_device_bytes(params) + in_rollout, trips=chunks))
   if "values" in names and cfg.rl.use_critic:
     fn = jax.jit(ts.in_micro_batches(functools.partial(ts.critic_values, c_graphdef), chunks),
                  static_argnames=("prompt_len",))
     progs.append(Program("values", fn, (c_params, tokens, mask), {"prompt_len": p_len},
-                         per_device_bytes(c_params) + in_rollout))
+                         per_device_bytes(c_params) + in_rollout, trips=chunks))
   sampler, bp = samplers["rollout"]
   # The sampler's parameters are the policy state's; its cache is its own argument.
   resident_in = per_device_bytes(params)
