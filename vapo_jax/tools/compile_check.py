@@ -154,7 +154,7 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
             "hbm_per_chip": s.gen.hbm_bytes, "budget_per_chip": budget}
   try:
     mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
-    plan = programs.build(cfg, mcfg, mesh, names or programs.PROGRAMS)
+    plan = programs.build(cfg, mcfg, mesh, names or programs.PROGRAMS, budget=budget)
   except ValueError as e:
     report.update(fits=False, error=f"config does not map onto {s.name}: {e}")
     return report

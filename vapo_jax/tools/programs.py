@@ -92,8 +92,11 @@ class Plan:
   shapes: dict[str, int]       # rows, lengths, micro-batches: for the report
 
 
-def build(cfg, mcfg, mesh, names=PROGRAMS) -> Plan:
-  """The programs of one run (a `config.Config` and the policy's `ModelConfig`) on `mesh`."""
+def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
+  """The programs of one run (a `config.Config` and the policy's `ModelConfig`) on `mesh`.
+
+  With a per-chip `budget` that the resident state alone exceeds, no programs are built.
+  """
   rules = builders.rules_of(cfg)
   batch_axes = builders.batch_axes(mesh, rules)
   builders.device_count_check(cfg, mesh, rules)
@@ -126,6 +129,14 @@ def build(cfg, mcfg, mesh, names=PROGRAMS) -> Plan:
             "response_mask_BxR": f32(b, r_len), "scores_B": f32(b)}
 
   rollout_batch = batch(rows)
+  parts = {"policy_state": per_device_bytes(p_state),
+           "critic_state": per_device_bytes(c_state) if cfg.rl.use_critic else 0,
+           "rollout_batch": per_device_bytes(rollout_batch)}
+  shapes = {"rows": rows, "minibatch_rows": mini, "micro_batches": micro,
+            "forward_chunks": chunks, "prompt_len": p_len, "response_len": r_len,
+            "devices": mesh.size}
+  if budget is not None and sum(parts.values()) > budget:
+    return Plan([], parts, shapes)  # Nothing can run: no programs to build.
   text = builders.Text(encode=None, decode=None, bos_ids=(), template=None,
                        eos_ids=(int(mcfg.eos_token_id or 0),), pad_id=0,
                        vocab_size=mcfg.real_vocab_size or mcfg.vocab_size)
@@ -139,9 +150,6 @@ def build(cfg, mcfg, mesh, names=PROGRAMS) -> Plan:
                                         greedy=True), cfg.eval.batch_prompts),
   }
   caches = {k: _abstract_cache(s, bp * s.cfg.n_per_prompt) for k, (s, bp) in samplers.items()}
-  parts = {"policy_state": per_device_bytes(p_state),
-           "critic_state": per_device_bytes(c_state) if cfg.rl.use_critic else 0,
-           "rollout_batch": per_device_bytes(rollout_batch)}
 
   progs = []
   if "policy_step" in names:
@@ -182,10 +190,8 @@ def build(cfg, mcfg, mesh, names=PROGRAMS) -> Plan:
     ev, ebp = samplers["eval"]
     progs.append(_decode("eval_decode_step", ev, graphdef, params, caches["eval"],
                          ebp * ev.cfg.n_per_prompt, rows_sh, rep, resident_in))
-  shapes = {"rows": rows, "minibatch_rows": mini, "micro_batches": micro,
-            "forward_chunks": chunks, "prompt_len": p_len, "response_len": r_len,
-            "prompts_per_call": per_call, "sampler_rows": per_call * n,
-            "cache_len": sampler.cfg.total_cache_len, "devices": mesh.size}
+  shapes.update({"prompts_per_call": per_call, "sampler_rows": per_call * n,
+                 "cache_len": sampler.cfg.total_cache_len})
   shapes.update({f"kv_cache_{k}_per_chip": per_device_bytes(v) for k, v in caches.items()})
   return Plan(progs, parts, shapes)
 
