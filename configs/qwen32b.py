@@ -35,6 +35,9 @@ def get_config(preset: str = "vapo"):
 
   c.sampling.max_new_tokens = 20480
   c.sampling.temperature = 1.0
+  # 16 prompts × 16 responses per sampler call: one call's KV cache is 256 rows × 21.5k slots
+  # × 262 kB/token = 1.4 TB, 23 GB per chip on v5p-128 (rows over fsdp, kv heads over tensor).
+  c.sampling.prompts_per_call = 16
 
   c.reward.num_workers = 32
   c.reward.timeout_s = 10.0
@@ -53,7 +56,7 @@ def get_config(preset: str = "vapo"):
   c.rl.prompts_per_step = 512
   c.rl.responses_per_prompt = 16
   c.rl.num_minibatches = 16          # mini-batches of 512 responses
-  c.rl.micro_batch_size = 8
+  c.rl.micro_batch_size = 16         # one response per batch shard (fsdp 16 on v5p-128)
   c.rl.ppo_epochs = 1
   c.rl.alpha = 0.05
   c.rl.gamma = 1.0
@@ -65,7 +68,7 @@ def get_config(preset: str = "vapo"):
   c.eval.every = 50
   c.eval.num_examples = 30
   c.eval.samples_per_problem = 32    # avg@32, the paper's AIME metric
-  c.eval.batch_prompts = 32
+  c.eval.batch_prompts = 16          # × 32 samples: the eval KV cache, as large as a rollout call's ×2
 
   c.mesh.data = 1
   c.mesh.fsdp = -1

@@ -5,12 +5,14 @@ weight file or a bad data row fails the run at once with a message naming it.
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 from vapo_jax import critic as critic_lib
 from vapo_jax import data as data_lib
@@ -51,6 +53,10 @@ def build_mesh(cfg):
     if need > jax.device_count():
       raise ValueError(f"config.mesh {sizes} needs {need} devices, "
                        f"only {jax.device_count()} are present")
+    if jax.process_count() > 1 and need != jax.device_count():
+      raise ValueError(f"config.mesh {sizes} uses {need} of the {jax.device_count()} devices "
+                       f"of {jax.process_count()} processes; a multi-process mesh must use "
+                       "every device (set one size to -1)")
     devices = jax.devices()[:need]
   return shd.make_mesh(*sizes, devices=devices)
 
@@ -130,19 +136,25 @@ def build_policy(cfg, mesh, rules, text: Text):
       mcfg = mcfg.replace(real_vocab_size=min(text.vocab_size, mcfg.vocab_size))
       model.cfg = mcfg
   else:
-    padded_vocab = -(-text.vocab_size // 64) * 64  # padded rows are never sampled
-    mcfg = model_config.ModelConfig(
-        vocab_size=padded_vocab, real_vocab_size=text.vocab_size, hidden_size=m.hidden_size,
-        intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-        num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-        rope_theta=m.rope_theta, tie_word_embeddings=m.tie_word_embeddings,
-        qkv_bias=m.model_type == "qwen2", qk_norm=m.model_type == "qwen3",
-        model_type=m.model_type, param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat,
-        eos_token_id=text.eos_ids[0], pad_token_id=text.pad_id)
+    mcfg = fresh_model_config(cfg, text)
     model = transformer.init_sharded(lambda r: transformer.Transformer(mcfg, rngs=r), mesh,
                                      rules, seed=cfg.seed)
   graphdef, params = nnx.split(model)
   return graphdef, params, mcfg
+
+
+def fresh_model_config(cfg, text: Text) -> model_config.ModelConfig:
+  """The ModelConfig of a config's freshly initialised model (no model.hf_path)."""
+  m = cfg.model
+  padded_vocab = -(-text.vocab_size // 64) * 64  # padded rows are never sampled
+  return model_config.ModelConfig(
+      vocab_size=padded_vocab, real_vocab_size=text.vocab_size, hidden_size=m.hidden_size,
+      intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+      num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+      rope_theta=m.rope_theta, tie_word_embeddings=m.tie_word_embeddings,
+      qkv_bias=m.model_type == "qwen2", qk_norm=m.model_type == "qwen3",
+      model_type=m.model_type, param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat,
+      eos_token_id=text.eos_ids[0], pad_token_id=text.pad_id)
 
 
 def build_critic(cfg, policy_graphdef, policy_params, mesh, rules):
@@ -169,7 +181,21 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
       pad_id=text.pad_id, vocab_size=text.vocab_size, n_per_prompt=n,
       max_prompt_len=cfg.data.max_prompt_tokens,
       prompt_buckets=(cfg.data.max_prompt_tokens,))
-  return sampler_lib.Sampler.for_transformer(graphdef, mcfg, scfg, mesh=mesh, rules=rules)
+  # The KV cache's kv_heads axis is split like the k/v projections (over `tensor`), not
+  # only its rows over the batch axes: at 32B × 20k tokens a row's cache is 5.6 GB, and
+  # replicating it over a 4-way tensor axis is what keeps it off any v5p slice.
+  init = functools.partial(transformer.init_cache, mcfg)
+  spec = shd.logical_to_spec((None, None, "kv_heads", "head_dim"), rules, mesh,
+                             (1, 1, mcfg.num_kv_heads, mcfg.head_dim))
+  kv_sharding = NamedSharding(mesh, spec)
+
+  def init_cache(batch, max_len):
+    cache = init(batch, max_len)
+    if not any(spec):
+      return cache
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, kv_sharding), cache)
+
+  return sampler_lib.Sampler(graphdef, init_cache, scfg, mesh=mesh, rules=rules)
 
 
 def sft_batch(examples, text: Text, prompt_len: int, response_len: int) -> dict[str, Any]:
@@ -196,7 +222,8 @@ def device_count_check(cfg, mesh, rules) -> None:
   shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
   for what, rows in (("rl.prompts_per_step", cfg.prompts_per_step),
                      ("eval.batch_prompts", cfg.eval.batch_prompts),
-                     ("sft.batch_size", cfg.sft.batch_size)):
+                     ("sft.batch_size", cfg.sft.batch_size),
+                     ("sampling.prompts_per_call", cfg.sampling.prompts_per_call)):
     if rows % shards:
       raise ValueError(f"config.{what}={rows} must be a multiple of the {shards} batch "
                        f"shards of the mesh {dict(mesh.shape)}")

@@ -75,6 +75,10 @@ class SamplingSection:
   top_p: float = 1.0
   top_k: int = 0
   max_new_tokens: int = 64
+  # Prompts per sampler call (0: all of a step's prompts at once). The KV cache holds
+  # prompts_per_call × n rows of max_prompt_tokens + max_new_tokens slots: at 32B and 20k
+  # tokens, 262 kB per token per row, so pods sample a step's 512 prompts in several calls.
+  prompts_per_call: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,6 +313,10 @@ def validate(cfg: Config) -> None:
   need(0 < s.top_p <= 1, "sampling.top_p", s.top_p, "in (0, 1]")
   need(s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0: off)")
   need(s.max_new_tokens >= 1, "sampling.max_new_tokens", s.max_new_tokens, ">= 1")
+  need(s.prompts_per_call >= 0 and (s.prompts_per_call == 0
+                                     or cfg.prompts_per_step % s.prompts_per_call == 0),
+       "sampling.prompts_per_call", s.prompts_per_call,
+       f"0 or a divisor of the prompts per step ({cfg.prompts_per_step})")
   need(":" in r.fn, "reward.fn", r.fn, '"module:function"')
   need(r.num_workers >= 0, "reward.num_workers", r.num_workers, ">= 0")
   need(r.timeout_s > 0, "reward.timeout_s", r.timeout_s, "> 0")

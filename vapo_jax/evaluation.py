@@ -3,19 +3,25 @@
   avg@k  = mean over problems of (correct samples / k)  — the paper's AIME metric (k = 32)
   pass@k = mean over problems of [any of the k samples is correct]
   greedy = accuracy of the argmax decode (one sample)
+
+Multi-host: every host walks the same examples; each samples and scores only the rows its
+devices hold (`host_data`), and the per-row scores are all-gathered, so every host returns
+the same metrics.
 """
 
 import jax
 import numpy as np
 
-from vapo_jax import rollout as rollout_lib
+from vapo_jax import distributed as dist
+from vapo_jax import host_data
 
 
 def sample_and_score(sampler, params, examples, text, scorer, key, batch_prompts: int):
   """Samples `sampler.cfg.n_per_prompt` responses per example and scores them.
 
   Returns:
-    (scores [N, n] float32, lengths [N, n] int32, truncated [N, n] bool, responses list).
+    (scores [N, n] float32, lengths [N, n] int32, truncated [N, n] bool, responses list:
+    the decoded responses of this host's rows, in row order).
   """
   n = sampler.cfg.n_per_prompt
   scores, lengths, truncated, responses = [], [], [], []
@@ -24,15 +30,18 @@ def sample_and_score(sampler, params, examples, text, scorer, key, batch_prompts
     real = len(chunk)
     chunk += [chunk[-1]] * (batch_prompts - real)  # keep one compiled shape
     key, sub = jax.random.split(key)
-    out = sampler(params, [text.prompt_ids(ex.problem) for ex in chunk], sub)
-    texts = [text.decode(r) for r in rollout_lib.response_lists(out)][:real * n]
-    refs = [ex.answer for ex in chunk[:real] for _ in range(n)]
-    prompts = [ex.problem for ex in chunk[:real] for _ in range(n)]
-    s = scorer.score_batch(prompts, texts, refs)
-    scores.append(s.rewards.reshape(real, n))
-    lengths.append(np.asarray(out.lengths_B)[:real * n].reshape(real, n))
-    truncated.append(np.asarray(out.truncated_B)[:real * n].reshape(real, n))
-    responses += texts
+    out = host_data.sample(sampler, params, lambda i, c=chunk: text.prompt_ids(c[i].problem),
+                           len(chunk), sub)
+    scored = host_data.score(scorer, out, text.decode, [ex.problem for ex in chunk],
+                             [ex.answer for ex in chunk], n)
+    rows, resp = host_data.local_responses(out)
+    responses += [text.decode(r) for row, r in zip(rows, resp) if row < real * n]
+    lens, trunc = dist.to_host((out.lengths_B, out.truncated_B))
+    scores.append(scored.all_scores.rewards[:real * n].reshape(real, n))
+    lengths.append(lens[:real * n].reshape(real, n))
+    truncated.append(trunc[:real * n].reshape(real, n))
+  # Its KV cache (n rows per prompt) would otherwise stay allocated through training.
+  sampler.clear_cache()
   return (np.concatenate(scores), np.concatenate(lengths), np.concatenate(truncated),
           responses)
 

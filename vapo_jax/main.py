@@ -17,6 +17,12 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config fil
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics (and checkpoints).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars.")
+_DIST = flags.DEFINE_enum("distributed", "auto", ["auto", "explicit", "none"],
+                          "Multi-process start: auto (TPU pod, SLURM, JAX_COORDINATOR_ADDRESS),"
+                          " explicit (the three flags below), none.")
+_COORD = flags.DEFINE_string("coordinator", None, "host:port of process 0 (explicit mode).")
+_NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (explicit mode).")
+_PID = flags.DEFINE_integer("process_id", None, "This process's index (explicit mode).")
 
 
 def main(argv):
@@ -27,14 +33,18 @@ def main(argv):
     cfg = config_lib.from_config_dict(_CONFIG.value)
   except config_lib.ConfigError as e:
     sys.exit(f"Invalid config: {e}")
+  from vapo_jax import distributed  # pylint: disable=import-outside-toplevel
+  distributed.initialize(_DIST.value, coordinator=_COORD.value,
+                         num_processes=_NPROC.value, process_id=_PID.value)
   from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
-  trainer = trainer_lib.Trainer(cfg, _WORKDIR.value, progress=_PROGRESS.value)
+  trainer = trainer_lib.Trainer(cfg, _WORKDIR.value,
+                                progress=_PROGRESS.value and distributed.is_main())
   try:
     summary = trainer.run()
   finally:
     trainer.close()
   summary.pop("rl_last", None)
-  print(json.dumps(summary, indent=1, default=float))
+  distributed.main_print(json.dumps(summary, indent=1, default=float))
 
 
 if __name__ == "__main__":

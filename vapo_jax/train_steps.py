@@ -276,6 +276,24 @@ def critic_values(graphdef, params, tokens_BxL, mask_BxL, prompt_len: int):
                                     prompt_len)
 
 
+def in_micro_batches(fn: Callable, n: int) -> Callable:
+  """fn(params, tokens_BxL, mask_BxL, **kw) -> pytree of [B, ...], run as n micro-batches.
+
+  Micro-batch i is rows i, i + n, i + 2n, … (as in the train steps, so every batch shard
+  works on every micro-batch); `lax.map` runs them one after another, so activations are
+  those of B / n rows, and the outputs come back in row order. Row-wise fn: same result.
+  """
+  if n <= 1:
+    return fn
+
+  def run(params, tokens_BxL, mask_BxL, **kw):
+    micro = _micro_split((tokens_BxL, mask_BxL), n)
+    out = jax.lax.map(lambda tm: fn(params, tm[0], tm[1], **kw), micro)
+    return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1).reshape((-1,) + y.shape[2:]), out)
+
+  return run
+
+
 # ------------------------------------------------------------------------------ compile
 
 
@@ -293,7 +311,14 @@ def compile_step(step_fn, state: TrainState, mesh, batch_axes):
 
 
 def shard_batch(batch: dict, mesh, batch_axes) -> dict:
-  """Puts a host batch on the mesh, rows split over the batch axes."""
+  """Puts this process's rows of a batch on the mesh, rows split over the batch axes.
+
+  One process: `batch` is the whole batch. Several: each passes its own rows (the same
+  number on every host, those its devices hold, in order) and gets the global batch of
+  process_count × as many rows, assembled by `jax.make_array_from_process_local_data`.
+  """
   sh = batch_sharding(mesh, batch_axes)
-  return {k: jax.device_put(v, sh) for k, v in batch.items()}
+  if jax.process_count() == 1:
+    return {k: jax.device_put(v, sh) for k, v in batch.items()}
+  return {k: jax.make_array_from_process_local_data(sh, v) for k, v in batch.items()}
 

@@ -27,7 +27,9 @@ import numpy as np
 
 from vapo_jax import builders
 from vapo_jax import critic as critic_lib
+from vapo_jax import distributed as dist
 from vapo_jax import evaluation
+from vapo_jax import host_data
 from vapo_jax import metrics as metrics_lib
 from vapo_jax import rl_batch
 from vapo_jax import rollout as rollout_lib
@@ -95,9 +97,9 @@ class Trainer:
     self.scorer = RewardScorer(cfg.reward.fn, num_workers=cfg.reward.num_workers,
                                timeout_s=cfg.reward.timeout_s)
     self.key = jax.random.key(cfg.seed)
-    self.prompts = PromptIterator(self.train_examples, cfg.prompts_per_step, seed=cfg.seed,
-                                  process_index=jax.process_index(),
-                                  process_count=jax.process_count())
+    # The global batch of prompts, identical on every host; each host then feeds only the
+    # rows its devices hold (see experience()).
+    self.prompts = PromptIterator(self.train_examples, cfg.prompts_per_step, seed=cfg.seed)
     n = cfg.responses_per_prompt
     self.rollout_sampler = builders.build_sampler(cfg, self.graphdef, self.model_cfg,
                                                   self.mesh, self.rules, self.text, n=n)
@@ -111,14 +113,20 @@ class Trainer:
     self._adv_fn = jax.jit(functools.partial(rl_batch.compute_advantages, self.adv_cfg))
     self._mc_fn = jax.jit(functools.partial(rl_batch.compute_advantages, dataclasses.replace(
         self.adv_cfg, use_critic=True, decoupled=True, lam_critic=1.0)))
-    self._logp_fn = jax.jit(functools.partial(ts.policy_logprobs, self.graphdef),
-                            static_argnames=("prompt_len", "temperature"))
     rows = cfg.prompts_per_step * n
     self.minibatch_rows = rows // cfg.rl.num_minibatches
     mb = cfg.rl.micro_batch_size
     self.micro_batches = self.minibatch_rows // mb if mb else 1
-    self._take = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, 0), batch),
-                         out_shardings=ts.batch_sharding(self.mesh, self.batch_axes))
+    # The old-log-prob and value passes over the whole rollout run in train-sized
+    # micro-batches: at 32B × 20k tokens the whole batch at once would not fit any pod.
+    self.forward_chunks = rows // mb if mb else 1
+    self._logp_fn = jax.jit(ts.in_micro_batches(functools.partial(
+        ts.policy_logprobs, self.graphdef), self.forward_chunks),
+                            static_argnames=("prompt_len", "temperature"))
+    take = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, 0), batch),
+                   out_shardings=ts.batch_sharding(self.mesh, self.batch_axes))
+    # idx is the same on every host; as a replicated global array it also works multi-host.
+    self._take = lambda batch, idx: take(batch, dist.replicated(np.asarray(idx), self.mesh))
 
   # ------------------------------------------------------------------------ helpers
   def _next_key(self):
@@ -144,7 +152,8 @@ class Trainer:
       self._critic_step = ts.compile_step(
           functools.partial(ts.critic_step, self.critic_graphdef, self.critic_tx, hp),
           self.critic_state, self.mesh, self.batch_axes)
-      self._values_fn = jax.jit(functools.partial(ts.critic_values, self.critic_graphdef),
+      self._values_fn = jax.jit(ts.in_micro_batches(functools.partial(
+          ts.critic_values, self.critic_graphdef), self.forward_chunks),
                                 static_argnames=("prompt_len",))
 
   def _sft_setup(self):
@@ -209,26 +218,36 @@ class Trainer:
     return metrics
 
   def experience(self, examples, *, for_value_pretraining: bool = False) -> tuple[dict, dict]:
-    """Samples, scores and annotates one rollout batch: (device batch, metrics)."""
+    """Samples, scores and annotates one rollout batch: (device batch, metrics).
+
+    `examples` is the step's global list of prompts, the same on every host; each host
+    tokenizes and scores only the rows its devices hold (`host_data`), so 2 processes × 2
+    devices compute exactly what 1 process × 4 devices does.
+    """
     cfg = self.cfg
+    n = cfg.responses_per_prompt
     t0 = time.perf_counter()
-    prompts = [self.text.prompt_ids(ex.problem) for ex in examples]
-    rollout = self.rollout_sampler(self.policy_params, prompts, self._next_key())
+    rollout = host_data.sample(self.rollout_sampler, self.policy_params,
+                               lambda i: self.text.prompt_ids(examples[i].problem),
+                               len(examples), self._next_key(),
+                               prompts_per_call=cfg.sampling.prompts_per_call)
     tokens, mask = rollout_lib.rollout_tokens(rollout)
     p = rollout.prompt_len
     jax.block_until_ready(rollout.lengths_B)
+    # Free the KV cache for the train steps' activations (at 32B × 20k it is tens of GB per
+    # chip); allocating it again next step costs nothing next to sampling.
+    self.rollout_sampler.clear_cache()
     t1 = time.perf_counter()
     # Device work first (asynchronous), then the host scores the responses meanwhile.
     old_logp, entropy = self._logp_fn(self.policy_params, tokens, mask, prompt_len=p,
                                       temperature=cfg.sampling.temperature)
     values = (self._values_fn(self.critic_state.params, tokens, mask, prompt_len=p)
               if self.critic_state is not None else None)
-    n = cfg.responses_per_prompt
-    texts = [self.text.decode(r) for r in rollout_lib.response_lists(rollout)]
-    scores = self.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,
-                                     [ex.answer for ex in examples for _ in range(n)])
+    scored = host_data.score(self.scorer, rollout, self.text.decode,
+                             [ex.problem for ex in examples], [ex.answer for ex in examples],
+                             n)
     t2 = time.perf_counter()
-    scores_B = jnp.asarray(scores.rewards)
+    scores_B = scored.scores_B
     fn = self._mc_fn if for_value_pretraining else self._adv_fn
     adv = fn(scores_B, rollout.lengths_B, rollout.response_mask_BxR, values)
     batch = {"tokens_BxL": tokens, "mask_BxL": mask, "old_logp_BxR": old_logp,
@@ -238,13 +257,14 @@ class Trainer:
              "response_mask_BxR": rollout.response_mask_BxR, "scores_B": scores_B}
     adv.pop("lam_policy_B")
     resp_mask = rollout.response_mask_BxR
-    lengths = np.asarray(rollout.lengths_B)
-    metrics = {**scores.metrics(), **{k: float(v) for k, v in jax.device_get(adv).items()}}
+    lengths, truncated = dist.to_host((rollout.lengths_B, rollout.truncated_B))
+    ent = jnp.sum(entropy * resp_mask) / jnp.maximum(jnp.sum(resp_mask), 1)
+    metrics = {**scored.all_scores.metrics(),
+               **{k: float(v) for k, v in dist.to_host({**adv, "entropy": ent}).items()}}
     metrics.update({
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
-        "response/truncated_frac": float(np.asarray(rollout.truncated_B).mean()),
-        "entropy": float(jnp.sum(entropy * resp_mask) / jnp.maximum(jnp.sum(resp_mask), 1)),
+        "response/truncated_frac": float(truncated.mean()),
         "time/rollout_s": t1 - t0,
         "time/reward_and_forward_s": t2 - t1,
         "rollout_tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9),

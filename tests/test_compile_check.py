@@ -1,0 +1,77 @@
+"""The TPU compile check: slice names, and (with libtpu) a fit and a clear misfit from a CPU."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vapo_jax import distributed
+from vapo_jax.tools import tpu_specs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NEEDS_LIBTPU = pytest.mark.skipif(
+    not tpu_specs.libtpu_available(),
+    reason='libtpu is not installed (pip install "jax[tpu]"; .ci/run installs it)')
+# The tiny trainer-test model (hidden 32, one layer) with short sequences: compiles in seconds.
+TINY = ["--config=configs/tiny.py", "--config.model.hidden_size=32",
+        "--config.model.intermediate_size=64", "--config.model.num_layers=1",
+        "--config.model.num_heads=2", "--config.model.num_kv_heads=1",
+        "--config.model.head_dim=16", "--config.data.max_prompt_tokens=16",
+        "--config.sampling.max_new_tokens=8", "--config.rl.prompts_per_step=8",
+        "--config.rl.responses_per_prompt=2", "--config.rl.micro_batch_size=4",
+        "--config.eval.batch_prompts=4", "--config.eval.samples_per_problem=2",
+        "--config.sampling.prompts_per_call=4"]
+
+
+def test_slice_names():
+  s = tpu_specs.parse("v5p-128")
+  assert (s.chips, s.shape, s.topology_name, s.hosts) == (64, (4, 4, 4), "v5p:4x4x4", 16)
+  assert s.accelerator_type == "v5p-128"
+  e = tpu_specs.parse("v5litepod-16")
+  assert (e.chips, e.topology_name, e.accelerator_type) == (16, "v5e:4x4", "v5litepod-16")
+  assert tpu_specs.parse("v6e-8").shape == (2, 4) and tpu_specs.parse("v6e-8").hosts == 1
+  assert tpu_specs.parse("v4-32").chips == 16
+  assert tpu_specs.parse("v5p:2x2x1").accelerator_type == "v5p-8"
+  for bad, why in (("v5p-7", "multiple of 2"), ("v9-8", "unknown TPU generation"),
+                   ("v5p-96", "no standard v5p slice"), ("tpu", "unknown TPU slice")):
+    with pytest.raises(ValueError, match=why):
+      tpu_specs.parse(bad)
+
+
+def test_cluster_detection():
+  assert distributed.detect({}) == "single"
+  assert distributed.detect({"JAX_COORDINATOR_ADDRESS": "h:1"}) == "explicit"
+  assert distributed.detect({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}) == "slurm"
+  assert distributed.detect({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1"}) == "single"
+  assert distributed.detect({"TPU_WORKER_HOSTNAMES": "a,b"}) == "tpu"
+  with pytest.raises(ValueError, match="process_id"):
+    distributed.initialize("explicit", coordinator="127.0.0.1:1", num_processes=2)
+
+
+def _check(*args):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  return subprocess.run([sys.executable, "-m", "vapo_jax.tools.compile_check", *args],
+                        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+
+
+@NEEDS_LIBTPU
+def test_small_config_fits_a_small_slice(tmp_path):
+  out = _check(*TINY, "--topology=v5e-4", f"--json={tmp_path}/r.json")
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "v5e-4: FITS" in out.stdout
+  for name in ("policy_step", "critic_step", "logprobs", "values", "prefill", "decode_step",
+               "eval_decode_step"):
+    assert f"  {name}" in out.stdout, name
+  import json  # pylint: disable=import-outside-toplevel
+  report = json.load(open(tmp_path / "r.json", encoding="utf-8"))[0]
+  assert report["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+  assert report["programs"]["policy_step"]["flops"] > 0 and report["step_time_s"] > 0
+
+
+@NEEDS_LIBTPU
+def test_qwen32b_on_a_too_small_slice_fails_clearly():
+  out = _check("--config=configs/qwen32b.py", "--topology=v5p-8")
+  assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "v5p-8: DOES NOT FIT — the training state alone needs" in out.stdout
+  assert "GB per chip" in out.stdout and "use a slice with more chips" in out.stdout

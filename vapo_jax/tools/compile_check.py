@@ -1,0 +1,260 @@
+"""Proof from a CPU that a run fits a TPU slice: AOT-compile every step, read its memory.
+
+  pip install "jax[tpu]==<your jax version>"        # libtpu; no TPU needed
+  python -m vapo_jax.tools.compile_check --config=configs/qwen32b.py --topology=v5p-256
+  python -m vapo_jax.tools.compile_check --config=configs/qwen32b.py --topology=v5p-128,v5p-256 \
+      --arch=qwen2.5-7b --config.mesh.tensor=2 --json=/tmp/fit.json
+
+For each slice: the slice's devices come from libtpu's topology description
+(`jax.experimental.topologies`), the config's mesh is laid over them, and the programs of
+`vapo_jax.tools.programs` (policy and critic train steps, old-log-prob and value passes,
+sampler prefill and decode step) are lowered and compiled for that TPU. Per program and chip:
+
+  peak = resident + (arguments − its resident arguments) + temporaries + outputs − aliased
+
+where `resident` is what stays in HBM while the program runs (both TrainStates and the
+rollout batch; a sampler's KV cache is its own programs' argument, freed after use). It fits when peak ≤ (1 − headroom) · HBM. A program
+that XLA itself cannot fit fails to compile; that is reported as not fitting too.
+
+The step time is an estimate: per program max(FLOPs / (peak FLOP/s · MFU), bytes accessed /
+(HBM bandwidth · BW efficiency)), from the compiled per-chip cost analysis, summed over one
+RL step: calls × (prefill + R · decode_step) + logprobs + values + minibatches · epochs ·
+(policy_step + critic_step). Decoding is assumed to run all R steps (long tails do).
+
+Exit status: 0 when everything fits on every slice given, 1 otherwise (with the reason).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+# The host's own backend stays CPU (nothing runs on it); libtpu only compiles.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags
+from ml_collections import config_flags
+
+from vapo_jax import config as config_lib
+from vapo_jax.tools import archs
+from vapo_jax.tools import tpu_specs
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+_TOPOLOGY = flags.DEFINE_list("topology", None, "TPU slices: v5p-128, v5litepod-16, v6e-8, "
+                              "v4-32, v5p:4x4x4, …")
+_ARCH = flags.DEFINE_string("arch", None, "Model architecture: a name in archs.KNOWN "
+                            "(qwen2.5-32b, qwen2.5-7b, qwen2.5-0.5b, …) or a config.json; "
+                            "default: the config's model.hf_path/config.json, else its name.")
+_PROGRAMS = flags.DEFINE_list("programs", None, "Only these programs (default: all).")
+_MFU = flags.DEFINE_float("mfu", 0.4, "Assumed model FLOPs utilisation for the estimate.")
+_BW = flags.DEFINE_float("bw_efficiency", 0.7, "Assumed fraction of HBM bandwidth reached.")
+_HEADROOM = flags.DEFINE_float("headroom", 0.05, "Fraction of HBM kept free.")
+_JSON = flags.DEFINE_string("json", None, "Also write the results here as JSON.")
+_PROBE = flags.DEFINE_list("probe_layers", None, "Two layer counts, e.g. 2,4: compile those "
+                           "and extrapolate to the model's depth (fast, approximate); "
+                           "default: compile the whole model.")
+
+GB = 1e9
+
+
+@dataclasses.dataclass
+class Result:
+  program: str
+  fits: bool
+  peak: float = 0.0          # bytes per chip
+  arguments: float = 0.0
+  temporaries: float = 0.0
+  outputs: float = 0.0
+  aliased: float = 0.0
+  flops: float = 0.0         # per chip, one call (loop trip counts applied)
+  bytes_accessed: float = 0.0
+  compile_s: float = 0.0
+  error: str = ""
+
+
+def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
+  """Compiles one program; its per-chip memory and cost, or the compiler's refusal."""
+  t0 = time.perf_counter()
+  try:
+    compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
+  except Exception as e:  # pylint: disable=broad-except
+    msg = str(e).split("\n")[0][:300]
+    if "RESOURCE_EXHAUSTED" not in msg and "memory" not in msg.lower():
+      raise
+    return Result(prog.name, False, compile_s=time.perf_counter() - t0, error=msg)
+  m = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  args, temp = m.argument_size_in_bytes, m.temp_size_in_bytes
+  out, alias = m.output_size_in_bytes, m.alias_size_in_bytes
+  resident = sum(parts[k] for k in prog.resident)
+  peak = resident + (args - prog.resident_arg_bytes) + temp + out - alias
+  # A loop body is counted once by XLA: scale by the micro-batch loop's trip count (the
+  # small vocab-chunk loop inside, ~2% of a 32B forward, stays counted once).
+  return Result(prog.name, peak <= budget, peak, args, temp, out, alias,
+                prog.trips * float(cost.get("flops", 0.0)),
+                prog.trips * float(cost.get("bytes accessed", 0.0)),
+                time.perf_counter() - t0)
+
+
+def step_time(results: dict[str, Result], plan, cfg, s: tpu_specs.Slice, mfu: float,
+              bw: float) -> float:
+  """Estimated seconds of one RL step (see the module docstring)."""
+
+  def t(name):
+    r = results.get(name)
+    if r is None:
+      return 0.0
+    return max(r.flops / (s.gen.bf16_flops * mfu), r.bytes_accessed / (s.gen.hbm_bandwidth * bw))
+
+  calls = plan.shapes["rows"] // plan.shapes["sampler_rows"]
+  rollout = calls * (t("prefill") + plan.shapes["response_len"] * t("decode_step"))
+  updates = cfg.rl.num_minibatches * cfg.rl.ppo_epochs * (t("policy_step") + t("critic_step"))
+  return rollout + t("logprobs") + t("values") + updates
+
+
+def extrapolate(ra: Result, rb: Result, la: int, lb: int, layers: int, prog, parts,
+                budget: float) -> Result:
+  """The program's figures at `layers` layers, linear in the layer count from two compiles.
+
+  Exact for identical stacked layers in everything that scales with them (parameters,
+  optimizer state, remat checkpoints, per-layer KV cache, FLOPs); what does not (embedding,
+  head, one layer's recomputation) is the intercept.
+  """
+  if ra.error or rb.error:
+    return ra if ra.error else rb
+  lin = lambda a, b: a + (b - a) * (layers - la) / (lb - la)  # noqa: E731
+  f = {k: lin(getattr(ra, k), getattr(rb, k)) for k in
+       ("arguments", "temporaries", "outputs", "aliased", "flops", "bytes_accessed")}
+  resident = sum(parts[k] for k in prog.resident)
+  peak = (resident + f["arguments"] - prog.resident_arg_bytes + f["temporaries"]
+          + f["outputs"] - f["aliased"])
+  return Result(prog.name, peak <= budget, peak, compile_s=ra.compile_s + rb.compile_s,
+                error="", **f)
+
+
+def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroom=0.05,
+          probe_layers: tuple[int, int] | None = None, log=print) -> dict:
+  """Compiles the run's programs for slice `s`; a dict report (see main for the fields).
+
+  probe_layers=(a, b): compile a- and b-layer versions of the model instead of the whole
+  one and extrapolate linearly (fast; the report says so).
+  """
+  from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
+  from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
+  devices = tpu_specs.devices(s)
+  budget = (1 - headroom) * s.gen.hbm_bytes
+  report = {"slice": s.name, "accelerator_type": s.accelerator_type,
+            "topology": s.topology_name, "chips": s.chips, "hosts": s.hosts,
+            "hbm_per_chip": s.gen.hbm_bytes, "budget_per_chip": budget}
+  try:
+    mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
+    plan = programs.build(cfg, mcfg, mesh, names or programs.PROGRAMS, budget=budget)
+  except ValueError as e:
+    report.update(fits=False, error=f"config does not map onto {s.name}: {e}")
+    return report
+  report["mesh"] = dict(mesh.shape)
+  report["shapes"] = plan.shapes
+  report["resident"] = plan.resident_parts
+  results = {}
+  held = {k: v for k, v in plan.resident_parts.items() if v}
+  if sum(held.values()) > budget:  # Nothing can run; no need to compile anything.
+    report.update(fits=False, error=(
+        f"the training state alone needs {sum(held.values()) / GB:.1f} GB per chip ("
+        + ", ".join(f"{k} {v / GB:.1f}" for k, v in held.items())
+        + f"), more than the {budget / GB:.1f} GB budget of a {s.gen.name} chip's "
+        f"{s.gen.hbm_bytes / GB:.1f} GB HBM; use a slice with more chips"))
+    return report
+  if probe_layers:
+    la, lb = probe_layers
+    plan_a, plan_b = (programs.build(cfg, mcfg.replace(num_layers=k), mesh,
+                                     names or programs.PROGRAMS) for k in (la, lb))
+    report["extrapolated_from_layers"] = [la, lb]
+  for i, prog in enumerate(plan.programs):
+    if probe_layers:
+      ra, rb = (compile_one(p.programs[i], p.resident_parts, budget) for p in (plan_a, plan_b))
+      r = extrapolate(ra, rb, la, lb, mcfg.num_layers, prog, plan.resident_parts, budget)
+    else:
+      r = compile_one(prog, plan.resident_parts, budget)
+    results[r.program] = r
+    log(_line(r, budget))
+  report["programs"] = {k: dataclasses.asdict(v) for k, v in results.items()}
+  report["fits"] = all(r.fits for r in results.values())
+  report["step_time_s"] = step_time(results, plan, cfg, s, mfu, bw)
+  report["assumed"] = {"mfu": mfu, "bw_efficiency": bw, "headroom": headroom}
+  return report
+
+
+def _line(r: Result, budget: float) -> str:
+  if r.error:
+    return f"  {r.program:12s} DOES NOT FIT (compiler: {r.error})"
+  return (f"  {r.program:12s} peak {r.peak / GB:8.2f} GB of {budget / GB:6.1f} "
+          f"[args {r.arguments / GB:7.2f} temp {r.temporaries / GB:7.2f} out "
+          f"{r.outputs / GB:7.2f} aliased {r.aliased / GB:7.2f}] "
+          f"{r.flops / 1e12:9.2f} TFLOP/chip  {'ok' if r.fits else 'DOES NOT FIT'}  "
+          f"({r.compile_s:.0f} s)")
+
+
+def summary(report: dict) -> str:
+  """The verdict on one slice, with the reason when it does not fit."""
+  name = report["slice"]
+  if "error" in report:
+    return f"{name}: DOES NOT FIT — {report['error']}"
+  lines = [f"{name} ({report['chips']} chips, {report['hosts']} hosts, mesh {report['mesh']}):"
+           f" resident {sum(report['resident'].values()) / GB:.2f} GB/chip "
+           + ", ".join(f"{k} {v / GB:.2f}" for k, v in report["resident"].items())]
+  if "extrapolated_from_layers" in report:
+    lines.append("  (figures extrapolated from compiles of "
+                 f"{' and '.join(map(str, report['extrapolated_from_layers']))} layers)")
+  bad = [p for p in report["programs"].values() if not p["fits"]]
+  if not bad:
+    lines.append(f"{name}: FITS — every program within {report['budget_per_chip'] / GB:.1f} GB "
+                 f"per chip; estimated RL step {report['step_time_s']:.0f} s "
+                 f"(MFU {report['assumed']['mfu']:.0%}, an estimate)")
+  for p in bad:
+    why = (p["error"] or f"needs {p['peak'] / GB:.1f} GB per chip, "
+           f"{report['hbm_per_chip'] / GB:.1f} GB HBM less "
+           f"{report['assumed']['headroom']:.0%} headroom allows "
+           f"{report['budget_per_chip'] / GB:.1f} GB")
+    lines.append(f"{name}: DOES NOT FIT — {p['program']} {why}. Use a larger slice, more "
+                 "tensor/fsdp sharding, a smaller rl.micro_batch_size or "
+                 "sampling.prompts_per_call, or shorter sequences.")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  if _CONFIG.value is None or not _TOPOLOGY.value:
+    raise app.UsageError("--config=configs/<experiment>.py and --topology=v5p-128 are needed")
+  if not tpu_specs.libtpu_available():
+    sys.exit('libtpu is not installed: pip install "jax[tpu]==<jax version>" (no TPU needed)')
+  try:
+    cfg = config_lib.from_config_dict(_CONFIG.value)
+  except config_lib.ConfigError as e:
+    sys.exit(f"Invalid config: {e}")
+  mcfg = archs.model_config(cfg, _ARCH.value)
+  print(f"model: {mcfg.num_layers} layers, d={mcfg.hidden_size}, "
+        f"{mcfg.num_params / 1e9:.2f} B parameters")
+  reports = []
+  for name in _TOPOLOGY.value:
+    s = tpu_specs.parse(name)
+    print(f"{s.name} = {s.accelerator_type}, topology {s.topology_name}, {s.chips} chips × "
+          f"{s.gen.hbm_bytes / 2**30:.0f} GiB HBM:")
+    probe = tuple(int(x) for x in _PROBE.value) if _PROBE.value else None
+    reports.append(check(cfg, mcfg, s, names=_PROGRAMS.value, mfu=_MFU.value, bw=_BW.value,
+                         headroom=_HEADROOM.value, probe_layers=probe))
+    print(summary(reports[-1]), flush=True)
+  if _JSON.value:
+    with open(_JSON.value, "w", encoding="utf-8") as f:
+      json.dump(reports, f, indent=1)
+  if not all(r["fits"] for r in reports):
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)
