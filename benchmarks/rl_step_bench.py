@@ -10,7 +10,6 @@ peak measured in the same run.
 """
 
 import argparse
-import dataclasses
 import importlib.util
 import os
 import platform
@@ -22,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from vapo_jax import config as config_lib
-from vapo_jax import rollout as rollout_lib
 from vapo_jax import trainer as trainer_lib
 from vapo_jax.models import config as model_config
 
@@ -49,44 +47,35 @@ def _timed(fn):
 
 
 def one_step(t: trainer_lib.Trainer, i: int) -> dict:
+  """One RL step, then its forward passes and reward scoring again, each timed alone."""
   cfg = t.cfg
-  out = {}
   examples = next(t.prompts)
-  prompts = [t.text.prompt_ids(ex.problem) for ex in examples]
   t0 = time.perf_counter()
-  rollout = t.rollout_sampler(t.policy_params, prompts, t._next_key())  # pylint: disable=protected-access
-  jax.block_until_ready(rollout)
-  out["rollout"] = time.perf_counter() - t0
-  tokens, mask = rollout_lib.rollout_tokens(rollout)
-  p = rollout.prompt_len
-  n = cfg.responses_per_prompt
-  t0 = time.perf_counter()
-  texts = [t.text.decode(r) for r in rollout_lib.response_lists(rollout)]
-  scores = t.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,
-                                [ex.answer for ex in examples for _ in range(n)])
-  out["reward"] = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  old_logp, _ = t._logp_fn(t.policy_params, tokens, mask, prompt_len=p,  # pylint: disable=protected-access
-                           temperature=cfg.sampling.temperature)
-  values = (t._values_fn(t.critic_state.params, tokens, mask, prompt_len=p)  # pylint: disable=protected-access
-            if t.critic_state is not None else None)
-  jax.block_until_ready((old_logp, values))
-  out["forward"] = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  scores_B = jnp.asarray(scores.rewards)
-  adv = t._adv_fn(scores_B, rollout.lengths_B, rollout.response_mask_BxR, values)  # pylint: disable=protected-access
-  batch = {"tokens_BxL": tokens, "mask_BxL": mask, "old_logp_BxR": old_logp,
-           "advantages_BxR": adv["advantages_BxR"], "returns_BxR": adv["returns_BxR"],
-           "old_values_BxR": values if values is not None else jnp.zeros_like(old_logp),
-           "response_mask_BxR": rollout.response_mask_BxR, "scores_B": scores_B}
+  batch, em = t.experience(examples)
   jax.block_until_ready(batch)
-  out["advantages"] = time.perf_counter() - t0
+  out = {"rollout": em["time/rollout_s"],
+         "overlapped": time.perf_counter() - t0 - em["time/rollout_s"]}
+  tokens, mask = batch["tokens_BxL"], batch["mask_BxL"]
+  p = tokens.shape[1] - batch["response_mask_BxR"].shape[1]
+  t0 = time.perf_counter()
+  jax.block_until_ready(t._logp_fn(t.policy_params, tokens, mask, prompt_len=p,  # pylint: disable=protected-access
+                                   temperature=cfg.sampling.temperature))
+  if t.critic_state is not None:
+    jax.block_until_ready(t._values_fn(t.critic_state.params, tokens, mask, prompt_len=p))  # pylint: disable=protected-access
+  out["forward"] = time.perf_counter() - t0
+  n = cfg.responses_per_prompt
+  resp, rmask = np.asarray(tokens)[:, p:], np.asarray(batch["response_mask_BxR"])
+  texts = [t.text.decode(r[m > 0].tolist()) for r, m in zip(resp, rmask)]
+  t0 = time.perf_counter()
+  t.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,
+                       [ex.answer for ex in examples for _ in range(n)])
+  out["reward"] = time.perf_counter() - t0
   t0 = time.perf_counter()
   t._updates(batch, policy=True, critic=cfg.rl.use_critic, stage=1, step=i)  # pylint: disable=protected-access
   t.policy_params = t.policy_state.params
   jax.block_until_ready(t.policy_params)
   out["updates"] = time.perf_counter() - t0
-  out["response_tokens"] = float(np.asarray(rollout.lengths_B).sum())
+  out["response_tokens"] = float(rmask.sum())
   out["train_tokens"] = float(np.asarray(mask).sum()) * cfg.rl.ppo_epochs
   return out
 
@@ -102,25 +91,29 @@ def main():
         f"({jax.device_count()} {jax.devices()[0].platform} devices)")
   t = trainer_lib.Trainer(cfg, progress=False)
   try:
-    # rl() with 0 steps builds (and the critic) the compiled steps without running one.
-    t.cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, steps=0))
-    t.rl()
-    t.cfg = cfg
+    if cfg.rl.use_critic:
+      t._ensure_critic()  # pylint: disable=protected-access
+    t._rl_setup()  # pylint: disable=protected-access
     runs = [one_step(t, i) for i in range(args.steps)]
   finally:
     t.close()
   warm = runs[1:] or runs
   med = {k: statistics.median(r[k] for r in warm) for k in warm[0]}
-  phases = ("rollout", "reward", "forward", "advantages", "updates")
+  phases = ("rollout", "overlapped", "updates")
   total = sum(med[k] for k in phases)
   rows = cfg.prompts_per_step * cfg.responses_per_prompt
   print(f"config {args.config} ({args.preset}): {cfg.prompts_per_step} prompts x "
         f"{cfg.responses_per_prompt} = {rows} responses, max_new_tokens "
         f"{cfg.sampling.max_new_tokens}; first step (with compiles) "
         f"{sum(runs[0][k] for k in phases):.1f} s")
+  names = {"rollout": "rollout (sampler)",
+           "overlapped": "reward + forward (overlapped) + advantages",
+           "updates": "policy + critic updates"}
   for k in phases:
-    print(f"  {k:11s} {med[k]:8.3f} s  {med[k] / total:6.1%}")
-  print(f"  {'step':11s} {total:8.3f} s")
+    print(f"  {names[k]:44s} {med[k]:8.3f} s  {med[k] / total:6.1%}")
+  print(f"  {'step':44s} {total:8.3f} s")
+  print(f"  alone: reward scoring {med['reward']:.3f} s, forward passes (old log-probs + "
+        f"values) {med['forward']:.3f} s")
   peak = matmul_peak()
   mcfg = t.model_cfg
   seq = t.cfg.data.max_prompt_tokens + t.cfg.sampling.max_new_tokens

@@ -9,6 +9,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 from vapo_jax import config as config_lib
@@ -27,6 +28,8 @@ _PID = flags.DEFINE_integer("process_id", None, "This process's index (explicit 
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
+    logging.set_verbosity(logging.WARNING)
   if _CONFIG.value is None:
     raise app.UsageError("--config=configs/<experiment>.py is required")
   try:

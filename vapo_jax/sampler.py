@@ -277,7 +277,10 @@ class Sampler:
 
   def generate_padded(self, state, prompt_BxP, prompt_mask_BxP,
                       key: jax.Array) -> Rollout:
-    """Like __call__ for host arrays already left-padded to a static length P.
+    """Like __call__ for prompts already left-padded to a static length P.
+
+    The prompts are host arrays (the same on every host), or global jax.Arrays
+    already split over the batch axes (multi-host: each host filled its rows).
 
     Raises:
       ValueError: a row that is empty or not left-padded (its last slot must be
@@ -285,9 +288,17 @@ class Sampler:
         over the batch shards.
     """
     cfg = self.cfg
-    prompt_mask_BxP = np.asarray(prompt_mask_BxP, np.float32)
+    is_global = (isinstance(prompt_mask_BxP, jax.Array)
+                 and not prompt_mask_BxP.is_fully_addressable)
+    if is_global:  # Check the rows this host holds; the others check theirs.
+      last = [(shard.index[0].start or 0) + np.flatnonzero(
+          np.asarray(shard.data)[:, -1] == 0)
+              for shard in prompt_mask_BxP.addressable_shards]
+      bad = np.concatenate(last)
+    else:
+      prompt_mask_BxP = np.asarray(prompt_mask_BxP, np.float32)
+      bad = np.flatnonzero(prompt_mask_BxP[:, -1] == 0)
     bp, p = prompt_BxP.shape
-    bad = np.flatnonzero(prompt_mask_BxP[:, -1] == 0)
     if bad.size:
       raise ValueError(
           f"prompt {bad[0]} is empty or not left-padded: its mask must end "
@@ -303,8 +314,9 @@ class Sampler:
           f"{bp} prompts cannot be split over the {self.batch_shards} batch "
           f"shards of mesh axes {self.batch_axes}; pass a multiple of "
           f"{self.batch_shards}")
-    prompt_BxP = self._place(np.asarray(prompt_BxP, np.int32))
-    prompt_mask_BxP = self._place(prompt_mask_BxP)
+    if not is_global:
+      prompt_BxP = self._place(np.asarray(prompt_BxP, np.int32))
+      prompt_mask_BxP = self._place(prompt_mask_BxP)
     rows = bp * cfg.n_per_prompt
     cache = self._cache_for(rows)
     out, self._caches[rows] = self._generate(state, prompt_BxP, prompt_mask_BxP,
