@@ -38,9 +38,7 @@ from vapo_jax import run_control
 from vapo_jax import train_steps as ts
 from vapo_jax.data import PromptIterator
 from vapo_jax.rewards import RewardScorer
-from vapo_jax.run_control import NonFiniteError, Preempted  # noqa: F401 (re-exported)
 
-MetricsLog = metrics_lib.MetricsWriter  # the name this module used before metrics.py
 CRITIC_DIR = "critic"          # workdir/critic: HF-format critic after value pretraining
 CURVES_PNG = "curves.png"
 
