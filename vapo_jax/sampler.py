@@ -87,6 +87,27 @@ def _write_prefill(cache: Any, small: Any, n: int, axes) -> Any:
   return jax.tree.unflatten(treedef, out)
 
 
+def last_logits(model, hidden_BxD: jax.Array) -> jax.Array:
+  """float32 logits [B, V] of one position per row: `model.logits(hidden)`.
+
+  On CPU, for a model with `head_weight()` ([D, V], e.g. the Transformer), the
+  product is computed vocab-major, logits_VxB = W^T h^T, then transposed: for a
+  decode batch (B ~ 16) XLA CPU's kernel for that orientation runs the 32k x 512
+  head ~1.5x faster than the batch-major one (8.2 vs 13.0 ms, B=16, V=32768,
+  D=512, 2 cores). The optimization barrier keeps XLA from folding the
+  transpose back into the dot. Same operands and accumulation dtype as
+  `Transformer.logits`, so only the summation order may differ.
+  """
+  head = getattr(model, "head_weight", None)
+  if head is None or jax.default_backend() != "cpu":
+    return model.logits(hidden_BxD)
+  dt = model.cfg.dtype
+  logits_VxB = jax.lax.dot_general(
+      head().astype(dt), hidden_BxD.astype(dt), (((0,), (1,)), ((), ())),
+      preferred_element_type=jnp.float32)
+  return jax.lax.optimization_barrier(logits_VxB).T
+
+
 def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
               axes, constrain: Callable[[Any, int | None], Any], state,
               prompt_BxP, prompt_mask_BxP, cache, key) -> tuple[Rollout, Any]:
@@ -100,7 +121,7 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
     model = nnx.merge(graphdef, state)
     hidden, cache = model(tokens_BxT, positions_BxT, kv_mask_BxS, cache=cache,
                           cache_index=cache_index)
-    return model.logits(hidden[:, -1]), cache
+    return last_logits(model, hidden[:, -1]), cache
 
   def is_stop(tokens_B):
     return jnp.any(tokens_B[:, None] == stop_S[None, :], axis=-1)
