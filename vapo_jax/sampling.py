@@ -62,6 +62,11 @@ class SamplingConfig:
     cache_len: KV-cache slots per row; None: `max_prompt_len + max_new_tokens`.
       One cache of this length serves every prompt bucket (prompt in slots
       [0, P), response after).
+    decode_windows: the decode loop runs in this many consecutive stretches of
+      steps, each attending over a static window of the cache just long enough
+      for its last step (`decode_windows` below), instead of all cache slots at
+      every step. More windows: less attention work, one more compiled loop
+      body each. 1: every step attends over the whole cache.
   """
 
   max_new_tokens: int
@@ -77,6 +82,7 @@ class SamplingConfig:
   prompt_buckets: tuple[int, ...] = ()
   min_prompt_bucket: int = 16
   cache_len: int | None = None
+  decode_windows: int = 4
 
   def __post_init__(self):
 
@@ -107,6 +113,8 @@ class SamplingConfig:
     if self.prompt_buckets and self.prompt_buckets[-1] < self.max_prompt_len:
       bad("prompt_buckets", self.prompt_buckets,
           f"ending at or above max_prompt_len={self.max_prompt_len}")
+    if self.decode_windows < 1:
+      bad("decode_windows", self.decode_windows, ">= 1")
     if self.cache_len is not None and self.cache_len < 2:
       bad("cache_len", self.cache_len, ">= 2 or None")
     # Tuples keep the config hashable even when a list was passed.
@@ -147,6 +155,26 @@ def prompt_bucket(length: int, cfg: SamplingConfig) -> int:
   while b < length:
     b *= 2
   return min(b, cfg.max_prompt_len)
+
+
+def decode_windows(prompt_len: int, cfg: SamplingConfig
+                   ) -> tuple[tuple[int, int, int], ...]:
+  """Static (t_start, t_end, W) stretches of the decode loop; see the config.
+
+  Step t (1 <= t < R) writes cache slot P + t - 1 and attends over slots
+  [0, P + t), so the steps [t_start, t_end) need only the first
+  W = P + t_end - 1 slots. The R - 1 steps are split into
+  n = min(decode_windows, R - 1) stretches of near-equal length; the last
+  window is P + R - 1 <= cache length.
+
+  Attention work relative to one window of all S slots:
+  sum_c (t_end_c - t_start_c) * W_c / ((R - 1) * S).
+  """
+  steps = cfg.max_new_tokens - 1
+  n = max(1, min(cfg.decode_windows, steps))
+  bounds = [1 + (steps * i) // n for i in range(n + 1)]
+  return tuple((a, b, prompt_len + b - 1)
+               for a, b in zip(bounds[:-1], bounds[1:]) if b > a)
 
 
 def mask_padded_vocab(logits_BxV: jax.Array,
