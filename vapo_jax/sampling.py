@@ -204,6 +204,65 @@ def _top_p_keep(sorted_logits_BxK: jax.Array, top_p: float) -> jax.Array:
   return keep_BxK.at[:, 0].set(True)
 
 
+def _order_key(x: jax.Array) -> jax.Array:
+  """int32 keys with key(a) < key(b) iff a < b, for non-NaN float32 x."""
+  bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+  return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+
+
+def _from_order_key(key: jax.Array) -> jax.Array:
+  """Inverse of `_order_key` (the map is its own inverse on int32)."""
+  bits = jnp.where(key < 0, key ^ jnp.int32(0x7FFFFFFF), key)
+  return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def top_p_keep(z_BxV: jax.Array, top_p: float) -> jax.Array:
+  """Nucleus keep mask of logits, exactly the sort rule, without sorting.
+
+  The rule (`_top_p_keep` on the stable descending sort, ties in id order):
+  with q = softmax(z), keep id i iff the mass before it,
+
+    m_i = sum_{z_j > z_i} q_j + sum_{z_j = z_i, j < i} q_j,
+
+  is < top_p. With A(v) = sum_{z_j > v} q_j (non-increasing in v), the kept
+  ids are those above the threshold z* = min{z_j : A(z_j) < top_p}, plus the
+  first ceil((top_p - A(z*)) / q(z*)) ids (by id) of the group tied at z*.
+  z* is found by bisection over the int32 order keys of float32 (32 rounds,
+  each one masked sum over V), so the cost is O(32 V) per row instead of a
+  sort. Float32 sums run in another order than the sorted cumsum, so an id
+  whose m_i lies within rounding (~1e-7) of top_p may be decided differently.
+
+  Args:
+    z_BxV: float32 logits (-inf: never kept unless every id is -inf).
+    top_p: nucleus mass in (0, 1].
+
+  Returns:
+    bool [B, V].
+  """
+  z_BxV = z_BxV.astype(jnp.float32)
+  q_BxV = jax.nn.softmax(z_BxV, axis=-1)
+
+  def mass_above(v_B):
+    return jnp.sum(jnp.where(z_BxV > v_B[:, None], q_BxV, 0.0), axis=-1)
+
+  def bisect(_, lo_hi):
+    lo_B, hi_B = lo_hi
+    mid_B = (lo_B >> 1) + (hi_B >> 1) + (lo_B & hi_B & 1)  # floor, no overflow
+    ok_B = mass_above(_from_order_key(mid_B)) < top_p
+    return jnp.where(ok_B, lo_B, mid_B + 1), jnp.where(ok_B, mid_B, hi_B)
+
+  lo_B = _order_key(jnp.min(z_BxV, axis=-1))
+  hi_B = _order_key(jnp.max(z_BxV, axis=-1))
+  _, key_B = jax.lax.fori_loop(0, 32, bisect, (lo_B, hi_B))
+  thresh_B1 = _from_order_key(key_B)[:, None]
+  above_B1 = mass_above(thresh_B1[:, 0])[:, None]
+  tied_BxV = z_BxV == thresh_B1
+  rank_BxV = jnp.cumsum(tied_BxV.astype(jnp.int32), axis=-1) - 1
+  q_tied_B1 = jnp.max(jnp.where(tied_BxV, q_BxV, 0.0), axis=-1, keepdims=True)
+  tie_kept_BxV = above_B1 + rank_BxV.astype(jnp.float32) * q_tied_B1 < top_p
+  return (z_BxV > thresh_B1) | (tied_BxV & tie_kept_BxV)
+
+
 def filtered_logits(logits_BxV: jax.Array, cfg: SamplingConfig) -> jax.Array:
   """Logits of the sampling distribution over all V ids (-inf: filtered).
 
@@ -277,14 +336,10 @@ def sample_step(key: jax.Array, logits_BxV: jax.Array,
     j_B = jax.random.categorical(key, vals_BxK, axis=-1)
     tokens_B = jnp.take_along_axis(idx_BxK, j_B[:, None], axis=-1)[:, 0]
   elif cfg.top_p < 1.0:
-    # Sort once, filter and draw in sorted order, map back to ids.
-    order_BxV = jnp.argsort(-z_BxV, axis=-1, stable=True)
-    sorted_BxV = jnp.take_along_axis(z_BxV / cfg.temperature, order_BxV,
-                                     axis=-1)
-    sorted_BxV = jnp.where(
-        _top_p_keep(sorted_BxV, cfg.top_p), sorted_BxV, _NEG_INF)
-    j_B = draw(key, sorted_BxV)
-    tokens_B = jnp.take_along_axis(order_BxV, j_B[:, None], axis=-1)[:, 0]
+    # The nucleus by bisection (no sort of V), then one draw over all ids.
+    scaled_BxV = z_BxV / cfg.temperature
+    keep_BxV = top_p_keep(scaled_BxV, cfg.top_p)
+    tokens_B = draw(key, jnp.where(keep_BxV, scaled_BxV, _NEG_INF))
   else:
     tokens_B = draw(key, z_BxV / cfg.temperature)
   tokens_B = tokens_B.astype(jnp.int32)
