@@ -118,9 +118,9 @@ def last_logits(model, hidden_BxD: jax.Array) -> jax.Array:
   `Transformer.logits`, so only the summation order may differ.
   """
   head = getattr(model, "head_weight", None)
-  if head is None or jax.default_backend() != "cpu":
+  dt = getattr(getattr(model, "cfg", None), "dtype", None)
+  if head is None or dt is None or jax.default_backend() != "cpu":
     return model.logits(hidden_BxD)
-  dt = model.cfg.dtype
   logits_VxB = jax.lax.dot_general(
       head().astype(dt), hidden_BxD.astype(dt), (((0,), (1,)), ((), ())),
       preferred_element_type=jnp.float32)

@@ -66,7 +66,9 @@ class SamplingConfig:
       steps, each attending over a static window of the cache just long enough
       for its last step (`decode_windows` below), instead of all cache slots at
       every step. More windows: less attention work, one more compiled loop
-      body each. 1: every step attends over the whole cache.
+      body each. 1: every step attends over the whole cache. Each window is a
+      copy of the cache's first W slots, so peak cache memory grows by up to
+      one window; set 1 where the KV cache is what limits the batch.
   """
 
   max_new_tokens: int
