@@ -8,14 +8,21 @@ with all cores (`torch.set_num_threads`).
 
   python benchmarks/sampler_bench.py                # --preset=tiny
   python benchmarks/sampler_bench.py --preset=small --repeats=2
-  python benchmarks/sampler_bench.py --preset=all   # tiny, then small
+  python benchmarks/sampler_bench.py --preset=all   # tiny, small, then group
+
+The `group` preset is the RL workload: 4 prompts x 8 responses each (32 rows)
+on the small model. vapo_jax prefills each prompt once and shares its cache
+over the group (`n_per_prompt=8`); transformers `generate` with
+`num_return_sequences=8` prefills all 32 rows. The other presets have one
+response per prompt, so both sides do the same work.
 
 Prints tokens/s (new tokens only, wall time after warm-up, median of --repeats),
 the ratio, and the fraction of the roofline reached. Roofline: for prefill and
 each decode step, time >= max(FLOPs / peak FLOP/s, bytes / peak bandwidth),
-where FLOPs = 2 * (matmul params) per token + attention over the live context,
-bytes = parameters + live KV cache read once per step, and peaks are measured in
-this run (float32 matmul, large copy).
+where FLOPs = 2 * (matmul params) per token + attention over the live context
+(the LM head only at the last prompt position, and each distinct prompt
+prefilled once), bytes = parameters + live KV cache read once per step, and
+peaks are measured in this run (float32 matmul, large copy).
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ PRESETS = {
     "small":
         dict(vocab=32768, hidden=512, inter=1408, layers=8, heads=8, kv=2,
              batch=16, prompt=64, new=128),
+    # The RL workload on the small model: group sampling, batch = rows.
+    "group":
+        dict(vocab=32768, hidden=512, inter=1408, layers=8, heads=8, kv=2,
+             batch=32, prompt=64, new=128, n=8),
 }
 
 
@@ -71,6 +82,7 @@ def roofline_seconds(p, flops_peak, bw_peak):
   h, k, v = p["heads"], p["kv"], p["vocab"]
   dh = d // h
   b, P, R = p["batch"], p["prompt"], p["new"]
+  prompts = b // p.get("n", 1)
   layer_params = d * dh * (h + 2 * k) + h * dh * d + 3 * d * f
   matmul_params = L * layer_params + d * v  # + LM head (tied: the embedding)
   param_bytes = 4 * (L * layer_params + d * v)
@@ -79,8 +91,10 @@ def roofline_seconds(p, flops_peak, bw_peak):
   def attn_flops(q_tokens, ctx):
     return 4 * L * h * dh * q_tokens * ctx
 
-  t = max(b * (2 * matmul_params * P + attn_flops(P, P / 2)) / flops_peak,
-          (param_bytes + b * P * kv_bytes_per_tok) / bw_peak)
+  prefill_flops = prompts * (2 * L * layer_params * P + 2 * d * v
+                             + attn_flops(P, P / 2))
+  t = max(prefill_flops / flops_peak,
+          (param_bytes + prompts * P * kv_bytes_per_tok) / bw_peak)
   for i in range(R - 1):
     ctx = P + i + 1
     t += max(b * (2 * matmul_params + attn_flops(1, ctx)) / flops_peak,
@@ -94,7 +108,7 @@ def main():
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--threads", type=int, default=os.cpu_count())
   args = ap.parse_args()
-  names = ["tiny", "small"] if args.preset == "all" else [args.preset]
+  names = list(PRESETS) if args.preset == "all" else [args.preset]
   for name in names:
     run(name, PRESETS[name], args)
 
@@ -124,15 +138,15 @@ def run(preset: str, p: dict, args):
     model, model_cfg = hf_io.from_pretrained(path)
     jax.block_until_ready(nnx.state(model))  # read before the files go
 
-  b, P, R = p["batch"], p["prompt"], p["new"]
+  b, P, R, n = p["batch"], p["prompt"], p["new"], p.get("n", 1)
   rng = np.random.RandomState(0)
-  prompts = rng.randint(1, p["vocab"], (b, P))
+  prompts = rng.randint(1, p["vocab"], (b // n, P))
   new_tokens = b * R
 
   # --- vapo_jax -------------------------------------------------------------
   graphdef, state = nnx.split(model)
   cfg = SamplingConfig(max_new_tokens=R, temperature=1.0, top_p=1.0, top_k=0,
-                       max_prompt_len=P, pad_id=0)
+                       max_prompt_len=P, pad_id=0, n_per_prompt=n)
   sampler = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
   prompt_list = prompts.tolist()
   t = time.perf_counter()
@@ -144,7 +158,7 @@ def run(preset: str, p: dict, args):
   mask = torch.ones_like(ids)
   gen_kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                 max_new_tokens=R, min_new_tokens=R, pad_token_id=0,
-                eos_token_id=None)
+                eos_token_id=None, num_return_sequences=n)
   with torch.inference_mode():
     hf_model.generate(input_ids=ids, attention_mask=mask,
                       **dict(gen_kw, max_new_tokens=4, min_new_tokens=4))
@@ -175,7 +189,9 @@ def run(preset: str, p: dict, args):
         f"load average {os.getloadavg()[0]:.1f}")
   print(f"preset {preset}: Qwen2 {n_params / 1e6:.1f}M params "
         f"(V={p['vocab']}, D={p['hidden']}, L={p['layers']}, H={p['heads']}, "
-        f"K={p['kv']}), float32, batch {b}, prompt {P}, new tokens {R}, "
+        f"K={p['kv']}), float32, batch {b}"
+        + (f" ({b // n} prompts x {n} responses)" if n > 1 else "") +
+        f", prompt {P}, new tokens {R}, "
         f"sampling T=1 top_p=1 top_k=off, torch threads {args.threads}, "
         f"median of {args.repeats} interleaved runs")
   print(f"vapo_jax sampler      : {new_tokens / t_ours:9.1f} tokens/s  "

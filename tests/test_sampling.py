@@ -141,3 +141,54 @@ def test_two_level_draw_across_blocks(block):
   kept = want > 0
   chi2 = np.sum((counts[kept] - n * want[kept])**2 / (n * want[kept]))
   assert chi2 < 46 + 6 * np.sqrt(2 * 46), chi2  # 45 dof: ~6 sigma margin
+
+
+def sorted_top_p_keep(z_BxV, top_p):
+  """The reference: stable descending sort, `_top_p_keep`, scattered back."""
+  order = jnp.argsort(-z_BxV, axis=-1, stable=True)
+  keep_sorted = sampling._top_p_keep(
+      jnp.take_along_axis(z_BxV, order, axis=-1), top_p)
+  rows = jnp.arange(z_BxV.shape[0])[:, None]
+  return jnp.zeros(z_BxV.shape, bool).at[rows, order].set(keep_sorted)
+
+
+def tie_heavy_logits():
+  """Rows where the nucleus boundary falls inside a group of equal logits."""
+  rng = np.random.RandomState(5)
+  rows = [
+      np.zeros(10),                                   # all tied
+      np.log([4, 4, 2, 2, 2, 2, 1, 1, 1, 1.0]),       # tied steps
+      np.array([3.0, 1, 1, 1, 1, 0, 0, -np.inf, 2, 2]),
+      np.round(rng.normal(0, 1, 10), 1),              # ties by rounding
+      np.array([-np.inf] * 9 + [0.5]),                # one real id
+      np.array([50.0, -50, -50, -50, -50, -50, -50, -50, -50, -50]),
+  ]
+  return jnp.asarray(np.array(rows, np.float32))
+
+
+@pytest.mark.parametrize("top_p", [1e-6, 0.1, 0.25, 0.3, 0.5, 0.6, 0.75,
+                                   0.9, 0.999])
+def test_top_p_keep_equals_the_sort_rule(top_p):
+  """Bit-equal masks. (top_p = 1, which sample_step never filters with, puts
+  the boundary where float32 sums of the tail round to 1: not compared.)"""
+  rng = np.random.RandomState(int(top_p * 1000))
+  z = rng.normal(0, 3, (64, 300)).astype(np.float32)
+  z[:8, 250:] = -np.inf  # padded vocabulary
+  z[8:16] = np.round(z[8:16])  # many ties
+  for logits in (jnp.asarray(z), tie_heavy_logits()):
+    got = jax.jit(sampling.top_p_keep, static_argnums=1)(logits, top_p)
+    want = sorted_top_p_keep(logits, top_p)
+    # -inf ids carry no mass; the sort rule may keep them at top_p = 1.
+    finite = np.isfinite(np.asarray(logits))
+    np.testing.assert_array_equal(np.asarray(got) & finite,
+                                  np.asarray(want) & finite)
+    assert np.all(np.asarray(got).sum(-1) >= 1)
+
+
+def test_top_p_keep_exact_boundaries():
+  """Four equal ids: mass before them is 0, .25, .5, .75 (exact in float32)."""
+  z = jnp.zeros((1, 4), jnp.float32)
+  for top_p, kept in [(0.25, 1), (0.2500001, 2), (0.5, 2), (0.75, 3),
+                      (0.76, 4), (1.0, 4)]:
+    got = np.asarray(sampling.top_p_keep(z, top_p))[0]
+    assert got.tolist() == [True] * kept + [False] * (4 - kept), (top_p, got)

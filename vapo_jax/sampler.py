@@ -24,6 +24,10 @@ Algorithm for Bp prompts, n responses each (B = Bp * n rows, row = p * n + j):
      step t >= 1 feeds token t-1 at slot P + t - 1 and draws token t, inside
      `jax.lax.while_loop`, which exits as soon as every row has produced a
      stop token, or at t = R.
+  4. The loop runs in `cfg.decode_windows` stretches of steps, one while_loop
+     each, over a copy of the cache cut to the static window W its steps need
+     (`sampling.decode_windows`); the window is written back after the stretch.
+     Attention then reads ~(P + t) slots at step t instead of S.
 
 Slots not written in this call (stale values from an earlier call, or padding)
 are masked out by kv_mask, so reusing the buffer changes nothing.
@@ -87,6 +91,42 @@ def _write_prefill(cache: Any, small: Any, n: int, axes) -> Any:
   return jax.tree.unflatten(treedef, out)
 
 
+def _window(cache: Any, w: int, axes) -> Any:
+  """Each cache leaf cut to its first w sequence slots (a copy)."""
+  leaves, treedef = jax.tree.flatten(cache)
+  return jax.tree.unflatten(treedef, [
+      jax.lax.slice_in_dim(x, 0, w, axis=s_ax)
+      for x, (_, s_ax) in zip(leaves, axes)])
+
+
+def _write_window(cache: Any, window: Any) -> Any:
+  """Writes each window leaf back over the first slots of its cache leaf."""
+  return jax.tree.map(
+      lambda big, sm: jax.lax.dynamic_update_slice(big, sm, (0,) * big.ndim),
+      cache, window)
+
+
+def last_logits(model, hidden_BxD: jax.Array) -> jax.Array:
+  """float32 logits [B, V] of one position per row: `model.logits(hidden)`.
+
+  On CPU, for a model with `head_weight()` ([D, V], e.g. the Transformer), the
+  product is computed vocab-major, logits_VxB = W^T h^T, then transposed: for a
+  decode batch (B ~ 16) XLA CPU's kernel for that orientation runs the 32k x 512
+  head ~1.5x faster than the batch-major one (8.2 vs 13.0 ms, B=16, V=32768,
+  D=512, 2 cores). The optimization barrier keeps XLA from folding the
+  transpose back into the dot. Same operands and accumulation dtype as
+  `Transformer.logits`, so only the summation order may differ.
+  """
+  head = getattr(model, "head_weight", None)
+  dt = getattr(getattr(model, "cfg", None), "dtype", None)
+  if head is None or dt is None or jax.default_backend() != "cpu":
+    return model.logits(hidden_BxD)
+  logits_VxB = jax.lax.dot_general(
+      head().astype(dt), hidden_BxD.astype(dt), (((0,), (1,)), ((), ())),
+      preferred_element_type=jnp.float32)
+  return jax.lax.optimization_barrier(logits_VxB).T
+
+
 def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
               axes, constrain: Callable[[Any, int | None], Any], state,
               prompt_BxP, prompt_mask_BxP, cache, key) -> tuple[Rollout, Any]:
@@ -100,7 +140,7 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
     model = nnx.merge(graphdef, state)
     hidden, cache = model(tokens_BxT, positions_BxT, kv_mask_BxS, cache=cache,
                           cache_index=cache_index)
-    return model.logits(hidden[:, -1]), cache
+    return last_logits(model, hidden[:, -1]), cache
 
   def is_stop(tokens_B):
     return jnp.any(tokens_B[:, None] == stop_S[None, :], axis=-1)
@@ -128,10 +168,6 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
   done_B = is_stop(tok_B)
   lengths_B = jnp.ones((b,), jnp.int32)
 
-  def cond(carry):
-    t, done_B = carry[0], carry[3]
-    return (t < r) & ~jnp.all(done_B)
-
   def body(carry):
     (t, cache, tok_B, done_B, lengths_B, response_BxR, logp_BxR,
      kv_mask_BxS) = carry
@@ -154,10 +190,21 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
     return (t + 1, cache, new_B, done_B, lengths_B, response_BxR, logp_BxR,
             kv_mask_BxS)
 
-  carry = (jnp.int32(1), cache, tok_B, done_B, lengths_B, response_BxR,
-           logp_BxR, kv_mask_BxS)
-  carry = jax.lax.while_loop(cond, body, carry)
-  _, cache, _, done_B, lengths_B, response_BxR, logp_BxR, _ = carry
+  t = jnp.int32(1)
+  for _, t_end, w in sampling.decode_windows(p, cfg):
+
+    def cond(carry, t_end=t_end):
+      t, done_B = carry[0], carry[3]
+      return (t < t_end) & ~jnp.all(done_B)
+
+    carry = (t, constrain(_window(cache, w, axes), None), tok_B, done_B, lengths_B,
+             response_BxR, logp_BxR, kv_mask_BxS[:, :w])
+    carry = jax.lax.while_loop(cond, body, carry)
+    (t, window, tok_B, done_B, lengths_B, response_BxR, logp_BxR,
+     window_mask_BxW) = carry
+    cache = constrain(_write_window(cache, window), None)
+    kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS, window_mask_BxW,
+                                               (0, 0))
 
   real_BxR = jnp.arange(r)[None, :] < lengths_B[:, None]
   response_mask_BxR = real_BxR.astype(jnp.float32)

@@ -62,6 +62,13 @@ class SamplingConfig:
     cache_len: KV-cache slots per row; None: `max_prompt_len + max_new_tokens`.
       One cache of this length serves every prompt bucket (prompt in slots
       [0, P), response after).
+    decode_windows: the decode loop runs in this many consecutive stretches of
+      steps, each attending over a static window of the cache just long enough
+      for its last step (`decode_windows` below), instead of all cache slots at
+      every step. More windows: less attention work, one more compiled loop
+      body each. 1: every step attends over the whole cache. Each window is a
+      copy of the cache's first W slots, so peak cache memory grows by up to
+      one window; set 1 where the KV cache is what limits the batch.
   """
 
   max_new_tokens: int
@@ -77,6 +84,7 @@ class SamplingConfig:
   prompt_buckets: tuple[int, ...] = ()
   min_prompt_bucket: int = 16
   cache_len: int | None = None
+  decode_windows: int = 4
 
   def __post_init__(self):
 
@@ -107,6 +115,8 @@ class SamplingConfig:
     if self.prompt_buckets and self.prompt_buckets[-1] < self.max_prompt_len:
       bad("prompt_buckets", self.prompt_buckets,
           f"ending at or above max_prompt_len={self.max_prompt_len}")
+    if self.decode_windows < 1:
+      bad("decode_windows", self.decode_windows, ">= 1")
     if self.cache_len is not None and self.cache_len < 2:
       bad("cache_len", self.cache_len, ">= 2 or None")
     # Tuples keep the config hashable even when a list was passed.
@@ -149,6 +159,26 @@ def prompt_bucket(length: int, cfg: SamplingConfig) -> int:
   return min(b, cfg.max_prompt_len)
 
 
+def decode_windows(prompt_len: int, cfg: SamplingConfig
+                   ) -> tuple[tuple[int, int, int], ...]:
+  """Static (t_start, t_end, W) stretches of the decode loop; see the config.
+
+  Step t (1 <= t < R) writes cache slot P + t - 1 and attends over slots
+  [0, P + t), so the steps [t_start, t_end) need only the first
+  W = P + t_end - 1 slots. The R - 1 steps are split into
+  n = min(decode_windows, R - 1) stretches of near-equal length; the last
+  window is P + R - 1 <= cache length.
+
+  Attention work relative to one window of all S slots:
+  sum_c (t_end_c - t_start_c) * W_c / ((R - 1) * S).
+  """
+  steps = cfg.max_new_tokens - 1
+  n = max(1, min(cfg.decode_windows, steps))
+  bounds = [1 + (steps * i) // n for i in range(n + 1)]
+  return tuple((a, b, prompt_len + b - 1)
+               for a, b in zip(bounds[:-1], bounds[1:]) if b > a)
+
+
 def mask_padded_vocab(logits_BxV: jax.Array,
                       vocab_size: int | None) -> jax.Array:
   """float32 logits with rows `v >= vocab_size` set to -inf."""
@@ -174,6 +204,65 @@ def _top_p_keep(sorted_logits_BxK: jax.Array, top_p: float) -> jax.Array:
   mass_before_BxK = jnp.cumsum(probs_BxK, axis=-1) - probs_BxK
   keep_BxK = mass_before_BxK < top_p
   return keep_BxK.at[:, 0].set(True)
+
+
+def _order_key(x: jax.Array) -> jax.Array:
+  """int32 keys with key(a) < key(b) iff a < b, for non-NaN float32 x."""
+  bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+  return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+
+
+def _from_order_key(key: jax.Array) -> jax.Array:
+  """Inverse of `_order_key` (the map is its own inverse on int32)."""
+  bits = jnp.where(key < 0, key ^ jnp.int32(0x7FFFFFFF), key)
+  return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def top_p_keep(z_BxV: jax.Array, top_p: float) -> jax.Array:
+  """Nucleus keep mask of logits, exactly the sort rule, without sorting.
+
+  The rule (`_top_p_keep` on the stable descending sort, ties in id order):
+  with q = softmax(z), keep id i iff the mass before it,
+
+    m_i = sum_{z_j > z_i} q_j + sum_{z_j = z_i, j < i} q_j,
+
+  is < top_p. With A(v) = sum_{z_j > v} q_j (non-increasing in v), the kept
+  ids are those above the threshold z* = min{z_j : A(z_j) < top_p}, plus the
+  first ceil((top_p - A(z*)) / q(z*)) ids (by id) of the group tied at z*.
+  z* is found by bisection over the int32 order keys of float32 (32 rounds,
+  each one masked sum over V), so the cost is O(32 V) per row instead of a
+  sort. Float32 sums run in another order than the sorted cumsum, so an id
+  whose m_i lies within rounding (~1e-7) of top_p may be decided differently.
+
+  Args:
+    z_BxV: float32 logits (-inf: never kept unless every id is -inf).
+    top_p: nucleus mass in (0, 1].
+
+  Returns:
+    bool [B, V].
+  """
+  z_BxV = z_BxV.astype(jnp.float32)
+  q_BxV = jax.nn.softmax(z_BxV, axis=-1)
+
+  def mass_above(v_B):
+    return jnp.sum(jnp.where(z_BxV > v_B[:, None], q_BxV, 0.0), axis=-1)
+
+  def bisect(_, lo_hi):
+    lo_B, hi_B = lo_hi
+    mid_B = (lo_B >> 1) + (hi_B >> 1) + (lo_B & hi_B & 1)  # floor, no overflow
+    ok_B = mass_above(_from_order_key(mid_B)) < top_p
+    return jnp.where(ok_B, lo_B, mid_B + 1), jnp.where(ok_B, mid_B, hi_B)
+
+  lo_B = _order_key(jnp.min(z_BxV, axis=-1))
+  hi_B = _order_key(jnp.max(z_BxV, axis=-1))
+  _, key_B = jax.lax.fori_loop(0, 32, bisect, (lo_B, hi_B))
+  thresh_B1 = _from_order_key(key_B)[:, None]
+  above_B1 = mass_above(thresh_B1[:, 0])[:, None]
+  tied_BxV = z_BxV == thresh_B1
+  rank_BxV = jnp.cumsum(tied_BxV.astype(jnp.int32), axis=-1) - 1
+  q_tied_B1 = jnp.max(jnp.where(tied_BxV, q_BxV, 0.0), axis=-1, keepdims=True)
+  tie_kept_BxV = above_B1 + rank_BxV.astype(jnp.float32) * q_tied_B1 < top_p
+  return (z_BxV > thresh_B1) | (tied_BxV & tie_kept_BxV)
 
 
 def filtered_logits(logits_BxV: jax.Array, cfg: SamplingConfig) -> jax.Array:
@@ -249,14 +338,10 @@ def sample_step(key: jax.Array, logits_BxV: jax.Array,
     j_B = jax.random.categorical(key, vals_BxK, axis=-1)
     tokens_B = jnp.take_along_axis(idx_BxK, j_B[:, None], axis=-1)[:, 0]
   elif cfg.top_p < 1.0:
-    # Sort once, filter and draw in sorted order, map back to ids.
-    order_BxV = jnp.argsort(-z_BxV, axis=-1, stable=True)
-    sorted_BxV = jnp.take_along_axis(z_BxV / cfg.temperature, order_BxV,
-                                     axis=-1)
-    sorted_BxV = jnp.where(
-        _top_p_keep(sorted_BxV, cfg.top_p), sorted_BxV, _NEG_INF)
-    j_B = draw(key, sorted_BxV)
-    tokens_B = jnp.take_along_axis(order_BxV, j_B[:, None], axis=-1)[:, 0]
+    # The nucleus by bisection (no sort of V), then one draw over all ids.
+    scaled_BxV = z_BxV / cfg.temperature
+    keep_BxV = top_p_keep(scaled_BxV, cfg.top_p)
+    tokens_B = draw(key, jnp.where(keep_BxV, scaled_BxV, _NEG_INF))
   else:
     tokens_B = draw(key, z_BxV / cfg.temperature)
   tokens_B = tokens_B.astype(jnp.int32)
