@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vapo_jax.models import attention
 from vapo_jax.models.config import ModelConfig
 
 _INIT_STD = 0.02
@@ -135,6 +136,13 @@ class Attention(nnx.Module):
                mask_Bx1xTxS: jax.Array, kv: dict[str, jax.Array] | None,
                cache_index: jax.Array | int
                ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+    """y [B, T, D] and the updated kv cache entry (or None).
+
+    `mask_Bx1xTxS` is either the dense boolean mask of
+    `transformer.attention_mask`, or a [B, S] key mask: then the blocked
+    path runs, with query i at slot cache_index + i seeing keys j <= that
+    slot (see `attention.blocked_attention`).
+    """
     cfg, dt = self.cfg, self.cfg.dtype
     q = _dense(x_BxTxD, self.q[...], "btd,dhk->bthk", dt)
     k = _dense(x_BxTxD, self.k[...], "btd,dhk->bthk", dt)
@@ -156,7 +164,11 @@ class Attention(nnx.Module):
                                            start)
       kv = {"k": k_all, "v": v_all}
       k, v = k_all.astype(dt), v_all.astype(dt)
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask_Bx1xTxS)
+    if mask_Bx1xTxS.ndim == 2:
+      out = attention.blocked_attention(q, k, v, mask_Bx1xTxS, cache_index,
+                                        cfg.attention_block)
+    else:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask_Bx1xTxS)
     y = _dense(out, self.o[...], "bthk,hkd->btd", dt)
     if cfg.o_bias:
       y = _bias(y, self.o_bias[...])

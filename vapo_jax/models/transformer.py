@@ -11,6 +11,7 @@ expands a prompt cache for group sampling).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from flax import nnx
@@ -38,6 +39,43 @@ def attention_mask(kv_mask_BxS: jax.Array, t: int,
   q_abs = jnp.asarray(cache_index, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
   causal_TxS = jnp.arange(s, dtype=jnp.int32)[None, :] <= q_abs[:, None]
   return causal_TxS[None, None] & kv_mask_BxS.astype(bool)[:, None, None, :]
+
+
+def _run_block(graphdef, state, x, cos, sin, mask):
+  """One cache-free decoder block as a function of its parameters."""
+  return nnx.merge(graphdef, state)(x, cos, sin, mask, None, 0)[0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def remat_block(graphdef, state, x_BxTxD, cos, sin, mask):
+  """A cache-free block whose backward pass recomputes its forward.
+
+  Only the block's inputs are kept for the backward pass. Unlike a plain
+  `jax.checkpoint`, whose recomputation XLA may schedule as soon as the
+  inputs exist (so every layer's recomputed activations can be live at
+  once; on CPU the temporaries of a train step grew per layer with remat on
+  or off), the recomputation here sits behind an optimization barrier
+  together with the incoming cotangent: layer l's forward is redone only
+  once layer l+1's backward has produced dL/dx_l, so at most one layer's
+  activations exist at a time.
+  """
+  return _run_block(graphdef, state, x_BxTxD, cos, sin, mask)
+
+
+def _remat_fwd(graphdef, state, x, cos, sin, mask):
+  return _run_block(graphdef, state, x, cos, sin, mask), (state, x, cos, sin,
+                                                           mask)
+
+
+def _remat_bwd(graphdef, res, dy):
+  (state, x, cos, sin, mask), dy = jax.lax.optimization_barrier((res, dy))
+  _, vjp = jax.vjp(
+      lambda st, x, c, s: _run_block(graphdef, st, x, c, s, mask),
+      state, x, cos, sin)
+  return (*vjp(dy), None)
+
+
+remat_block.defvjp(_remat_fwd, _remat_bwd)
 
 
 class Transformer(nnx.Module):
@@ -85,20 +123,18 @@ class Transformer(nnx.Module):
     x = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(cfg.dtype)
     cos, sin = layers.rope_tables(positions_BxT,
                                    layers.rope_inv_freq(cfg))
-    mask = attention_mask(kv_mask_BxS, t, cache_index)
+    if cfg.blocked_attention(t, kv_mask_BxS.shape[1]):
+      mask = kv_mask_BxS  # [B, S]: each block builds its own causal mask
+    else:
+      mask = attention_mask(kv_mask_BxS, t, cache_index)
     new_cache = []
     for i, block in enumerate(self.blocks):
-      kv = None if cache is None else cache[i]
-      if cfg.remat:
+      if cache is None and cfg.remat:
         graphdef, state = nnx.split(block)
-
-        def run(state, x, cos, sin, mask, kv, idx, graphdef=graphdef):
-          return nnx.merge(graphdef, state)(x, cos, sin, mask, kv, idx)
-
-        x, kv = jax.checkpoint(run)(state, x, cos, sin, mask, kv,
-                                    jnp.asarray(cache_index, jnp.int32))
-      else:
-        x, kv = block(x, cos, sin, mask, kv, cache_index)
+        x = remat_block(graphdef, state, x, cos, sin, mask)
+        continue
+      x, kv = block(x, cos, sin, mask, None if cache is None else cache[i],
+                    cache_index)
       new_cache.append(kv)
     x = self.final_norm(x)
     return x, (None if cache is None else tuple(new_cache))
