@@ -72,16 +72,22 @@ def _visible(valid_BxC: jax.Array, slot_C: jax.Array, qslot_T: jax.Array
   return causal_TxC[None, None, None] & valid_BxC[:, None, None, None, :]
 
 
+def _acc(x: jax.Array):
+  """Accumulation dtype: float32, or float64 for float64 inputs."""
+  return jnp.promote_types(x.dtype, jnp.float32)
+
+
 def _scores(q_BxKxGxTxDh, k_BxCxKxDh):
-  """s = q k^T / sqrt(Dh), [B, K, G, T, C] float32."""
+  """s = q k^T / sqrt(Dh), [B, K, G, T, C] in the accumulation dtype."""
   scale = 1.0 / math.sqrt(q_BxKxGxTxDh.shape[-1])
   return jnp.einsum("bkgtd,bckd->bkgtc", q_BxKxGxTxDh, k_BxCxKxDh,
-                    preferred_element_type=jnp.float32) * scale
+                    preferred_element_type=_acc(q_BxKxGxTxDh)) * scale
 
 
 def _forward(q, k, v, kv_mask, q_offset, block):
-  """(o [B, K, G, T, Dh] float32, lse [B, K, G, T] float32)."""
+  """(o [B, K, G, T, Dh], lse [B, K, G, T]), in the accumulation dtype."""
   b, nk, g, t, dh = q.shape
+  acc = _acc(q)
   kb, vb, valid, slot = _blocks(k, v, kv_mask, block)
   qslot = jnp.asarray(q_offset, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
 
@@ -95,20 +101,21 @@ def _forward(q, k, v, kv_mask, q_offset, block):
     r = jnp.exp(m - m_new)
     l = r * l + jnp.sum(p, axis=-1)
     pv = jnp.einsum("bkgtc,bckd->bkgtd", p.astype(v_c.dtype), v_c,
-                    preferred_element_type=jnp.float32)
+                    preferred_element_type=acc)
     return (m_new, l, r[..., None] * a + pv), None
 
-  init = (jnp.full((b, nk, g, t), _NEG, jnp.float32),
-          jnp.zeros((b, nk, g, t), jnp.float32),
-          jnp.zeros((b, nk, g, t, dh), jnp.float32))
+  init = (jnp.full((b, nk, g, t), _NEG, acc),
+          jnp.zeros((b, nk, g, t), acc),
+          jnp.zeros((b, nk, g, t, dh), acc))
   (m, l, a), _ = jax.lax.scan(body, init, (kb, vb, valid, slot))
   l_safe = jnp.where(l > 0, l, 1.0)
   return a / l_safe[..., None], m + jnp.log(l_safe)
 
 
 def _backward(q, k, v, kv_mask, q_offset, block, o, lse, do):
-  """(dq [B, K, G, T, Dh] float32, dk, dv [B, S, K, Dh] float32)."""
+  """(dq [B, K, G, T, Dh], dk, dv [B, S, K, Dh]), in the accumulation dtype."""
   b, s, nk, dh = k.shape
+  acc = _acc(q)
   t = q.shape[3]
   kb, vb, valid, slot = _blocks(k, v, kv_mask, block)
   qslot = jnp.asarray(q_offset, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
@@ -121,17 +128,17 @@ def _backward(q, k, v, kv_mask, q_offset, block, o, lse, do):
     vis = _visible(valid_c, slot_c, qslot)
     p = jnp.where(vis, jnp.exp(_scores(q, k_c) - lse[..., None]), 0.0)
     dv_c = jnp.einsum("bkgtc,bkgtd->bckd", p.astype(v.dtype), do_c,
-                      preferred_element_type=jnp.float32)
+                      preferred_element_type=acc)
     dp = jnp.einsum("bkgtd,bckd->bkgtc", do_c, v_c,
-                    preferred_element_type=jnp.float32)
+                    preferred_element_type=acc)
     ds = (p * (dp - d_i[..., None]) * scale).astype(q.dtype)
     dq = dq + jnp.einsum("bkgtc,bckd->bkgtd", ds, k_c,
-                         preferred_element_type=jnp.float32)
+                         preferred_element_type=acc)
     dk_c = jnp.einsum("bkgtc,bkgtd->bckd", ds, q,
-                      preferred_element_type=jnp.float32)
+                      preferred_element_type=acc)
     return dq, (dk_c, dv_c)
 
-  dq, (dk, dv) = jax.lax.scan(body, jnp.zeros(q.shape, jnp.float32),
+  dq, (dk, dv) = jax.lax.scan(body, jnp.zeros(q.shape, acc),
                               (kb, vb, valid, slot))
 
   def join(x_NxBxCxKxDh):

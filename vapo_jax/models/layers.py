@@ -17,10 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vapo_jax import sharding as shd
 from vapo_jax.models import attention
 from vapo_jax.models.config import ModelConfig
 
 _INIT_STD = 0.02
+# Activations [B, T, D]: rows over the batch axes, the rest replicated (see
+# `sharding.constrain`; a no-op outside an `activation_sharding` context).
+_ROWS = ("batch", None, None)
 
 
 def param(rngs: nnx.Rngs | None, shape: tuple[int, ...],
@@ -195,6 +199,8 @@ class MLP(nnx.Module):
     u = _dense(x_BxTxD, self.up[...], "btd,df->btf", dt)
     if self.cfg.mlp_bias:
       g, u = _bias(g, self.gate_bias[...]), _bias(u, self.up_bias[...])
+    g = shd.constrain(g, ("batch", None, "mlp"))
+    u = shd.constrain(u, ("batch", None, "mlp"))
     y = _dense(jax.nn.silu(g) * u, self.down[...], "btf,fd->btd", dt)
     if self.cfg.mlp_bias:
       y = _bias(y, self.down_bias[...])
@@ -214,6 +220,6 @@ class Block(nnx.Module):
 
   def __call__(self, x, cos, sin, mask, kv, cache_index):
     y, kv = self.attn(self.attn_norm(x), cos, sin, mask, kv, cache_index)
-    x = x + y
-    x = x + self.mlp(self.mlp_norm(x))
+    x = shd.constrain(x + y, _ROWS)
+    x = shd.constrain(x + self.mlp(self.mlp_norm(x)), _ROWS)
     return x, kv

@@ -121,6 +121,7 @@ class Transformer(nnx.Module):
       raise ValueError(f"Without a cache kv_mask must be [B, T={t}], got "
                        f"{kv_mask_BxS.shape}.")
     x = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(cfg.dtype)
+    x = shd.constrain(x, ("batch", None, None))
     cos, sin = layers.rope_tables(positions_BxT,
                                    layers.rope_inv_freq(cfg))
     if cfg.blocked_attention(t, kv_mask_BxS.shape[1]):
