@@ -72,7 +72,10 @@ def _remat_bwd(graphdef, res, dy):
   _, vjp = jax.vjp(
       lambda st, x, c, s: _run_block(graphdef, st, x, c, s, mask),
       state, x, cos, sin)
-  return (*vjp(dy), None)
+  # dL/dx (what the next layer down waits for) leaves together with the
+  # parameter gradients, so the scheduler cannot defer this layer's
+  # weight-gradient matmuls, and keep their activation inputs alive, past it.
+  return (*jax.lax.optimization_barrier(vjp(dy)), None)
 
 
 remat_block.defvjp(_remat_fwd, _remat_bwd)
