@@ -50,14 +50,15 @@ def _run_block(graphdef, state, x, cos, sin, mask):
 def remat_block(graphdef, state, x_BxTxD, cos, sin, mask):
   """A cache-free block whose backward pass recomputes its forward.
 
-  Only the block's inputs are kept for the backward pass. Unlike a plain
-  `jax.checkpoint`, whose recomputation XLA may schedule as soon as the
-  inputs exist (so every layer's recomputed activations can be live at
-  once; on CPU the temporaries of a train step grew per layer with remat on
-  or off), the recomputation here sits behind an optimization barrier
-  together with the incoming cotangent: layer l's forward is redone only
-  once layer l+1's backward has produced dL/dx_l, so at most one layer's
-  activations exist at a time.
+  Only the block's inputs (parameters, x, RoPE tables, mask) are kept for the
+  backward pass. Two optimization barriers order that pass layer by layer:
+  the recomputation waits for the incoming dL/dy, and dL/dx leaves only
+  together with the parameter gradients. Without the second, XLA deferred
+  each layer's weight-gradient matmuls to the end of the backward pass and
+  kept every layer's recomputed activations alive (a small TPU compile with
+  a plain `jax.checkpoint` grew the same way): in a TPU compile of the 32B
+  policy step, temporaries grew ~2.1 GB per layer without it and ~0.34 GB
+  per layer (the saved input, gradient buffers) with it.
   """
   return _run_block(graphdef, state, x_BxTxD, cos, sin, mask)
 
