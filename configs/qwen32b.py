@@ -21,6 +21,10 @@ def get_config(preset: str = "vapo"):
   c.model.param_dtype = "float32"     # master weights; matmuls in bfloat16
   c.model.dtype = "bfloat16"
   c.model.remat = True
+  # Blocked (flash-style) attention: O(T × 512) scores per layer instead of T × T, which at
+  # 21.5k tokens is what lets the policy step fit a v5p chip (README, "Capacity").
+  c.model.attention_impl = "blocked"
+  c.model.attention_block = 512
 
   c.data.source = "parquet"
   c.data.train_path = "data/dapo-math-17k.parquet"

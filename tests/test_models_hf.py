@@ -29,15 +29,17 @@ def ckpt(request, tmp_path_factory):
   return request.param, path, model
 
 
-@pytest.mark.parametrize("padded", [False, True])
-def test_logits_match_transformers(ckpt, padded):
+@pytest.mark.parametrize("padded,attention", [(False, "auto"), (True, "auto"),
+                                               (True, "blocked")])
+def test_logits_match_transformers(ckpt, padded, attention):
   _, path, ref_model = ckpt
   tokens, mask, positions = tiny_hf.batch()
   if not padded:
     mask = np.ones_like(mask)
     positions = np.broadcast_to(np.arange(mask.shape[1]), mask.shape)
   ref = tiny_hf.torch_logits(ref_model, tokens, mask, positions)
-  model, _ = hf_io.from_pretrained(path)
+  # attention="blocked": the memory-efficient path, in blocks of 3 keys.
+  model, _ = hf_io.from_pretrained(path, attention_impl=attention, attention_block=3)
   ours = _ours(model, tokens, mask)
   err = np.abs(ours - ref)[mask == 1].max()
   assert err <= 1e-4, err

@@ -45,9 +45,13 @@ def test_from_hf_accepts_rope_theta_and_rope_parameters():
   assert ModelConfig.from_hf(a.to_hf()) == a
 
 
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_kv_cache_decoding_matches_full_forward(qk_norm):
-  model = _model(qk_norm=qk_norm, qkv_bias=not qk_norm)
+@pytest.mark.parametrize("qk_norm,attention", [(False, "auto"), (True, "auto"),
+                                               (False, "blocked")])
+def test_kv_cache_decoding_matches_full_forward(qk_norm, attention):
+  # attention="blocked": the full forward and the 6-token prefill into a 16-slot cache take
+  # the blocked path (blocks of 4 keys); one-token steps stay dense.
+  model = _model(qk_norm=qk_norm, qkv_bias=not qk_norm, attention_impl=attention,
+                 attention_block=4)
   tokens, mask = _batch()
   full = forward_logits(model, tokens, mask)
   b, t = tokens.shape

@@ -131,7 +131,7 @@ def build_policy(cfg, mesh, rules, text: Text):
   if m.hf_path:
     model, mcfg = hf_io.from_pretrained(m.hf_path, mesh=mesh, rules=rules,
                                         param_dtype=m.param_dtype, dtype=m.dtype,
-                                        remat=m.remat)
+                                        **model_options(cfg))
     if mcfg.real_vocab_size is None:
       mcfg = mcfg.replace(real_vocab_size=min(text.vocab_size, mcfg.vocab_size))
       model.cfg = mcfg
@@ -141,6 +141,13 @@ def build_policy(cfg, mesh, rules, text: Text):
                                      rules, seed=cfg.seed)
   graphdef, params = nnx.split(model)
   return graphdef, params, mcfg
+
+
+def model_options(cfg) -> dict:
+  """ModelConfig fields set by the run config whatever the architecture."""
+  m = cfg.model
+  return {"remat": m.remat, "attention_impl": m.attention_impl,
+          "attention_block": m.attention_block}
 
 
 def fresh_model_config(cfg, text: Text) -> model_config.ModelConfig:
@@ -153,8 +160,8 @@ def fresh_model_config(cfg, text: Text) -> model_config.ModelConfig:
       num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
       rope_theta=m.rope_theta, tie_word_embeddings=m.tie_word_embeddings,
       qkv_bias=m.model_type == "qwen2", qk_norm=m.model_type == "qwen3",
-      model_type=m.model_type, param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat,
-      eos_token_id=text.eos_ids[0], pad_token_id=text.pad_id)
+      model_type=m.model_type, param_dtype=m.param_dtype, dtype=m.dtype,
+      **model_options(cfg), eos_token_id=text.eos_ids[0], pad_token_id=text.pad_id)
 
 
 def build_critic(cfg, policy_graphdef, policy_params, mesh, rules):
@@ -162,7 +169,7 @@ def build_critic(cfg, policy_graphdef, policy_params, mesh, rules):
   if cfg.model.critic_path:
     critic, _ = critic_lib.Critic.from_pretrained(
         cfg.model.critic_path, mesh=mesh, rules=rules, param_dtype=cfg.model.param_dtype,
-        dtype=cfg.model.dtype)
+        dtype=cfg.model.dtype, **model_options(cfg))
   else:
     policy = nnx.merge(policy_graphdef, policy_params)
     critic = critic_lib.Critic.from_policy(policy)

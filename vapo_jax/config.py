@@ -47,6 +47,8 @@ class ModelSection:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: bool = False
+  attention_impl: str = "auto"  # dense | blocked | auto (blocked from 4 × attention_block keys)
+  attention_block: int = 512    # keys per block of the blocked attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,6 +295,9 @@ def validate(cfg: Config) -> None:
   for name in ("param_dtype", "dtype"):
     need(getattr(m, name) in ("float32", "bfloat16", "float16"), f"model.{name}",
          getattr(m, name), "float32, bfloat16 or float16")
+  need(m.attention_impl in ("auto", "dense", "blocked"), "model.attention_impl",
+       m.attention_impl, "auto, dense or blocked")
+  need(m.attention_block >= 1, "model.attention_block", m.attention_block, ">= 1")
   if not m.hf_path:
     need(m.model_type in ("qwen2", "qwen3", "llama"), "model.model_type", m.model_type,
          "qwen2, qwen3 or llama")

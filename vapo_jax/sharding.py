@@ -25,7 +25,9 @@ This module imports only jax.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 import jax
@@ -179,3 +181,54 @@ def state_shardings(state: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES):
 
 def _is_variable(x: Any) -> bool:
   return hasattr(x, "get_metadata") and hasattr(x, "replace")
+
+
+# ------------------------------------------------------------------ activations
+
+# (mesh, rules) of the innermost `activation_sharding` context, read while a
+# function is traced. Parameters alone do not pin activations: with FSDP
+# shardings on `embed`, XLA may shard [B, T, D] activations over D and
+# replicate the rows, so that every chip computes every row of the batch.
+_ACTIVATION_MESH: list[tuple[Mesh, Rules]] = []
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES):
+  """Within this context `constrain` pins activations to `mesh` by `rules`."""
+  _ACTIVATION_MESH.append((mesh, rules))
+  try:
+    yield
+  finally:
+    _ACTIVATION_MESH.pop()
+
+
+def traced_under(fn: Callable, mesh: Mesh | None,
+                 rules: Rules = DEFAULT_RULES) -> Callable:
+  """fn, run (so traced, under jit) inside `activation_sharding(mesh, rules)`.
+
+  With mesh None, fn itself.
+  """
+  if mesh is None:
+    return fn
+
+  @functools.wraps(fn)
+  def run(*args, **kwargs):
+    with activation_sharding(mesh, rules):
+      return fn(*args, **kwargs)
+
+  return run
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """x with a sharding constraint from logical `names`, inside an
+  `activation_sharding` context; x unchanged outside one.
+
+  A dimension the mesh axes do not divide stays replicated (see
+  `logical_to_spec`), so e.g. a micro-batch smaller than the batch axes is
+  replicated rather than rejected.
+  """
+  if not _ACTIVATION_MESH:
+    return x
+  mesh, rules = _ACTIVATION_MESH[-1]
+  spec = logical_to_spec(names, rules, mesh, x.shape)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

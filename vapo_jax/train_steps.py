@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from vapo_jax import critic as critic_lib
 from vapo_jax import losses
 from vapo_jax import policy as policy_lib
+from vapo_jax import sharding as shd
 
 
 @jax.tree_util.register_dataclass
@@ -276,13 +277,16 @@ def critic_values(graphdef, params, tokens_BxL, mask_BxL, prompt_len: int):
                                     prompt_len)
 
 
-def in_micro_batches(fn: Callable, n: int) -> Callable:
+def in_micro_batches(fn: Callable, n: int, mesh=None,
+                     rules: shd.Rules = shd.DEFAULT_RULES) -> Callable:
   """fn(params, tokens_BxL, mask_BxL, **kw) -> pytree of [B, ...], run as n micro-batches.
 
   Micro-batch i is rows i, i + n, i + 2n, … (as in the train steps, so every batch shard
   works on every micro-batch); `lax.map` runs them one after another, so activations are
   those of B / n rows, and the outputs come back in row order. Row-wise fn: same result.
+  Given the mesh, the model's activations are pinned to it (`sharding.constrain`).
   """
+  fn = shd.traced_under(fn, mesh, rules)
   if n <= 1:
     return fn
 
@@ -302,11 +306,15 @@ def batch_sharding(mesh, batch_axes) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(batch_axes or None))
 
 
-def compile_step(step_fn, state: TrainState, mesh, batch_axes):
-  """jax.jit(step_fn) with the state's shardings in and out, batch rows sharded, donation."""
+def compile_step(step_fn, state: TrainState, mesh, batch_axes,
+                 rules: shd.Rules = shd.DEFAULT_RULES):
+  """jax.jit(step_fn) with the state's shardings in and out, batch rows sharded, donation.
+
+  The model's activations inside are pinned to the mesh by `rules` (`sharding.constrain`).
+  """
   state_sh = jax.tree.map(lambda x: x.sharding, state)
   replicated = NamedSharding(mesh, PartitionSpec())
-  return jax.jit(step_fn, in_shardings=(state_sh, batch_sharding(mesh, batch_axes)),
+  return jax.jit(shd.traced_under(step_fn, mesh, rules), in_shardings=(state_sh, batch_sharding(mesh, batch_axes)),
                  out_shardings=(state_sh, replicated), donate_argnums=(0,))
 
 

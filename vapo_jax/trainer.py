@@ -119,7 +119,7 @@ class Trainer:
     # micro-batches: at 32B × 20k tokens the whole batch at once would not fit any pod.
     self.forward_chunks = rows // mb if mb else 1
     self._logp_fn = jax.jit(ts.in_micro_batches(functools.partial(
-        ts.policy_logprobs, self.graphdef), self.forward_chunks),
+        ts.policy_logprobs, self.graphdef), self.forward_chunks, self.mesh, self.rules),
                             static_argnames=("prompt_len", "temperature"))
     take = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, 0), batch),
                    out_shardings=ts.batch_sharding(self.mesh, self.batch_axes))
@@ -149,9 +149,9 @@ class Trainer:
       hp = ts.critic_hparams(self.cfg, self.micro_batches)
       self._critic_step = ts.compile_step(
           functools.partial(ts.critic_step, self.critic_graphdef, self.critic_tx, hp),
-          self.critic_state, self.mesh, self.batch_axes)
+          self.critic_state, self.mesh, self.batch_axes, self.rules)
       self._values_fn = jax.jit(ts.in_micro_batches(functools.partial(
-          ts.critic_values, self.critic_graphdef), self.forward_chunks),
+          ts.critic_values, self.critic_graphdef), self.forward_chunks, self.mesh, self.rules),
                                 static_argnames=("prompt_len",))
 
   def _sft_setup(self):
@@ -165,7 +165,7 @@ class Trainer:
                            grad_clip=o.grad_clip)
     self.sft_state = ts.init_state(self.policy_params, tx)
     self._sft_step = ts.compile_step(functools.partial(ts.sft_step, self.graphdef, tx),
-                                     self.sft_state, self.mesh, self.batch_axes)
+                                     self.sft_state, self.mesh, self.batch_axes, self.rules)
     self.sft_prompts = PromptIterator(self.train_examples, cfg.sft.batch_size,
                                       seed=cfg.seed + 1, process_index=jax.process_index(),
                                       process_count=jax.process_count())
@@ -181,7 +181,8 @@ class Trainer:
     self.policy_state = ts.init_state(self.policy_params, tx)
     hp = ts.policy_hparams(cfg, self.micro_batches)
     self._policy_step = ts.compile_step(functools.partial(ts.policy_step, self.graphdef, tx, hp),
-                                        self.policy_state, self.mesh, self.batch_axes)
+                                        self.policy_state, self.mesh, self.batch_axes,
+                                        self.rules)
 
   # ------------------------------------------------------------------------- stages
   def sft(self) -> dict[str, float]:

@@ -52,6 +52,13 @@ class ModelConfig:
     dtype: compute dtype of matmuls (norms, softmax and RoPE angles are
       float32 whatever this is).
     remat: rematerialise each decoder block in the backward pass.
+    attention_impl: "dense" (`jax.nn.dot_product_attention` with a [B, 1,
+      T, S] mask: T x S scores per layer), "blocked" (`attention.
+      blocked_attention`: key blocks with an online softmax and its own
+      backward, O(T x attention_block) memory) or "auto": blocked for a
+      multi-token call whose key length S >= 4 * attention_block, dense
+      otherwise (short sequences and one-token decode steps).
+    attention_block: keys per block of the blocked path.
     model_type: HF model_type ("qwen2", "qwen3", "llama").
     real_vocab_size: tokens the tokenizer knows (<= vocab_size), if known.
     max_position_embeddings: written back to config.json.
@@ -75,6 +82,8 @@ class ModelConfig:
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
   remat: bool = False
+  attention_impl: str = "auto"
+  attention_block: int = 512
   model_type: str = "qwen2"
   real_vocab_size: int | None = None
   max_position_embeddings: int = 32768
@@ -93,6 +102,11 @@ class ModelConfig:
                        f"num_kv_heads={self.num_kv_heads}.")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE.")
+    if self.attention_impl not in ("auto", "dense", "blocked"):
+      raise ValueError(f"attention_impl={self.attention_impl!r}; allowed: "
+                       "'auto', 'dense', 'blocked'.")
+    if self.attention_block < 1:
+      raise ValueError(f"attention_block={self.attention_block} must be >= 1.")
     if isinstance(self.rope_scaling, dict):
       object.__setattr__(self, "rope_scaling",
                          tuple(sorted(self.rope_scaling.items())))
@@ -129,6 +143,12 @@ class ModelConfig:
     per_layer = attn + 3 * d * f + 2 * d
     emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
     return self.num_layers * per_layer + emb + d
+
+  def blocked_attention(self, t: int, s: int) -> bool:
+    """Whether a call with T=t queries and S=s keys takes the blocked path."""
+    if t < 2 or self.attention_impl == "dense":
+      return False
+    return self.attention_impl == "blocked" or s >= 4 * self.attention_block
 
   def replace(self, **kw) -> "ModelConfig":
     return dataclasses.replace(self, **kw)

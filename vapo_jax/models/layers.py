@@ -17,9 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vapo_jax import sharding as shd
+from vapo_jax.models import attention
 from vapo_jax.models.config import ModelConfig
 
 _INIT_STD = 0.02
+# Activations [B, T, D]: rows over the batch axes, the rest replicated (see
+# `sharding.constrain`; a no-op outside an `activation_sharding` context).
+_ROWS = ("batch", None, None)
 
 
 def param(rngs: nnx.Rngs | None, shape: tuple[int, ...],
@@ -169,6 +174,13 @@ class Attention(nnx.Module):
                mask_Bx1xTxS: jax.Array, kv: dict[str, jax.Array] | None,
                cache_index: jax.Array | int
                ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+    """y [B, T, D] and the updated kv cache entry (or None).
+
+    `mask_Bx1xTxS` is either the dense boolean mask of
+    `transformer.attention_mask`, or a [B, S] key mask: then the blocked
+    path runs, with query i at slot cache_index + i seeing keys j <= that
+    slot (see `attention.blocked_attention`).
+    """
     cfg, dt = self.cfg, self.cfg.dtype
     q = _dense(x_BxTxD, self.q[...], "btd,dhk->bthk", dt)
     k = _dense(x_BxTxD, self.k[...], "btd,dhk->bthk", dt)
@@ -194,7 +206,11 @@ class Attention(nnx.Module):
         out = decode_attention(q, k, v, mask_Bx1xTxS)
         y = _dense(out, self.o[...], "bthk,hkd->btd", dt)
         return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), kv
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask_Bx1xTxS)
+    if mask_Bx1xTxS.ndim == 2:
+      out = attention.blocked_attention(q, k, v, mask_Bx1xTxS, cache_index,
+                                        cfg.attention_block)
+    else:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask_Bx1xTxS)
     y = _dense(out, self.o[...], "bthk,hkd->btd", dt)
     if cfg.o_bias:
       y = _bias(y, self.o_bias[...])
@@ -221,6 +237,8 @@ class MLP(nnx.Module):
     u = _dense(x_BxTxD, self.up[...], "btd,df->btf", dt)
     if self.cfg.mlp_bias:
       g, u = _bias(g, self.gate_bias[...]), _bias(u, self.up_bias[...])
+    g = shd.constrain(g, ("batch", None, "mlp"))
+    u = shd.constrain(u, ("batch", None, "mlp"))
     y = _dense(jax.nn.silu(g) * u, self.down[...], "btf,fd->btd", dt)
     if self.cfg.mlp_bias:
       y = _bias(y, self.down_bias[...])
@@ -240,6 +258,6 @@ class Block(nnx.Module):
 
   def __call__(self, x, cos, sin, mask, kv, cache_index):
     y, kv = self.attn(self.attn_norm(x), cos, sin, mask, kv, cache_index)
-    x = x + y
-    x = x + self.mlp(self.mlp_norm(x))
+    x = shd.constrain(x + y, _ROWS)
+    x = shd.constrain(x + self.mlp(self.mlp_norm(x)), _ROWS)
     return x, kv

@@ -131,6 +131,9 @@ def extrapolate(ra: Result, rb: Result, la: int, lb: int, layers: int, prog, par
   lin = lambda a, b: a + (b - a) * (layers - la) / (lb - la)  # noqa: E731
   f = {k: lin(getattr(ra, k), getattr(rb, k)) for k in
        ("arguments", "temporaries", "outputs", "aliased", "flops", "bytes_accessed")}
+  # Temporaries need not grow with depth (remat keeps one layer's activations); when XLA's
+  # schedules of the two probes differ the line can slope down: never go below a probe.
+  f["temporaries"] = max(f["temporaries"], ra.temporaries, rb.temporaries)
   resident = sum(parts[k] for k in prog.resident)
   peak = (resident + f["arguments"] - prog.resident_arg_bytes + f["temporaries"]
           + f["outputs"] - f["aliased"])

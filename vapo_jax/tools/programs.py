@@ -155,25 +155,27 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
   if "policy_step" in names:
     hp = ts.policy_hparams(cfg, micro)
     fn = ts.compile_step(functools.partial(ts.policy_step, graphdef, p_tx, hp), p_state, mesh,
-                         batch_axes)
+                         batch_axes, rules)
     progs.append(Program("policy_step", fn, (p_state, batch(mini)), {},
                          parts["policy_state"], trips=micro))
   if "critic_step" in names and cfg.rl.use_critic:
     hp = ts.critic_hparams(cfg, micro)
     fn = ts.compile_step(functools.partial(ts.critic_step, c_graphdef, c_tx, hp), c_state,
-                         mesh, batch_axes)
+                         mesh, batch_axes, rules)
     progs.append(Program("critic_step", fn, (c_state, batch(mini)), {},
                          parts["critic_state"], trips=micro))
   tokens, mask = rollout_batch["tokens_BxL"], rollout_batch["mask_BxL"]
   in_rollout = per_device_bytes((tokens, mask))
   if "logprobs" in names:
-    fn = jax.jit(ts.in_micro_batches(functools.partial(ts.policy_logprobs, graphdef), chunks),
+    fn = jax.jit(ts.in_micro_batches(functools.partial(ts.policy_logprobs, graphdef), chunks, mesh,
+                                       rules),
                  static_argnames=("prompt_len", "temperature"))
     progs.append(Program("logprobs", fn, (params, tokens, mask),
                          {"prompt_len": p_len, "temperature": cfg.sampling.temperature},
                          per_device_bytes(params) + in_rollout, trips=chunks))
   if "values" in names and cfg.rl.use_critic:
-    fn = jax.jit(ts.in_micro_batches(functools.partial(ts.critic_values, c_graphdef), chunks),
+    fn = jax.jit(ts.in_micro_batches(functools.partial(ts.critic_values, c_graphdef), chunks, mesh,
+                                       rules),
                  static_argnames=("prompt_len",))
     progs.append(Program("values", fn, (c_params, tokens, mask), {"prompt_len": p_len},
                          per_device_bytes(c_params) + in_rollout, trips=chunks))

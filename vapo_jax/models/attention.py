@@ -1,0 +1,197 @@
+"""Memory-efficient (blocked, flash-style) causal attention in pure JAX.
+
+Shapes: B batch, T queries, S keys, H query heads, K key/value heads (GQA,
+G = H / K query heads per kv head, query head h = k * G + g), Dh head width,
+C keys per block, N = ceil(S / C) blocks.
+
+Query i sits at absolute slot `q_offset + i`; key j at slot j. Query i sees
+key j iff `j <= q_offset + i` and `kv_mask[b, j]`, the same rule as the dense
+mask of `transformer.attention_mask`. With scores s_ij = q_i . k_j / sqrt(Dh)
+restricted to visible keys, the output is
+
+  o_i = sum_j softmax_j(s_ij) v_j,   lse_i = log sum_j exp(s_ij).
+
+The forward pass scans over key blocks with an online softmax: carrying the
+running max m_i, normaliser l_i and unnormalised output a_i, each block c does
+
+  m'_i = max(m_i, max_{j in c} s_ij),   r = exp(m_i - m'_i),
+  l'_i = r l_i + sum_{j in c} exp(s_ij - m'_i),
+  a'_i = r a_i + sum_{j in c} exp(s_ij - m'_i) v_j,
+
+and o_i = a_i / l_i at the end. The backward pass (a `jax.custom_vjp`)
+recomputes each block's probabilities from the saved lse, p_ij = exp(s_ij -
+lse_i), and with D_i = do_i . o_i accumulates
+
+  dv_j = sum_i p_ij do_i,   ds_ij = p_ij (do_i . v_j - D_i),
+  dq_i = sum_j ds_ij k_j / sqrt(Dh),   dk_j = sum_i ds_ij q_i / sqrt(Dh).
+
+Nothing of size T x S is ever held: forward and backward keep O(B H T C)
+scores plus O(B H T Dh) carries, and the saved residuals are q, k, v, o and
+lse. A query with no visible key (a left-padding slot) gets o_i = 0 and no
+gradient (the dense path gives it the mean of all values instead; neither
+reaches a real token, whose keys exclude padding).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+# Score of a hidden key: finite so that exp(NEG - NEG) stays well defined.
+_NEG = -1e30
+
+
+def _blocks(k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array,
+            kv_mask_BxS: jax.Array, block: int):
+  """Keys, values, key mask and key slots cut into N blocks of C.
+
+  Returns k, v [N, B, C, K, Dh], valid [N, B, C] bool, slot [N, C] int32.
+  S is padded up to N * C with hidden keys.
+  """
+  b, s, nk, dh = k_BxSxKxDh.shape
+  c = max(1, min(block, s))
+  n = -(-s // c)
+  pad = n * c - s
+
+  def cut(x):
+    x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+    return x.reshape((b, n, c) + x.shape[2:]).swapaxes(0, 1)
+
+  valid = cut(kv_mask_BxS.astype(bool))
+  slot = jnp.arange(n * c, dtype=jnp.int32).reshape(n, c)
+  return cut(k_BxSxKxDh), cut(v_BxSxKxDh), valid, slot
+
+
+def _visible(valid_BxC: jax.Array, slot_C: jax.Array, qslot_T: jax.Array
+             ) -> jax.Array:
+  """Boolean [B, 1, 1, T, C]: key slot <= query slot and key is real."""
+  causal_TxC = slot_C[None, :] <= qslot_T[:, None]
+  return causal_TxC[None, None, None] & valid_BxC[:, None, None, None, :]
+
+
+def _acc(x: jax.Array):
+  """Accumulation dtype: float32, or float64 for float64 inputs."""
+  return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def _scores(q_BxKxGxTxDh, k_BxCxKxDh):
+  """s = q k^T / sqrt(Dh), [B, K, G, T, C] in the accumulation dtype."""
+  scale = 1.0 / math.sqrt(q_BxKxGxTxDh.shape[-1])
+  return jnp.einsum("bkgtd,bckd->bkgtc", q_BxKxGxTxDh, k_BxCxKxDh,
+                    preferred_element_type=_acc(q_BxKxGxTxDh)) * scale
+
+
+def _forward(q, k, v, kv_mask, q_offset, block):
+  """(o [B, K, G, T, Dh], lse [B, K, G, T]), in the accumulation dtype."""
+  b, nk, g, t, dh = q.shape
+  acc = _acc(q)
+  kb, vb, valid, slot = _blocks(k, v, kv_mask, block)
+  qslot = jnp.asarray(q_offset, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
+
+  def body(carry, xs):
+    m, l, a = carry
+    k_c, v_c, valid_c, slot_c = xs
+    vis = _visible(valid_c, slot_c, qslot)
+    s = jnp.where(vis, _scores(q, k_c), _NEG)
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    p = jnp.where(vis, jnp.exp(s - m_new[..., None]), 0.0)
+    r = jnp.exp(m - m_new)
+    l = r * l + jnp.sum(p, axis=-1)
+    pv = jnp.einsum("bkgtc,bckd->bkgtd", p.astype(v_c.dtype), v_c,
+                    preferred_element_type=acc)
+    return (m_new, l, r[..., None] * a + pv), None
+
+  init = (jnp.full((b, nk, g, t), _NEG, acc),
+          jnp.zeros((b, nk, g, t), acc),
+          jnp.zeros((b, nk, g, t, dh), acc))
+  (m, l, a), _ = jax.lax.scan(body, init, (kb, vb, valid, slot))
+  l_safe = jnp.where(l > 0, l, 1.0)
+  return a / l_safe[..., None], m + jnp.log(l_safe)
+
+
+def _backward(q, k, v, kv_mask, q_offset, block, o, lse, do):
+  """(dq [B, K, G, T, Dh], dk, dv [B, S, K, Dh]), in the accumulation dtype."""
+  b, s, nk, dh = k.shape
+  acc = _acc(q)
+  t = q.shape[3]
+  kb, vb, valid, slot = _blocks(k, v, kv_mask, block)
+  qslot = jnp.asarray(q_offset, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
+  scale = 1.0 / math.sqrt(dh)
+  d_i = jnp.sum(do * o, axis=-1)                    # [B, K, G, T]
+  do_c = do.astype(v.dtype)
+
+  def body(dq, xs):
+    k_c, v_c, valid_c, slot_c = xs
+    vis = _visible(valid_c, slot_c, qslot)
+    p = jnp.where(vis, jnp.exp(_scores(q, k_c) - lse[..., None]), 0.0)
+    dv_c = jnp.einsum("bkgtc,bkgtd->bckd", p.astype(v.dtype), do_c,
+                      preferred_element_type=acc)
+    dp = jnp.einsum("bkgtd,bckd->bkgtc", do_c, v_c,
+                    preferred_element_type=acc)
+    ds = (p * (dp - d_i[..., None]) * scale).astype(q.dtype)
+    dq = dq + jnp.einsum("bkgtc,bckd->bkgtd", ds, k_c,
+                         preferred_element_type=acc)
+    dk_c = jnp.einsum("bkgtc,bkgtd->bckd", ds, q,
+                      preferred_element_type=acc)
+    return dq, (dk_c, dv_c)
+
+  dq, (dk, dv) = jax.lax.scan(body, jnp.zeros(q.shape, acc),
+                              (kb, vb, valid, slot))
+
+  def join(x_NxBxCxKxDh):
+    x = x_NxBxCxKxDh.swapaxes(0, 1).reshape((b, -1, nk, dh))
+    return x[:, :s]
+
+  return dq, join(dk), join(dv)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attend(q, k, v, kv_mask, q_offset, block):
+  return _forward(q, k, v, kv_mask, q_offset, block)[0]
+
+
+def _attend_fwd(q, k, v, kv_mask, q_offset, block):
+  o, lse = _forward(q, k, v, kv_mask, q_offset, block)
+  return o, (q, k, v, kv_mask, q_offset, o, lse)
+
+
+def _attend_bwd(block, res, do):
+  q, k, v, kv_mask, q_offset, o, lse = res
+  dq, dk, dv = _backward(q, k, v, kv_mask, q_offset, block, o, lse, do)
+  return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
+          None, None)
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def blocked_attention(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array,
+                      v_BxSxKxDh: jax.Array, kv_mask_BxS: jax.Array,
+                      q_offset: jax.Array | int = 0, block: int = 512
+                      ) -> jax.Array:
+  """Causal GQA attention over key blocks; [B, T, H, Dh] in q's dtype.
+
+  Args:
+    q_BxTxHxDh: queries (RoPE applied), compute dtype.
+    k_BxSxKxDh: keys, same dtype; H % K == 0.
+    v_BxSxKxDh: values, same dtype.
+    kv_mask_BxS: 1/True where key slot j holds a real token.
+    q_offset: absolute slot of query 0 (int or traced int32 scalar): query i
+      sees key j iff j <= q_offset + i and the key is real.
+    block: keys per block C; memory is O(B H T C), and S need not be a
+      multiple of it.
+
+  Returns:
+    softmax(q k^T / sqrt(Dh)) v over the visible keys, 0 for a query that
+    sees none. Differentiable in q, k, v with an O(B H T C) backward.
+  """
+  b, t, h, dh = q_BxTxHxDh.shape
+  nk = k_BxSxKxDh.shape[2]
+  q = q_BxTxHxDh.reshape(b, t, nk, h // nk, dh).transpose(0, 2, 3, 1, 4)
+  o = _attend(q, k_BxSxKxDh, v_BxSxKxDh, kv_mask_BxS,
+              jnp.asarray(q_offset, jnp.int32), int(block))
+  return o.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh).astype(
+      q_BxTxHxDh.dtype)
