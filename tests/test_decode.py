@@ -73,3 +73,31 @@ def test_windowed_loop_equals_one_window(n):
     np.testing.assert_array_equal(getattr(many, field), getattr(one, field))
   np.testing.assert_allclose(many.logp_BxR, one.logp_BxR, rtol=1e-5,
                              atol=1e-6)
+
+
+def test_decode_step_traced_for_another_platform_uses_its_form():
+  """`platform.targeting` picks the kernel forms; both compute the same step."""
+  from vapo_jax.models import platform  # pylint: disable=import-outside-toplevel
+  from vapo_jax.models import transformer  # pylint: disable=import-outside-toplevel
+  from vapo_jax.models.config import tiny_config  # pylint: disable=import-outside-toplevel
+  cfg = tiny_config(remat=False)
+  model = transformer.Transformer(cfg, rngs=nnx.Rngs(0))
+  cache = transformer.init_cache(model, 2, 8)
+  tokens = jax.numpy.array([[3], [5]], jax.numpy.int32)
+  pos = jax.numpy.array([[2], [4]], jax.numpy.int32)
+  kv_mask = jax.numpy.ones((2, 8), bool)
+
+  def step():  # traced afresh each time: jit's trace cache ignores the target
+    return (lambda: model(tokens, pos, kv_mask, cache=cache, cache_index=4)[0])
+
+  assert platform.target() == jax.default_backend()
+  with platform.targeting("tpu"):
+    assert platform.target() == "tpu"
+    tpu_jaxpr = str(jax.make_jaxpr(step())())
+    tpu_out = step()()
+  assert platform.target() == jax.default_backend()
+  with platform.targeting("cpu"):
+    cpu_jaxpr = str(jax.make_jaxpr(step())())
+    cpu_out = step()()
+  assert tpu_jaxpr != cpu_jaxpr  # the CPU form is not what a TPU program gets
+  np.testing.assert_allclose(cpu_out, tpu_out, rtol=2e-5, atol=2e-5)

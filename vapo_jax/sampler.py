@@ -49,6 +49,7 @@ import numpy as np
 from vapo_jax import rollout as rollout_lib
 from vapo_jax import sampling
 from vapo_jax import sharding as shd
+from vapo_jax.models import platform
 from vapo_jax.models import transformer
 
 Rollout = rollout_lib.Rollout
@@ -119,7 +120,7 @@ def last_logits(model, hidden_BxD: jax.Array) -> jax.Array:
   """
   head = getattr(model, "head_weight", None)
   dt = getattr(getattr(model, "cfg", None), "dtype", None)
-  if head is None or dt is None or jax.default_backend() != "cpu":
+  if head is None or dt is None or platform.target() != "cpu":
     return model.logits(hidden_BxD)
   logits_VxB = jax.lax.dot_general(
       head().astype(dt), hidden_BxD.astype(dt), (((0,), (1,)), ((), ())),

@@ -19,6 +19,7 @@ import numpy as np
 
 from vapo_jax import sharding as shd
 from vapo_jax.models import attention
+from vapo_jax.models import platform
 from vapo_jax.models.config import ModelConfig
 
 _INIT_STD = 0.02
@@ -202,7 +203,8 @@ class Attention(nnx.Module):
                                            start)
       kv = {"k": k_all, "v": v_all}
       k, v = k_all.astype(dt), v_all.astype(dt)
-      if q.shape[1] == 1:  # One decode step: no transposed copy of the cache.
+      if q.shape[1] == 1 and platform.target() == "cpu":
+        # One decode step on CPU: no transposed copy of the cache.
         out = decode_attention(q, k, v, mask_Bx1xTxS)
         y = _dense(out, self.o[...], "bthk,hkd->btd", dt)
         return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), kv

@@ -40,6 +40,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from vapo_jax import config as config_lib
+from vapo_jax.models import platform
 from vapo_jax.tools import archs
 from vapo_jax.tools import tpu_specs
 
@@ -81,7 +82,8 @@ def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
   """Compiles one program; its per-chip memory and cost, or the compiler's refusal."""
   t0 = time.perf_counter()
   try:
-    compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
+    with platform.targeting("tpu"):  # trace the TPU forms, not this host's CPU ones
+      compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
   except Exception as e:  # pylint: disable=broad-except
     msg = str(e).split("\n")[0][:300]
     if "RESOURCE_EXHAUSTED" not in msg and "memory" not in msg.lower():
