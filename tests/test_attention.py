@@ -15,6 +15,7 @@ from vapo_jax import sharding as shd
 from vapo_jax.models import Transformer, positions_from_mask, tiny_config
 from vapo_jax.models.attention import blocked_attention
 from vapo_jax.models.transformer import attention_mask
+from test_models_transformer import _batch as _model_batch  # left-padded model batch
 
 
 def _inputs(b=3, t=37, s=None, h=4, k=2, dh=16, seed=0, dtype=np.float32):
@@ -108,15 +109,6 @@ def test_blocked_bfloat16_close_to_float64():
   assert out.dtype == jnp.bfloat16
   rows = _real_rows(mask, q.shape[1])
   assert np.abs(np.asarray(out, np.float64) - ref)[rows].max() < 0.05
-
-
-def _model_batch(b=3, t=10, vocab=40):
-  rng = np.random.RandomState(0)
-  tokens = jnp.asarray(rng.randint(0, vocab, (b, t)), jnp.int32)
-  mask = np.ones((b, t), np.int32)
-  mask[1, :2] = 0
-  mask[2, :6] = 0
-  return tokens, jnp.asarray(mask)
 
 
 def test_model_blocked_equals_dense():
