@@ -70,13 +70,15 @@ def _remat_fwd(graphdef, state, x, cos, sin, mask):
 
 def _remat_bwd(graphdef, res, dy):
   (state, x, cos, sin, mask), dy = jax.lax.optimization_barrier((res, dy))
-  _, vjp = jax.vjp(
-      lambda st, x, c, s: _run_block(graphdef, st, x, c, s, mask),
-      state, x, cos, sin)
+  _, vjp = jax.vjp(lambda st, x: _run_block(graphdef, st, x, cos, sin, mask),
+                   state, x)
   # dL/dx (what the next layer down waits for) leaves together with the
   # parameter gradients, so the scheduler cannot defer this layer's
   # weight-gradient matmuls, and keep their activation inputs alive, past it.
-  return (*jax.lax.optimization_barrier(vjp(dy)), None)
+  d_state, d_x = jax.lax.optimization_barrier(vjp(dy))
+  # The RoPE tables come from integer positions: nothing upstream needs their
+  # cotangent, so it is not computed (inside the barrier it could not be pruned).
+  return d_state, d_x, jnp.zeros_like(cos), jnp.zeros_like(sin), None
 
 
 remat_block.defvjp(_remat_fwd, _remat_bwd)
