@@ -5,6 +5,8 @@ import functools
 from flax import nnx
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 
@@ -137,6 +139,22 @@ def test_cache_reused_across_calls_and_buckets_bound_compiles():
   # Prompt lengths 3 and 4 share the bucket 4: no new compile.
   sampler(state, [[1, 2, 3, 4], [5]], jax.random.key(0))
   assert sampler._generate._cache_size() == 2
+
+
+def test_params_on_a_mesh_compile_once():
+  # Parameters from hf_io.from_pretrained live on a one-device mesh; the cache
+  # the first call hands back must have the type of the one it was given, or
+  # the second call compiles the sampler again.
+  cfg = SamplingConfig(max_new_tokens=4, n_per_prompt=2, max_prompt_len=8)
+  _, state, sampler = make(cfg)
+  mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  state = jax.device_put(state, NamedSharding(mesh, P()))
+  first = as_np(sampler(state, PROMPTS, jax.random.key(0)))
+  for i in range(2):
+    sampler(state, PROMPTS, jax.random.key(i + 1))
+  assert sampler._generate._cache_size() == 1
+  again = as_np(sampler(state, PROMPTS, jax.random.key(0)))
+  jax.tree.map(np.testing.assert_array_equal, first, again)
 
 
 def test_clear_errors():

@@ -295,11 +295,24 @@ class Sampler:
                                            NamedSharding(self.mesh, P(*spec))))
     return jax.tree.unflatten(treedef, out)
 
-  def _cache_for(self, rows: int):
-    """The persistent [rows, S] cache, allocated batch-sharded on first use."""
+  def _cache_for(self, rows: int, state):
+    """The persistent [rows, S] cache, allocated batch-sharded on first use.
+
+    Without a mesh, the cache goes where the parameters are: replicated over
+    their mesh when they carry a NamedSharding (as `hf_io.from_pretrained`
+    gives them). Otherwise the cache the first call hands back (placed on that
+    mesh by sharding propagation) would differ in type from the one it got,
+    and the second call would compile the whole sampler again.
+    """
     if rows not in self._caches:
       s = self.cfg.total_cache_len
-      alloc = jax.jit(lambda: self._constrain(self._init_cache(rows, s), None))
+      out_shardings = None
+      if self.mesh is None:
+        leaf = next(iter(jax.tree.leaves(state)), None)
+        if isinstance(getattr(leaf, "sharding", None), NamedSharding):
+          out_shardings = NamedSharding(leaf.sharding.mesh, P())
+      alloc = jax.jit(lambda: self._constrain(self._init_cache(rows, s), None),
+                      out_shardings=out_shardings)
       self._caches[rows] = alloc()
     return self._caches.pop(rows)
 
@@ -366,7 +379,7 @@ class Sampler:
       prompt_BxP = self._place(np.asarray(prompt_BxP, np.int32))
       prompt_mask_BxP = self._place(prompt_mask_BxP)
     rows = bp * cfg.n_per_prompt
-    cache = self._cache_for(rows)
+    cache = self._cache_for(rows, state)
     out, self._caches[rows] = self._generate(state, prompt_BxP, prompt_mask_BxP,
                                              cache, key)
     return out
