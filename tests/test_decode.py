@@ -101,3 +101,18 @@ def test_decode_step_traced_for_another_platform_uses_its_form():
     cpu_out = step()()
   assert tpu_jaxpr != cpu_jaxpr  # the CPU form is not what a TPU program gets
   np.testing.assert_allclose(cpu_out, tpu_out, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_last_logits_equals_model_logits(tied):
+  """The CPU head form is used only over the tied [V, D] layout."""
+  from vapo_jax.models import transformer  # pylint: disable=import-outside-toplevel
+  from vapo_jax.models.config import tiny_config  # pylint: disable=import-outside-toplevel
+  cfg = tiny_config(remat=False, tie_word_embeddings=tied)
+  model = transformer.Transformer(cfg, rngs=nnx.Rngs(0))
+  hidden = jax.random.normal(jax.random.key(1), (3, cfg.hidden_size))
+  got = sampler_lib.last_logits(model, hidden)
+  np.testing.assert_allclose(got, model.logits(hidden), rtol=1e-5, atol=1e-5)
+  jaxpr = str(jax.make_jaxpr(lambda h: sampler_lib.last_logits(model, h))(hidden))
+  vocab_major = "optimization_barrier" in jaxpr
+  assert vocab_major == (tied and jax.default_backend() == "cpu")

@@ -117,10 +117,16 @@ def last_logits(model, hidden_BxD: jax.Array) -> jax.Array:
   D=512, 2 cores). The optimization barrier keeps XLA from folding the
   transpose back into the dot. Same operands and accumulation dtype as
   `Transformer.logits`, so only the summation order may differ.
+
+  Only for a tied head, whose weight is stored [V, D] (the embedding): an
+  untied `lm_head` is stored [D, V], and the vocab-major product over that
+  layout runs 7x slower than the plain one (48 vs 6.5 ms, same shapes).
   """
   head = getattr(model, "head_weight", None)
-  dt = getattr(getattr(model, "cfg", None), "dtype", None)
-  if head is None or dt is None or platform.target() != "cpu":
+  cfg = getattr(model, "cfg", None)
+  dt = getattr(cfg, "dtype", None)
+  if (head is None or dt is None or platform.target() != "cpu"
+      or not getattr(cfg, "tie_word_embeddings", False)):
     return model.logits(hidden_BxD)
   logits_VxB = jax.lax.dot_general(
       head().astype(dt), hidden_BxD.astype(dt), (((0,), (1,)), ((), ())),
