@@ -187,7 +187,7 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
       top_p=s.top_p, top_k=s.top_k, greedy=greedy, stop_token_ids=text.eos_ids,
       pad_id=text.pad_id, vocab_size=text.vocab_size, n_per_prompt=n,
       max_prompt_len=cfg.data.max_prompt_tokens,
-      prompt_buckets=(cfg.data.max_prompt_tokens,))
+      prompt_buckets=(cfg.data.max_prompt_tokens,), decode_windows=s.decode_windows)
   # The KV cache's kv_heads axis is split like the k/v projections (over `tensor`), not
   # only its rows over the batch axes: at 32B × 20k tokens a row's cache is 5.6 GB, and
   # replicating it over a 4-way tensor axis is what keeps it off any v5p slice.

@@ -81,6 +81,9 @@ class SamplingSection:
   # prompts_per_call × n rows of max_prompt_tokens + max_new_tokens slots: at 32B and 20k
   # tokens, 262 kB per token per row, so pods sample a step's 512 prompts in several calls.
   prompts_per_call: int = 0
+  # The decode loop runs in this many stretches, each attending over a cache window cut
+  # to the slots its steps can reach (1: every step reads all prompt + response slots).
+  decode_windows: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +321,7 @@ def validate(cfg: Config) -> None:
   need(0 < s.top_p <= 1, "sampling.top_p", s.top_p, "in (0, 1]")
   need(s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0: off)")
   need(s.max_new_tokens >= 1, "sampling.max_new_tokens", s.max_new_tokens, ">= 1")
+  need(s.decode_windows >= 1, "sampling.decode_windows", s.decode_windows, ">= 1")
   need(s.prompts_per_call >= 0 and (s.prompts_per_call == 0
                                      or cfg.prompts_per_step % s.prompts_per_call == 0),
        "sampling.prompts_per_call", s.prompts_per_call,
