@@ -7,7 +7,6 @@ import sys
 
 import jax
 import numpy as np
-import pytest
 
 from vapo_jax import config as config_lib
 from vapo_jax import trainer as trainer_lib

@@ -17,3 +17,20 @@ from vapo_jax.data.templates import filter_by_length
 from vapo_jax.data.templates import LengthFilter
 from vapo_jax.data.templates import PromptTemplate
 from vapo_jax.data.tokenizer import CharTokenizer
+
+__all__ = [
+    "CharTokenizer",
+    "DEFAULT_MATH_FORMAT",
+    "DataError",
+    "Example",
+    "Fields",
+    "LAYOUTS",
+    "LengthFilter",
+    "PromptIterator",
+    "PromptTemplate",
+    "filter_by_length",
+    "load_jsonl",
+    "load_parquet",
+    "load_tfds",
+    "synthetic",
+]

@@ -13,3 +13,15 @@ from vapo_jax.rewards.plugins import load_reward_fn
 from vapo_jax.rewards.plugins import to_score
 from vapo_jax.rewards.scorer import BatchScores
 from vapo_jax.rewards.scorer import RewardScorer
+
+__all__ = [
+    "BatchScores",
+    "CheckOptions",
+    "DEFAULT_REWARD_FN",
+    "RewardScorer",
+    "Verdict",
+    "check_answer",
+    "load_reward_fn",
+    "score",
+    "to_score",
+]
