@@ -41,7 +41,7 @@ def hf_greedy(model, prompts, eos):
   return resp
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["qwen2", "qwen2_tied", "qwen3", "llama3"])
 def ckpt(request, tmp_path_factory):
   path = str(tmp_path_factory.mktemp(request.param))
   model = tiny_hf.make_model(request.param)  # weights far from the 0.02 init
