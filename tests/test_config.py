@@ -135,3 +135,18 @@ def test_group_relative_without_critic():
       jnp.array([1.0, 0.0, 1.0, 1.0]), lengths, mask, None)
   np.testing.assert_allclose(out["advantages_BxR"][:, 0], [0.5, -0.5, 0.0, 0.0])
   np.testing.assert_allclose(out["advantages_BxR"] * (1 - mask), 0.0)
+
+
+@pytest.mark.parametrize("windows", [1, 3])
+def test_sampling_settings_reach_the_run_sampler(windows):
+  from vapo_jax import builders  # pylint: disable=import-outside-toplevel
+  c = load_config_file("tiny.py")
+  c.sampling.decode_windows = windows
+  cfg = config_lib.from_config_dict(c)
+  mesh, rules = builders.build_mesh(cfg), builders.rules_of(cfg)
+  text = builders.build_text(cfg)
+  mcfg = builders.fresh_model_config(cfg, text)
+  sampler = builders.build_sampler(cfg, None, mcfg, mesh, rules, text, n=2)
+  assert sampler.cfg.decode_windows == windows
+  assert sampler.cfg.n_per_prompt == 2
+  assert sampler.cfg.max_new_tokens == cfg.sampling.max_new_tokens

@@ -110,17 +110,16 @@ def _write_window(cache: Any, window: Any) -> Any:
 def last_logits(model, hidden_BxD: jax.Array) -> jax.Array:
   """float32 logits [B, V] of one position per row: `model.logits(hidden)`.
 
-  On CPU, for a model with `head_weight()` ([D, V], e.g. the Transformer), the
-  product is computed vocab-major, logits_VxB = W^T h^T, then transposed: for a
-  decode batch (B ~ 16) XLA CPU's kernel for that orientation runs the 32k x 512
-  head ~1.5x faster than the batch-major one (8.2 vs 13.0 ms, B=16, V=32768,
-  D=512, 2 cores). The optimization barrier keeps XLA from folding the
-  transpose back into the dot. Same operands and accumulation dtype as
-  `Transformer.logits`, so only the summation order may differ.
-
-  Only for a tied head, whose weight is stored [V, D] (the embedding): an
-  untied `lm_head` is stored [D, V], and the vocab-major product over that
-  layout runs 7x slower than the plain one (48 vs 6.5 ms, same shapes).
+  On CPU, for a model with a tied head (`head_weight()` is the [V, D]
+  embedding, transposed), the product is computed vocab-major, logits_VxB =
+  E h^T, then transposed: for a decode batch (B ~ 16) XLA CPU's kernel for
+  that orientation runs the 32k x 512 head ~1.5x faster than the batch-major
+  one (8.2 vs 13.0 ms, B=16, V=32768, D=512, 2 cores). The optimization
+  barrier keeps XLA from folding the transpose back into the dot. Same
+  operands and accumulation dtype as `Transformer.logits`, so only the
+  summation order may differ. An untied `lm_head` is stored [D, V]; the
+  vocab-major product over that layout runs 7x slower than the plain one (48
+  vs 6.5 ms, same shapes), so it keeps `model.logits`.
   """
   head = getattr(model, "head_weight", None)
   cfg = getattr(model, "cfg", None)

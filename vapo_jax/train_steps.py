@@ -314,7 +314,8 @@ def compile_step(step_fn, state: TrainState, mesh, batch_axes,
   """
   state_sh = jax.tree.map(lambda x: x.sharding, state)
   replicated = NamedSharding(mesh, PartitionSpec())
-  return jax.jit(shd.traced_under(step_fn, mesh, rules), in_shardings=(state_sh, batch_sharding(mesh, batch_axes)),
+  return jax.jit(shd.traced_under(step_fn, mesh, rules),
+                 in_shardings=(state_sh, batch_sharding(mesh, batch_axes)),
                  out_shardings=(state_sh, replicated), donate_argnums=(0,))
 
 
