@@ -14,6 +14,10 @@
 #
 # Each process gets JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, which
 # vapo_jax.distributed reads (mode auto). Logs: $WORKDIR/process_<i>.log.
+#
+# SIGTERM or Ctrl-C to this script is passed on to every process, as a pod preemption
+# notice would reach every host: they agree on a step boundary, save once and exit 0, and
+# the same command resumes. The script exits with the first non-zero process status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,9 +40,22 @@ for ((i = 0; i < NPROC; i++)); do
     pids+=($!)
   fi
 done
+forward() {
+  echo "local_multiprocess: passing SIGTERM to ${#pids[@]} processes" >&2
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+}
+trap forward TERM INT
 status=0
 for pid in "${pids[@]}"; do
-  wait "$pid" || status=$?
+  # A trapped signal interrupts `wait` while the process still runs: wait again.
+  while :; do
+    rc=0
+    wait "$pid" || rc=$?
+    kill -0 "$pid" 2>/dev/null || break
+  done
+  if [[ $rc -ne 0 && $status -eq 0 ]]; then
+    status=$rc
+  fi
 done
 if [[ "$DRY_RUN" != "1" ]]; then
   tail -n 20 "$WORKDIR/process_0.log"

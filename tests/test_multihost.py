@@ -1,65 +1,207 @@
-"""Two JAX processes (gloo CPU collectives, 2 devices each) = one process with 4 devices.
+"""The pod path end to end, as users run it: `launch/local_multiprocess.sh` → `vapo_jax.main`.
 
-Both runs go through value pretraining and two RL steps of the tiny config with the same
-(data 1, fsdp 2, tensor 2) mesh; in the 2-process run each host tokenizes, samples, reads
-back and scores only its own rows, and the optimizer steps run as one SPMD program across
-the processes. The final parameters must agree.
+Two JAX processes with two CPU devices each (gloo collectives) are the multi-host code path on
+one machine. The runs go through every stage with periodic and stage-end saves:
+
+1. 2 processes: SIGTERM (to the launcher, which passes it to every process) in the middle of
+   RL; they must agree on one step, save it, and exit 0.
+2. The same command again resumes and finishes.
+3. A copy of the stopped run resumes on 1 process with 4 devices (a different process count).
+4. 1 process with 4 devices runs uninterrupted: the reference.
+
+The exported final policies and critics (`python -m vapo_jax.tools.export`, HF safetensors)
+of 2 and 3 must equal 4's. Also: every save completes with synchronous saves, and a host that
+never reaches a collective ends every process with a message within the deadline.
 """
 
 import json
 import os
-import socket
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
+import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "multihost_worker.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.path.join(ROOT, "launch", "local_multiprocess.sh")
+TIMEOUT = 600
+
+# The tiny default, shrunk: global steps are sft 1-4, value pretraining 5-6, rl 7-12.
+FLAGS = ["--config.sft.steps=4", "--config.sft.batch_size=16",
+         "--config.value_pretrain.max_steps=2", "--config.value_pretrain.min_steps=2",
+         "--config.rl.steps=6", "--config.rl.prompts_per_step=8",
+         "--config.rl.responses_per_prompt=4", "--config.eval.num_examples=8",
+         "--config.eval.batch_prompts=8", "--config.data.num_train=256",
+         "--config.data.num_eval=8", "--config.checkpoint.every=3",
+         "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
+         "--config.metrics.tensorboard=False", "--config.metrics.plot=False",
+         "--config.faults.collective_timeout_s=300"]
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _run(out_dir, nproc: int, ndev: int) -> dict:
-  os.makedirs(out_dir, exist_ok=True)
-  port = _free_port()
+def _env(nproc: int, devices: int, workdir, **extra) -> dict:
   env = {k: v for k, v in os.environ.items()
-         if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS"))}
-  procs = [subprocess.Popen([sys.executable, WORKER, str(out_dir), str(i), str(nproc),
-                             str(port), str(ndev)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for i in range(nproc)]
-  outs = []
+         if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS", "XLA_FLAGS"))}
+  return {**env, "NPROC": str(nproc), "DEVICES": str(devices), "WORKDIR": str(workdir),
+          **extra}
+
+
+def _launch(nproc: int, devices: int, workdir, *flags, **extra) -> subprocess.Popen:
+  return subprocess.Popen(["bash", LAUNCH, *FLAGS, *flags],
+                          env=_env(nproc, devices, workdir, **extra), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc: subprocess.Popen, workdir, timeout: float = TIMEOUT) -> str:
   try:
-    for p in procs:
-      outs.append(p.communicate(timeout=400)[0])
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for i, (p, out) in enumerate(zip(procs, outs)):
-    assert p.returncode == 0, f"process {i} of {nproc} failed:\n{out[-4000:]}"
-  with np.load(os.path.join(out_dir, "params.npz")) as z:
-    params = dict(z)
-  with open(os.path.join(out_dir, "last.json"), encoding="utf-8") as f:
-    last = json.load(f)
-  with open(os.path.join(out_dir, "metrics.jsonl"), encoding="utf-8") as f:
-    stages = [json.loads(line)["stage"] for line in f]
-  return {"params": params, "last": last, "stages": stages}
+    out = proc.communicate(timeout=timeout)[0]
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    raise AssertionError(f"no exit within {timeout} s:\n{_logs(workdir)}") from None
+  assert proc.returncode == 0, f"exit {proc.returncode}:\n{out[-3000:]}\n{_logs(workdir)}"
+  return _logs(workdir)
 
 
-def test_two_processes_equal_one_process_with_four_devices(tmp_path):
-  two = _run(tmp_path / "two", nproc=2, ndev=2)
-  one = _run(tmp_path / "one", nproc=1, ndev=4)
-  assert two["last"]["kind"] == "explicit" and two["last"]["process_count"] == 2
-  # Process 0 alone wrote the metrics file: one line per record, not one per process.
-  assert two["stages"] == one["stages"] == ["value_pretrain", "rl", "rl"]
-  assert 0 < one["last"]["reward/mean"] < 1
-  for k in ("reward/mean", "response/length_mean", "policy_loss", "value_loss", "entropy"):
-    np.testing.assert_allclose(two["last"][k], one["last"][k], rtol=1e-4, atol=1e-6, err_msg=k)
-  assert one["params"].keys() == two["params"].keys()
-  for k, v in one["params"].items():
-    np.testing.assert_allclose(two["params"][k], v, rtol=1e-4, atol=2e-5, err_msg=k)
+def _logs(workdir) -> str:
+  out = []
+  for name in sorted(os.listdir(workdir)):
+    if name.startswith("process_"):
+      with open(os.path.join(workdir, name), encoding="utf-8", errors="replace") as f:
+        text = "".join(l for l in f if not l.startswith("[Gloo]"))
+      out.append(f"--- {name}\n{text[-4000:]}")
+  return "\n".join(out)
+
+
+def _summary(workdir) -> dict:
+  """The JSON summary process 0 prints at the end."""
+  with open(os.path.join(workdir, "process_0.log"), encoding="utf-8") as f:
+    text = f.read()
+  return json.loads(text[text.rindex("\n{") + 1:])
+
+
+def _checkpoints(workdir) -> list[int]:
+  d = os.path.join(workdir, "checkpoints")
+  return sorted(int(s) for s in os.listdir(d) if s.isdigit())
+
+
+def _records(workdir) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def _wait_for_rl_step(workdir, step: int, proc: subprocess.Popen) -> None:
+  path = os.path.join(workdir, "metrics.jsonl")
+  deadline = time.monotonic() + TIMEOUT
+  while time.monotonic() < deadline:
+    if os.path.exists(path) and any(r["stage"] == "rl" and r["step"] >= step
+                                    for r in _records(workdir)):
+      return
+    assert proc.poll() is None, f"exited early:\n{_logs(workdir)}"
+    time.sleep(0.5)
+  raise AssertionError(f"rl step {step} never logged:\n{_logs(workdir)}")
+
+
+def _export(workdir, what: str):
+  out = os.path.join(workdir, f"hf_{what}")
+  return subprocess.Popen([sys.executable, "-m", "vapo_jax.tools.export",
+                           "--config=configs/tiny.py", *FLAGS, f"--workdir={workdir}",
+                           f"--out={out}", f"--what={what}"], cwd=ROOT,
+                          env={**_env(1, 4, workdir), "JAX_PLATFORMS": "cpu",
+                               "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _tensors(workdir, what: str) -> dict:
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  path = os.path.join(workdir, f"hf_{what}")
+  out = {}
+  for name in sorted(os.listdir(path)):
+    if name.endswith(".safetensors"):
+      out.update(load_file(os.path.join(path, name)))
+  return out
+
+
+def test_sigterm_resume_and_process_counts_equal_one_process(tmp_path):
+  two, moved, one = tmp_path / "two", tmp_path / "moved", tmp_path / "one"
+
+  # 1. Two processes, SIGTERM after the first RL step has been logged.
+  proc = _launch(2, 2, two)
+  reference = _launch(1, 4, one)  # 4. meanwhile, the uninterrupted reference
+  _wait_for_rl_step(two, 1, proc)
+  proc.send_signal(signal.SIGTERM)
+  _finish(proc, two)
+  stopped = _summary(two)
+  assert "stopped by SIGTERM after rl step" in stopped["preempted"], stopped
+  rl_step = int(stopped["preempted"].split("after rl step ")[1].split()[0])
+  global_step = 6 + rl_step
+  assert 1 <= rl_step < 6
+  # The newest checkpoint is the agreed stop (nothing after it was written).
+  assert _checkpoints(two)[-1] == global_step, (_checkpoints(two), stopped)
+  shutil.copytree(two, moved)
+
+  # 2. The same command resumes and finishes; 3. the copy resumes on one process.
+  _finish(_launch(2, 2, two), two)
+  _finish(_launch(1, 4, moved), moved)
+  _finish(reference, one)
+  for w in (two, moved, one):
+    summary = _summary(w)
+    assert "preempted" not in summary and "eval_after_rl" in summary, summary
+    assert _checkpoints(w)[-1] == 12, _checkpoints(w)
+  assert "Restored checkpoint" in _logs(two) and "Restored checkpoint" in _logs(moved)
+
+  # Process 0 alone writes metrics, once per record, resumed or not.
+  def stages(w):
+    return [(r["stage"], r["step"]) for r in _records(w)]
+  assert stages(two) == stages(moved) == stages(one)
+  last = {w: [r for r in _records(w) if r["stage"] == "rl"][-1] for w in (two, moved, one)}
+  for w in (two, moved):
+    for k in ("reward/mean", "response/length_mean", "policy_loss", "value_loss"):
+      np.testing.assert_allclose(last[w][k], last[one][k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+  exports = [(w, what, _export(w, what)) for w in (two, moved, one)
+             for what in ("policy", "critic")]
+  for w, what, p in exports:
+    out = p.communicate(timeout=TIMEOUT)[0]
+    assert p.returncode == 0, f"export {what} of {w}:\n{out[-3000:]}"
+  for what in ("policy", "critic"):
+    ref = _tensors(one, what)
+    for w in (two, moved):
+      got = _tensors(w, what)
+      assert got.keys() == ref.keys()
+      for k, v in ref.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=2e-5, err_msg=f"{w} {k}")
+
+
+def test_synchronous_saves_all_complete(tmp_path):
+  w = tmp_path / "sync"
+  _finish(_launch(2, 2, w, "--config.checkpoint.async_save=False", "--config.rl.steps=2",
+                  "--config.checkpoint.every=2"), w)
+  assert _checkpoints(w)[-3:] == [4, 6, 8], _checkpoints(w)  # kept: the newest 3
+  assert "eval_after_rl" in _summary(w)
+
+
+@pytest.mark.parametrize("operation", ["SIGTERM agreement"])
+def test_a_host_that_never_arrives_ends_every_process_within_the_deadline(tmp_path,
+                                                                          operation):
+  w = tmp_path / "stuck"
+  deadline = 20
+  t0 = time.monotonic()
+  proc = _launch(2, 2, w, f"--config.faults.collective_timeout_s={deadline}",
+                 VAPO_TEST_STALL=f"{operation}:1")
+  try:
+    proc.communicate(timeout=TIMEOUT)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    raise AssertionError(f"still running:\n{_logs(w)}") from None
+  assert proc.returncode != 0
+  logs = _logs(w)
+  # Both hosts stop at the first step boundary: process 1 never arrives at the agreement,
+  # process 0 waits in it; each names the stage, the step and the operation.
+  for i in (0, 1):
+    with open(os.path.join(w, f"process_{i}.log"), encoding="utf-8") as f:
+      text = f.read()
+    assert f"process {i} of 2: {operation} (stage sft, step 1) did not finish within " \
+           f"{deadline} s (faults.collective_timeout_s)" in text, logs
+  assert time.monotonic() - t0 < TIMEOUT

@@ -32,6 +32,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocp_managers
 
+from vapo_jax import distributed as dist
+
 ARRAYS = "arrays"
 META = "meta"
 
@@ -52,18 +54,31 @@ def _bits_u32(x: jax.Array) -> jax.Array:
 
 
 @jax.jit
-def _checksum(x: jax.Array) -> jax.Array:
-  return jnp.sum(_bits_u32(x), dtype=jnp.uint32)
+def _checksums(leaves: list[jax.Array]) -> jax.Array:
+  """uint32 [len(leaves)]: the wrapping sum of each leaf's bits, in one program."""
+  return jnp.stack([jnp.sum(_bits_u32(x), dtype=jnp.uint32) for x in leaves])
 
 
 def checksums(tree: Any) -> list[int]:
   """Per-leaf wrapping uint32 sums of the bits: equal iff (almost surely) the bits are.
 
-  One small jitted reduction per leaf (leaves may live on different meshes); only the
-  scalars travel to the host.
+  One jitted program per set of devices the leaves live on (one for a run's state), and one
+  transfer of the results to the host. Not one program per leaf: on a multi-process run each
+  reduction of a sharded leaf is a cross-process collective, and XLA's CPU client deadlocks
+  when ~40 collective programs are dispatched ahead of their execution (the per-device
+  in-flight semaphore is taken out of order while launches are chained in order) — a
+  ~100-leaf state saved leaf by leaf hung every multi-process CPU run at its first saves.
   """
-  sums = [_checksum(x) for x in jax.tree.leaves(tree)]
-  return [int(v) for v in jax.device_get(sums)]
+  leaves = jax.tree.leaves(tree)
+  groups: dict[Any, list[int]] = {}
+  for i, x in enumerate(leaves):
+    groups.setdefault(frozenset(x.sharding.device_set), []).append(i)
+  sums: list[int] = [0] * len(leaves)
+  for idx in groups.values():
+    values = jax.device_get(_checksums([leaves[i] for i in idx]))
+    for i, v in zip(idx, values):
+      sums[i] = int(v)
+  return sums
 
 
 def key_paths(tree: Any) -> list[str]:
@@ -184,15 +199,23 @@ class CheckpointStore:
     exception it raises marks the checkpoint as bad. Returns None when there is none.
     """
     for step in reversed(self.steps()):
+      error = None
       try:
-        return restore_fn(step, self.read_meta(step))
+        found = restore_fn(step, self.read_meta(step))
       except Exception as e:  # pylint: disable=broad-except
-        where = "leaving it" if self.read_only else f"moving it to {self._quarantine_dir()}"
-        warnings.warn(f"checkpoint {step} in {self.directory} cannot be restored "
-                      f"({type(e).__name__}: {str(e)[:300]}); {where} and trying the "
-                      "previous one")
-        if not self.read_only:
-          self._quarantine(step)
+        error = e
+      # Every host takes the same branch: a checkpoint damaged in one host's slices only is
+      # set aside by all (otherwise the hosts would go on with different states and meet
+      # in different collectives).
+      if not dist.any_process(error is not None):
+        return found
+      reason = (f"{type(error).__name__}: {str(error)[:300]}" if error is not None
+                else "it failed to restore on another host")
+      where = "leaving it" if self.read_only else f"moving it to {self._quarantine_dir()}"
+      warnings.warn(f"checkpoint {step} in {self.directory} cannot be restored ({reason}); "
+                    f"{where} and trying the previous one")
+      if not self.read_only:
+        self._quarantine(step)
     return None
 
   def _quarantine_dir(self) -> str:

@@ -182,6 +182,13 @@ class CheckpointSection:
 class FaultsSection:
   max_consecutive_nonfinite: int = 5    # updates skipped in a row (NaN/inf) before the run stops
   handle_sigterm: bool = True           # SIGTERM: checkpoint at the next step boundary, exit
+  # Deadlines (seconds, 0 = none) after which a stuck process exits with a message naming
+  # the stage, step and operation (exit code 3), instead of hanging: a host-side
+  # collective, barrier, checkpoint save/write/restore; one whole step (compile included);
+  # and the wait for a step boundary after SIGTERM (a second SIGTERM exits at once).
+  collective_timeout_s: float = 1800.0
+  step_timeout_s: float = 7200.0
+  sigterm_grace_s: float = 900.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,6 +390,9 @@ def validate(cfg: Config) -> None:
   need(ck.keep >= 1, "checkpoint.keep", ck.keep, ">= 1")
   need(cfg.faults.max_consecutive_nonfinite >= 1, "faults.max_consecutive_nonfinite",
        cfg.faults.max_consecutive_nonfinite, ">= 1")
+  for name in ("collective_timeout_s", "step_timeout_s", "sigterm_grace_s"):
+    value = getattr(cfg.faults, name)
+    need(value >= 0, f"faults.{name}", value, ">= 0 (0: no deadline)")
 
 
 # --------------------------------------------------------------------------- internals

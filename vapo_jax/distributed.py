@@ -103,6 +103,28 @@ def _wants_cpu() -> bool:
   return platforms.split(",")[0].strip() == "cpu"
 
 
+def pace(x: Any) -> Any:
+  """Waits for `x` on multi-process CPU runs (elsewhere returns it at once); returns x.
+
+  Call it once per iteration of a host loop that dispatches collective programs (update
+  minibatches, sampler calls). XLA's CPU client deadlocks when about 40 programs with
+  cross-process collectives are dispatched ahead of their execution: the per-device
+  in-flight semaphore is taken out of order while launches are chained in order. TPU and GPU
+  runtimes queue per device and need no pacing.
+  """
+  if jax.process_count() > 1 and jax.default_backend() == "cpu":
+    jax.block_until_ready(x)
+  return x
+
+
+def any_process(flag: bool) -> bool:
+  """True on every process if `flag` is True on any (one small collective; call on all)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+
+
 def is_main() -> bool:
   """True on process 0: the one that writes logs, metrics and other files."""
   return jax.process_index() == 0

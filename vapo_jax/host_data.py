@@ -53,8 +53,8 @@ def sample(sampler, params, prompt_ids: Callable[[int], Sequence[int]], num_prom
     raise ValueError(f"{num_prompts} prompts do not split into calls of {per}")
   parts = []
   for c in range(num_prompts // per):
-    part = _sample_once(sampler, params, lambda i, o=c * per: prompt_ids(o + i), per,
-                        jax.random.fold_in(key, c))
+    part = dist.pace(_sample_once(sampler, params, lambda i, o=c * per: prompt_ids(o + i),
+                                  per, jax.random.fold_in(key, c)))
     parts.append(dataclasses.replace(
         part, group_ids_B=part.group_ids_B + c * per))
   sh = row_sharding(sampler)

@@ -8,17 +8,22 @@ and a position is `(stage, steps done in it, global step)`; the global step coun
 every stage and numbers the checkpoints. :class:`RunControl` keeps the position, decides
 when to save, turns SIGTERM (a TPU preemption notice) into a request to stop at the next
 step boundary agreed by all hosts, and counts updates skipped for a NaN/inf loss or
-gradient, stopping the run when too many come in a row. No model code: it sits below the
-trainer, which owns the arrays.
+gradient, stopping the run when too many come in a row. It also keeps the run's deadlines
+(`watchdog`): each step must end within `step_timeout_s` of the previous one, each host-side
+collective or checkpoint operation run under `guard` within `collective_timeout_s`, and the
+run must reach a step boundary within `sigterm_grace_s` of a SIGTERM; otherwise the process
+exits with a message naming the stage, step and operation instead of hanging. No model
+code: it sits below the trainer, which owns the arrays.
 """
 
+import contextlib
 import dataclasses
 import signal
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
-import jax
-import numpy as np
+from vapo_jax import distributed as dist
+from vapo_jax import watchdog as watchdog_lib
 
 STAGES = ("sft", "value_pretrain", "rl", "done")
 
@@ -51,10 +56,7 @@ def first_stage(cfg) -> str:
 
 def any_host(flag: bool) -> bool:
   """True on every host if it is True on any (all hosts must stop at the same step)."""
-  if jax.process_count() == 1:
-    return bool(flag)
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+  return dist.any_process(flag)
 
 
 @dataclasses.dataclass
@@ -69,6 +71,9 @@ class RunControl:
     skipped_in_a_row: the current run of consecutive skipped updates.
     max_in_a_row: stop when skipped_in_a_row reaches this.
     save_every: periodic save interval in global steps (0: stage boundaries only).
+    collective_timeout_s: deadline of each `guard`ed operation (0: none).
+    step_timeout_s: deadline of each step, counted from the end of the previous one.
+    sigterm_grace_s: deadline for reaching a step boundary after SIGTERM.
   """
   stage: str = "sft"
   step: int = 0
@@ -77,6 +82,10 @@ class RunControl:
   skipped_in_a_row: int = 0
   max_in_a_row: int = 5
   save_every: int = 0
+  collective_timeout_s: float = 0.0
+  step_timeout_s: float = 0.0
+  sigterm_grace_s: float = 0.0
+  watchdog: watchdog_lib.Watchdog = dataclasses.field(default_factory=watchdog_lib.Watchdog)
   _sigterm: bool = False
   _previous_handler: Any = None
 
@@ -85,12 +94,31 @@ class RunControl:
     """Marks `stage` as running; returns the steps of it already done (0 unless resumed)."""
     if self.stage != stage:
       self.stage, self.step = stage, 0
+    self._arm_step()
     return self.step
 
   def advance(self, stage: str, done: int) -> None:
     """One step of `stage` finished; `done` steps of it are complete now."""
     self.stage, self.step = stage, done
     self.global_step += 1
+    self._arm_step()
+
+  def _arm_step(self) -> None:
+    self.watchdog.arm("step", f"{self.stage} step {self.step + 1} (compile, rollout, "
+                      "update, eval and saves)", self.stage, self.step + 1,
+                      self.step_timeout_s, "faults.step_timeout_s")
+
+  @contextlib.contextmanager
+  def guard(self, operation: str) -> Iterator[None]:
+    """Runs a host-side collective or checkpoint operation under `collective_timeout_s`."""
+    with self.watchdog.guard(operation, self.stage, self.step, self.collective_timeout_s,
+                             "faults.collective_timeout_s"):
+      yield
+
+  def close(self) -> None:
+    """Stops the deadlines and the SIGTERM handling (the run is over)."""
+    self.uninstall_sigterm()
+    self.watchdog.close()
 
   def periodic_save_due(self) -> bool:
     return self.save_every > 0 and self.global_step % self.save_every == 0
@@ -119,9 +147,14 @@ class RunControl:
       self._previous_handler = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread: leave signals alone
       warnings.warn("SIGTERM handler not installed (not on the main thread)")
+      return
+    # The handler above runs only when the main thread runs Python; the watchdog also sees
+    # SIGTERMs while it is blocked (grace deadline, second SIGTERM exits).
+    self.watchdog.watch_sigterm(self.sigterm_grace_s)
 
   def uninstall_sigterm(self) -> None:
     if self._previous_handler is not None:
+      self.watchdog.unwatch_sigterm()
       signal.signal(signal.SIGTERM, self._previous_handler)
       self._previous_handler = None
 
@@ -131,7 +164,8 @@ class RunControl:
 
   def stop_requested(self) -> bool:
     """Whether any host got SIGTERM (a collective on multi-host runs: call on all hosts)."""
-    return any_host(self._sigterm)
+    with self.guard("SIGTERM agreement"):
+      return any_host(self._sigterm)
 
   # ---------------------------------------------------------------- non-finite steps
   def count_skipped(self, skipped: list[bool], where: str) -> dict[str, float]:

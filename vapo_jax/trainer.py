@@ -77,7 +77,8 @@ class Trainer:
     self.ckpt = run_checkpoint.store(cfg, workdir, read_only=read_only)
     self.ctl = run_control.RunControl(
         stage=run_control.first_stage(cfg), max_in_a_row=cfg.faults.max_consecutive_nonfinite,
-        save_every=ck.every)
+        save_every=ck.every, collective_timeout_s=cfg.faults.collective_timeout_s,
+        step_timeout_s=cfg.faults.step_timeout_s, sigterm_grace_s=cfg.faults.sigterm_grace_s)
     self.summary: dict[str, Any] = {}
     self.sft_state = self.sft_prompts = self.policy_state = None
     self.rules = builders.rules_of(cfg)
@@ -292,7 +293,7 @@ class Trainer:
         if critic:
           self.critic_state, cm = self._critic_step(self.critic_state, mb)
           m.update(cm)
-        records.append(m)
+        records.append(dist.pace(m))
     records = jax.device_get(records)
     dt = time.perf_counter() - t0
     skipped = [max(float(r.pop("policy_skipped", 0)), float(r.pop("critic_skipped", 0))) > 0
@@ -430,9 +431,10 @@ class Trainer:
     except run_control.Preempted as e:
       summary["preempted"] = str(e)
     finally:
-      self.ctl.uninstall_sigterm()
       if self.ckpt:
-        self.ckpt.wait()
+        with self.ctl.guard("checkpoint write"):
+          self.ckpt.wait()
+      self.ctl.close()
       self.log.flush()
     if "preempted" not in summary:
       self._plot()
@@ -440,6 +442,7 @@ class Trainer:
     return summary
 
   def close(self):
+    self.ctl.close()
     self.scorer.close()
     self.log.close()
     if self.ckpt:
@@ -455,7 +458,8 @@ class Trainer:
       self.save(score=score)
     if stop:
       if self.ckpt:
-        self.ckpt.wait()
+        with self.ctl.guard("checkpoint write"):
+          self.ckpt.wait()
       raise run_control.Preempted(
           f"stopped by SIGTERM after {stage} step {done} (global step "
           f"{self.ctl.global_step}); " + (f"checkpoint saved in {self.ckpt.directory}, "
@@ -468,11 +472,13 @@ class Trainer:
 
   def save(self, score: float | None = None) -> None:
     """Checkpoints the current position (no-op without a workdir or if already saved)."""
-    run_checkpoint.save(self, score=score)
+    with self.ctl.guard(f"checkpoint save {self.ctl.global_step}"):
+      run_checkpoint.save(self, score=score)
 
   def resume(self, step: int | None = None) -> int | None:
     """Restores checkpoint `step` (None: the newest good one); returns its step or None."""
-    return run_checkpoint.restore(self, step)
+    with self.ctl.guard("checkpoint restore"):
+      return run_checkpoint.restore(self, step)
 
   def _save_critic(self):
     """The value-pretrained critic as an HF directory other runs load via model.critic_path."""
