@@ -205,3 +205,46 @@ def test_a_host_that_never_arrives_ends_every_process_within_the_deadline(tmp_pa
     assert f"process {i} of 2: {operation} (stage sft, step 1) did not finish within " \
            f"{deadline} s (faults.collective_timeout_s)" in text, logs
   assert time.monotonic() - t0 < TIMEOUT
+
+
+_BURST = """
+import os, sys
+pid, port = int(sys.argv[1]), sys.argv[2]
+sys.path.insert(0, {root!r})
+from vapo_jax import distributed as dist
+dist.initialize("explicit", coordinator=f"127.0.0.1:{{port}}", num_processes=2, process_id=pid)
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from vapo_jax import checkpointing
+mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+tree = [jax.device_put(jnp.arange(64.0) + i, NamedSharding(mesh, P("d"))) for i in range(120)]
+sums = checkpointing.checksums(tree)                     # one program, not 120
+total = jax.jit(lambda x: jnp.sum(x))
+paced = [dist.pace(total(x)) for x in tree]             # 120 collective programs, paced
+print("ok", len(set(sums)), float(sum(jax.device_get(paced))), flush=True)
+"""
+
+
+def test_many_collectives_in_a_row_do_not_deadlock(tmp_path):
+  # Unpaced, XLA's CPU client hangs after ~40 such programs in flight (the cause of the
+  # multi-process checkpoint hang); checksums and the paced loops must not.
+  import socket  # pylint: disable=import-outside-toplevel
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  code = _BURST.format(root=ROOT)
+  env = {**_env(2, 2, tmp_path), "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  outs = []
+  try:
+    for p in procs:
+      outs.append(p.communicate(timeout=120)[0])
+  finally:
+    for p in procs:
+      p.kill()
+  want = f"ok 120 {sum(64 * 63 / 2 + 64 * i for i in range(120))}"
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0 and want in out, out[-2000:]

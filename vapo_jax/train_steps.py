@@ -17,6 +17,7 @@ from typing import Any, Callable
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -320,14 +321,11 @@ def compile_step(step_fn, state: TrainState, mesh, batch_axes,
 
 
 def shard_batch(batch: dict, mesh, batch_axes) -> dict:
-  """Puts this process's rows of a batch on the mesh, rows split over the batch axes.
+  """Puts a global batch (the same on every host) on the mesh, rows split over the batch axes.
 
-  One process: `batch` is the whole batch. Several: each passes its own rows (the same
-  number on every host, those its devices hold, in order) and gets the global batch of
-  process_count × as many rows, assembled by `jax.make_array_from_process_local_data`.
+  Each process copies only the slices its own devices hold, so the result, and the training
+  step that consumes it, are the same for any number of processes.
   """
   sh = batch_sharding(mesh, batch_axes)
-  if jax.process_count() == 1:
-    return {k: jax.device_put(v, sh) for k, v in batch.items()}
-  return {k: jax.make_array_from_process_local_data(sh, v) for k, v in batch.items()}
-
+  return {k: jax.make_array_from_callback(np.shape(v), sh, lambda idx, v=np.asarray(v): v[idx])
+          for k, v in batch.items()}

@@ -167,9 +167,10 @@ class Trainer:
     self.sft_state = ts.init_state(self.policy_params, tx)
     self._sft_step = ts.compile_step(functools.partial(ts.sft_step, self.graphdef, tx),
                                      self.sft_state, self.mesh, self.batch_axes, self.rules)
+    # The global batch, identical on every host (like the RL prompts): SFT is the same for
+    # any number of processes, and resumes on a different number.
     self.sft_prompts = PromptIterator(self.train_examples, cfg.sft.batch_size,
-                                      seed=cfg.seed + 1, process_index=jax.process_index(),
-                                      process_count=jax.process_count())
+                                      seed=cfg.seed + 1)
 
   def _rl_setup(self):
     """The policy optimizer, state and compiled step of the RL stage (once)."""
