@@ -41,7 +41,7 @@ _TOKEN_RE = re.compile(
     r"|(?P<num>\d+\.\d*|\.\d+|\d+)"
     r"|(?P<cmd>\\[A-Za-z]+|\\[{}|,;:!%$#&_ ])"
     r"|(?P<word>[A-Za-z]+)"
-    r"|(?P<op><=|>=|!=|\*\*|[-+*/^_()\[\]{}|!,=<>'%:])")
+    r"|(?P<op><=|>=|!=|\*\*|\\\\|[-+*/^_()\[\]{}|!,=<>'%:&])")
 
 _UNICODE = {
     "≤": "<=", "≥": ">=", "≠": "!=", "π": r"\pi", "∞": r"\infty",
@@ -73,6 +73,10 @@ def tokenize(text: str) -> list[str]:
   """Splits `text` into tokens; raises ParseError on unknown characters."""
   for u, r in _UNICODE.items():
     text = text.replace(u, " " + r + " ")
+  # Every matrix environment is one pair of tokens (see `normalize`).
+  text = re.sub(r"\\begin\{(?:array\}\{[^{}]*|[pbBvVs]?matrix)\}", r" \\matrix ",
+                text)
+  text = re.sub(r"\\end\{(?:array|[pbBvVs]?matrix)\}", r" \\endmatrix ", text)
   tokens = []
   pos = 0
   while pos < len(text):
@@ -105,6 +109,8 @@ class _Parser:
     self.i = 0
     self.depth = 0
     self.abs_depth = 0
+    self.sum_depth = 0
+    self.bound = []  # Index names of enclosing sums: `i`, `e` are symbols there.
     self.limits = limits
 
   # -- token helpers --------------------------------------------------------
@@ -174,6 +180,7 @@ class _Parser:
     if tok.startswith("\\") and tok not in _RELOPS and tok not in (
         r"\cdot", r"\times", r"\div", r"\pm", r"\mp", r"\}", r"\cup",
         r"\cap", r"\right", r"\rfloor", r"\rceil", r"\in", r"\to", r"\,",
+        r"\endmatrix", "\\\\",
         r"\;", r"\:", r"\!", r"\ "):
       return True
     return False
@@ -324,6 +331,69 @@ class _Parser:
       out = safe_pow(out, power, self.limits)
     return out
 
+  def matrix(self):
+    """`\\matrix a & b \\\\ c & d \\endmatrix` -> an immutable sympy matrix."""
+    self.take(r"\matrix")
+    rows, row = [], []
+    while True:
+      if self.peek() == r"\endmatrix":
+        self.take()
+        break
+      row.append(self.sum())
+      if len(row) * (len(rows) + 1) > self.limits.max_matrix_cells:
+        raise TooLarge("matrix")
+      sep = self.take()
+      if sep == "&":
+        continue
+      if sep == "\\\\" or sep == r"\endmatrix":
+        rows.append(row)
+        row = []
+        if sep == r"\endmatrix":
+          break
+        continue
+      raise ParseError(f"unexpected {sep!r} in a matrix")
+    if row:
+      rows.append(row)
+    if not rows or len({len(r) for r in rows}) != 1:
+      raise ParseError("ragged matrix")
+    return sympy.ImmutableMatrix(rows)
+
+  def big_operator(self, tok):
+    """`\\sum_{k=a}^{b} body` (and `\\prod`): added up when the bounds are
+    integers at most `limits.max_terms` apart, else a sympy `Sum`/`Product`
+    over a canonically named index so that renamed indices compare equal.
+    The body is one product (`\\sum_k k^2 + 1` is (sum k^2) + 1)."""
+    self.take()
+    self.take("_")
+    self.take("{")
+    var = self.take()
+    if not (var.isalpha() or var.lstrip("\\") in _GREEK):
+      raise ParseError("sum index")
+    self.take("=")
+    lo = self.sum()
+    self.take("}")
+    self.take("^")
+    hi = self.power_operand()
+    self.sum_depth += 1
+    index = sympy.Symbol(f"_k{self.sum_depth}")
+    self.bound.append(var)
+    body = self.product().subs(sympy.Symbol(var.lstrip("\\")), index)
+    self.bound.pop()
+    self.sum_depth -= 1
+    if lo.is_Integer and hi.is_Integer and (
+        0 <= hi - lo < self.limits.max_terms):
+      terms = [body.subs(index, j) for j in range(int(lo), int(hi) + 1)]
+      if tok == r"\sum":
+        return sympy.Add(*terms)
+      out = sympy.Integer(1)
+      for t in terms:
+        out = out * t
+        if out.is_Integer and out.p.bit_length() > self.limits.max_bits:
+          raise TooLarge("product")
+      return out
+    cls = sympy.Sum if tok == r"\sum" else sympy.Product
+    return cls(body, (index, lo, hi))
+
   def atom(self):
     tok = self.peek()
     if tok is None:
@@ -376,6 +446,10 @@ class _Parser:
       if index == 2:
         return sympy.sqrt(x)
       return safe_pow(x, sympy.Integer(1) / index, self.limits)
+    if tok == r"\matrix":
+      return self.matrix()
+    if tok in (r"\sum", r"\prod"):
+      return self.big_operator(tok)
     if tok in (r"\pi", "pi"):
       self.take()
       return sympy.pi
@@ -390,9 +464,9 @@ class _Parser:
       return sympy.Symbol(self.symbol_name(tok))
     if tok.isalpha() and len(tok) == 1:
       self.take()
-      if tok == "i" and self.peek() != "_":
+      if tok == "i" and self.peek() != "_" and tok not in self.bound:
         return sympy.I
-      if tok == "e" and self.peek() != "_":
+      if tok == "e" and self.peek() != "_" and tok not in self.bound:
         return sympy.E
       return sympy.Symbol(self.symbol_name(tok))
     raise ParseError(f"unexpected token {tok!r}")
@@ -424,5 +498,7 @@ def parse_latex(text: str, limits: Limits = DEFAULT_LIMITS):
     raise TooLarge("nesting") from e
   except (ZeroDivisionError, OverflowError) as e:
     raise TooLarge(str(e)) from e
-  except (TypeError, AttributeError) as e:
+  except (TypeError, AttributeError, ValueError, IndexError) as e:
+    if isinstance(e, TooLarge):
+      raise
     raise ParseError(str(e)) from e

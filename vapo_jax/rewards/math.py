@@ -11,6 +11,13 @@ Reasons in a `Verdict` (the prefix before `:` is stable for metrics):
   `mismatch`, `mismatch:too_large` -- compared and different;
   `no_answer`, `malformed_box`, `empty_box`, `answer_too_long`,
   `empty_reference` -- nothing to compare.
+
+Modes (`CheckOptions.mode`): `strict`, the training reward's default, judges
+only a marked final answer and the last marker wins (formatting hacks earn
+nothing); `lenient`, for evaluation, also accepts the final unmarked answer
+of a response with no marker, and several boxes that together state a
+multi-part reference (`\\boxed{2}` ... `\\boxed{3}` for `2, 3`). See
+`extract` for the extraction rules of each mode.
 """
 
 import dataclasses
@@ -42,12 +49,22 @@ class CheckOptions:
   Attributes:
     limits: bounds on parsing and building expressions.
     tolerance: numeric comparison tolerances.
+    mode: `strict` (marked final answers only; the training default) or
+      `lenient` (also unmarked final answers and multi-box answers; for
+      evaluation).
   """
   limits: latex.Limits = latex.DEFAULT_LIMITS
   tolerance: answers.Tolerance = answers.Tolerance()
+  mode: str = "strict"
+
+  def __post_init__(self):
+    if self.mode not in extract.MODES:
+      raise ValueError(f"CheckOptions.mode must be one of {extract.MODES}, "
+                       f"got {self.mode!r}")
 
 
 DEFAULT_OPTIONS = CheckOptions()
+LENIENT_OPTIONS = CheckOptions(mode="lenient")
 
 
 def answers_match(answer: str, reference: str,
@@ -89,19 +106,52 @@ def check_answer(response: str, reference: str,
     A `Verdict`. Never raises on any string input and never evaluates the
     text as code.
   """
-  found = extract.extract_answer(response)
-  if found.answer is None:
-    return Verdict(False, found.reason, None)
+  found = extract.extract_answer(response, options.mode)
   ref = extract.extract_reference(reference)
+  if found.answer is None:
+    verdict = Verdict(False, found.reason, None)
+  else:
+    verdict = _compare(found.answer, ref, options)
+  if options.mode == "lenient" and not verdict.correct:
+    joined = _joined_boxes(response, ref)
+    if joined is not None:
+      again = _compare(joined, ref, options)
+      if again.correct:
+        return Verdict(True, again.reason + ":boxes", joined)
+  return verdict
+
+
+def _compare(answer: str, ref: str, options: CheckOptions) -> Verdict:
   try:
-    ok, reason = answers_match(found.answer, ref, options)
+    ok, reason = answers_match(answer, ref, options)
   except RecursionError:
     ok, reason = False, "mismatch:too_large"
-  return Verdict(ok, reason, found.answer)
+  return Verdict(ok, reason, answer)
+
+
+def _joined_boxes(response: str, reference: str) -> str | None:
+  """Lenient mode: the last k boxes joined by commas, when the reference
+  lists k >= 2 parts and the response has at least k boxes."""
+  parts = answers.count_parts(normalize.normalize_answer(reference))
+  if parts < 2:
+    return None
+  boxes = extract.all_boxes(response)
+  if len(boxes) < parts:
+    return None
+  return ", ".join(boxes[-parts:])
 
 
 def score(prompt: str, response: str, reference: str) -> tuple[float, str]:
-  """The default reward plug-in: 1.0 for a correct final answer, else 0.0."""
+  """The default reward plug-in (strict mode): 1.0 for a correct final
+  answer, else 0.0."""
   del prompt  # The math reward depends only on the answer.
   verdict = check_answer(response, reference)
+  return (1.0 if verdict.correct else 0.0), verdict.reason
+
+
+def score_lenient(prompt: str, response: str,
+                  reference: str) -> tuple[float, str]:
+  """The math reward in lenient mode (for evaluation)."""
+  del prompt
+  verdict = check_answer(response, reference, LENIENT_OPTIONS)
   return (1.0 if verdict.correct else 0.0), verdict.reason

@@ -143,6 +143,9 @@ def strip_answer_noise(text: str) -> str:
   for opener, closer in ((r"\[", r"\]"), (r"\(", r"\)")):
     if text.startswith(opener) and text.endswith(closer):
       text = text[len(opener):-len(closer)]
+  # MATH's thousands separators: `10,\!000`, `32,\! 349`, `14{,}916`.
+  text = re.sub(r"(?<=\d)\s*(?:\{,\}|,\s*\\!)\s*(?=\d{3}(?!\d))", "", text)
+  text = _matrix_env(text)
   text = text.replace("\\\\", "\x1e")  # Keep `\\` (matrix rows) intact.
   text = re.sub(r"\\(d|t|c)frac", r"\\frac", text)
   text = text.replace(r"\leqslant", r"\leq").replace(r"\geqslant", r"\geq")
@@ -158,6 +161,73 @@ def strip_answer_noise(text: str) -> str:
   return text.replace("\x1e", "\\\\").strip()
 
 
+def _matrix_env(text: str) -> str:
+  """`\\left[\\begin{array}{cc}...\\end{array}\\right]` and every
+  `*matrix` environment become one `\\begin{matrix}...\\end{matrix}`; a
+  bracket pair around a matrix is its delimiter, not a tuple."""
+  if "\\begin" not in text:
+    return text
+  text = re.sub(r"\\begin\{array\}\s*\{[^{}]*\}", r"\\begin{matrix}", text)
+  text = re.sub(r"\\(begin|end)\{(?:array|[pbBvVs]?matrix)\}", r"\\\1{matrix}",
+                text)
+  text = re.sub(r"(?:\\left)?\s*[\[(]\s*\\begin\{matrix\}", r"\\begin{matrix}",
+                text)
+  return re.sub(r"\\end\{matrix\}\s*(?:\\right)?\s*[\])]", r"\\end{matrix}",
+                text)
+
+
+def _approx(text: str) -> str:
+  """`\\frac{\\sqrt3}{3} \\approx 0.577` states the exact value on the left;
+  `x \\approx 11` names the answer on the left and states it on the right."""
+  parts = re.split(r"\\approx(?![A-Za-z])|≈", text)
+  if len(parts) == 1:
+    return text
+  left = parts[0].strip()
+  if not left or is_name(left) or re.fullmatch(r".*?=\s*", left):
+    return parts[-1].strip()
+  return left
+
+
+# A name that labels an answer: letters, decorated or subscripted (`AB`,
+# `|AB|`, `V_1:V_2`, `\\frac{NO}{BO}`, `\\angle ABC`, `m\\angle A`); digits
+# only inside subscripts.
+_NAME_RE = re.compile(
+    r"(?:\\(?:angle|triangle|overline|widehat|hat|vec|frac|measuredangle|"
+    r"overrightarrow|lvert|rvert|vert|mid)(?![A-Za-z])|\\[A-Za-z]+(?=\s*[=_^{])"
+    r"|[A-Za-z]+|_\{?\w+\}?|[{}|:()'\s])+")
+
+
+def is_name(text: str) -> bool:
+  """Whether `text` only names a quantity (see `_NAME_RE`)."""
+  text = text.strip()
+  return bool(text) and bool(_NAME_RE.fullmatch(text)) and bool(
+      re.search(r"[A-Za-z]", text.replace("\\frac", "")))
+
+
+def split_label(text: str) -> tuple[str | None, str]:
+  """`NAME = value` -> (NAME without spaces, value) when the value has no
+  free variables (a single letter outside a command); else (None, text)."""
+  m = re.fullmatch(r"([^=<>]+?)=([^=<>]+)", text)
+  if m is None or not is_name(m.group(1)):
+    return None, text
+  value = m.group(2).strip()
+  if not value or re.search(r"(?<![\\A-Za-z])[A-Za-z](?![A-Za-z])", value):
+    return None, text
+  return re.sub(r"\s+", "", m.group(1)), value
+
+
+def _thousands(text: str) -> str:
+  """`12,345,678` and `2,500 square feet`: digit groups joined by commas are
+  one number when every comma of the answer sits in such a group and the
+  answer is not bracketed (`(1,234)` is a point)."""
+  groups = r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d,])"
+  if "," not in text or re.match(r"\s*[\[(]|\s*\\\{", text):
+    return text
+  if "," in re.sub(groups, "", text):
+    return text
+  return re.sub(groups, lambda m: m.group(0).replace(",", ""), text)
+
+
 def normalize_answer(text: str) -> str:
   """Normalises an extracted answer for comparison.
 
@@ -167,46 +237,48 @@ def normalize_answer(text: str) -> str:
 
   Returns:
     A canonical string: no spacing commands, wrappers, units, degree or
-    percent signs, or thousands separators; `\\dfrac` -> `\\frac`; a single
-    leading `x =` dropped; mixed numbers written as a sum; whitespace
-    collapsed to single spaces.
+    percent signs (`\\%`, `percent`, `pct`), or thousands separators;
+    `\\dfrac` -> `\\frac`; `A \\approx B` -> the exact side; a single
+    leading name `x =`, `|AB| =`, `V_1:V_2 =` dropped; mixed numbers written
+    as a sum; `or` between answers a comma; whitespace collapsed to single
+    spaces.
   """
   text = strip_answer_noise(text)
+  text = re.sub(r"\\+\s*$", "", text)  # A stray trailing `\\`.
+  text = _approx(text)
   # Degrees (in radians inside trig functions), percent, currency.
   if re.search(r"\\(sin|cos|tan|cot|sec|csc)(?![a-z])", text):
     text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", r"\\frac{\\pi}{180}", text)
   text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", text)
   text = re.sub(r"\\(circ|degree)(?![A-Za-z])", "", text)
   text = text.replace("°", "").replace(r"\%", "").replace("%", "")
+  text = re.sub(r"(?<=[\d}])\s*(?:per\s*cent|percent|pct)\b\.?", "", text,
+                flags=re.I)
   text = re.sub(r"(?<![A-Za-z\\])(rs|usd|eur)\.?\s*(?=\d)", "", text, flags=re.I)
   text = text.replace("€", "").replace("£", "")
-  # Thousands separators: `1{,}000`, and `12,345,678` when it is one number.
   text = text.replace("{,}", "")
-  m = re.fullmatch(r"\s*(-?)\s*(\d{1,3}(?:,\d{3})+)(\.\d+)?\s*", text)
-  if m:
-    text = m.group(1) + m.group(2).replace(",", "") + (m.group(3) or "")
+  text = _thousands(text)
   text = _strip_units(text)
   text = _repeating_decimal(text)
   text = re.sub(r"\\varnothing|\\\{\s*\\\}|∅", r"\\emptyset", text)
   text = re.sub(r"^\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*", "", text)
-  # Trailing punctuation and a leading "x =".
+  # Trailing punctuation and a leading name: "x =", "|AB| =", "V_1:V_2 =".
   text = re.sub(r"[\s.,;:]+$", "", text)
   text = re.sub(r"^[\s.,;:]+(?=\D)", "", text)
-  m = re.fullmatch(r"\s*[A-Za-z](?:_\{?\w+\}?)?\s*=\s*([^=<>]+)", text)
-  if m and "," not in m.group(1) and not re.search(
-      r"(?<![\\A-Za-z])[A-Za-z](?![A-Za-z])", m.group(1)):
-    text = m.group(1)
+  label, value = split_label(text)
+  if label is not None and "," not in value:
+    text = value
   # `f(x) = ...` and `(x, y) = (...)`: the left side only names the answer.
   text = re.sub(r"^\s*[A-Za-z]\s*\(\s*[A-Za-z]\s*\)\s*=(?=[^=<>]*$)", "", text)
   text = re.sub(r"^\s*\(\s*[A-Za-z](?:\s*,\s*[A-Za-z])+\s*\)\s*=(?=[^=<>]*$)",
                 "", text)
-  # Multiple-choice letters: (C), \text{(C)}, C.
+  # Multiple-choice letters: (C), \\text{(C)}, C.
   m = re.fullmatch(r"\s*\(?\s*([A-Ea-e])\s*\)\s*", text)
   if m:
     text = m.group(1).upper()
-  # Prose connectives in solution lists.
-  text = re.sub(r"\s+(?:or|and)\s+", ", ", text)
-  text = re.sub(r",\s*(?:or|and)\s+", ", ", text)
+  # Prose connectives in solution lists, also without spaces (`2or3`).
+  text = re.sub(r",?\s*(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])\s*", ", ", text)
+  text = re.sub(r"^\s*,\s*|\s*,\s*$", "", text)
   text = _mixed_number(text.strip())
   text = re.sub(r"\s+", " ", text).strip()
   if text.startswith("{") and find_group(text, 0) == len(text):
