@@ -7,6 +7,7 @@ rollout batch in worker processes with a hard time limit per check.
 from vapo_jax.rewards.math import check_answer
 from vapo_jax.rewards.math import CheckOptions
 from vapo_jax.rewards.math import score
+from vapo_jax.rewards.math import score_lenient
 from vapo_jax.rewards.math import Verdict
 from vapo_jax.rewards.plugins import DEFAULT_REWARD_FN
 from vapo_jax.rewards.plugins import load_reward_fn
@@ -23,5 +24,6 @@ __all__ = [
     "check_answer",
     "load_reward_fn",
     "score",
+    "score_lenient",
     "to_score",
 ]

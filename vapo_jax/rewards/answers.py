@@ -357,10 +357,6 @@ def _named(xs) -> bool:
 def _collections_equal(a: Answer, b: Answer, tol: Tolerance) -> bool:
   """Sets, solution lists and unions (see the module docstring)."""
   xs, ys = list(a.items), list(b.items)
-  if a.value == "list":
-    xs = _dedupe(xs, tol)
-  if b.value == "list":
-    ys = _dedupe(ys, tol)
   if len(xs) == 1 and len(ys) == 1:
     return equivalent(xs[0], ys[0], tol)
   named_x, named_y = _named(xs), _named(ys)
@@ -375,6 +371,10 @@ def _collections_equal(a: Answer, b: Answer, tol: Tolerance) -> bool:
 
 def equivalent(a: Answer, b: Answer, tol: Tolerance = Tolerance()) -> bool:
   """Whether answer `a` (the response's) denotes reference answer `b`."""
+  if a.kind == "set" and a.value == "list" and len(a.items) > 1:
+    a = dataclasses.replace(a, items=tuple(_dedupe(a.items, tol)))
+  if b.kind == "set" and b.value == "list" and len(b.items) > 1:
+    b = dataclasses.replace(b, items=tuple(_dedupe(b.items, tol)))
   if a.kind == "set" and len(a.items) == 1:
     return equivalent(a.items[0], b, tol)
   if b.kind == "set" and len(b.items) == 1:

@@ -72,8 +72,7 @@ def solve(lhs, op: str, rhs) -> tuple[object, list[Interval]] | None:
   if op not in _FLIP:
     return None
   if not (rhs.is_number or lhs.is_number):
-    e, op = lhs - rhs, op
-    lin = _linear(e)
+    lin = _linear(lhs - rhs)
     if lin is None:
       return None
     s, a, b = lin

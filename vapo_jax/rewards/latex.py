@@ -104,8 +104,10 @@ def tokenize(text: str) -> list[str]:
 class _Parser:
   """Recursive-descent parser over a token list; see the module docstring."""
 
-  def __init__(self, tokens, limits: Limits):
+  def __init__(self, tokens, limits: Limits, work=None, values=None):
     self.toks = tokens
+    self.work = work if work is not None else [limits.max_terms]
+    self.values = values or {}  # Sum indices bound to numbers.
     self.i = 0
     self.depth = 0
     self.abs_depth = 0
@@ -362,13 +364,17 @@ class _Parser:
     """`\\sum_{k=a}^{b} body` (and `\\prod`): added up when the bounds are
     integers at most `limits.max_terms` apart, else a sympy `Sum`/`Product`
     over a canonically named index so that renamed indices compare equal.
-    The body is one product (`\\sum_k k^2 + 1` is (sum k^2) + 1)."""
+    The body is one product (`\\sum_k k^2 + 1` is (sum k^2) + 1). Each term
+    is parsed again with the index bound to its value, so every bound on
+    powers and factorials applies to it; all the terms of one answer share
+    one budget of `limits.max_terms` parses."""
     self.take()
     self.take("_")
     self.take("{")
     var = self.take()
     if not (var.isalpha() or var.lstrip("\\") in _GREEK):
       raise ParseError("sum index")
+    name = var.lstrip("\\")
     self.take("=")
     lo = self.sum()
     self.take("}")
@@ -376,23 +382,28 @@ class _Parser:
     hi = self.power_operand()
     self.sum_depth += 1
     index = sympy.Symbol(f"_k{self.sum_depth}")
-    self.bound.append(var)
-    body = self.product().subs(sympy.Symbol(var.lstrip("\\")), index)
+    self.bound.append(name)
+    start = self.i
+    body = self.product().subs(sympy.Symbol(name), index)
+    end = self.i
     self.bound.pop()
     self.sum_depth -= 1
-    if lo.is_Integer and hi.is_Integer and (
-        0 <= hi - lo < self.limits.max_terms):
-      terms = [body.subs(index, j) for j in range(int(lo), int(hi) + 1)]
-      if tok == r"\sum":
-        return sympy.Add(*terms)
-      out = sympy.Integer(1)
-      for t in terms:
-        out = out * t
-        if out.is_Integer and out.p.bit_length() > self.limits.max_bits:
-          raise TooLarge("product")
-      return out
-    cls = sympy.Sum if tok == r"\sum" else sympy.Product
-    return cls(body, (index, lo, hi))
+    if not (_is_number(lo) and _is_number(hi) and lo.is_Integer
+            and hi.is_Integer and 0 <= hi - lo < self.limits.max_terms):
+      cls = sympy.Sum if tok == r"\sum" else sympy.Product
+      return cls(body, (index, lo, hi))
+    out = sympy.Integer(0 if tok == r"\sum" else 1)
+    for j in range(int(lo), int(hi) + 1):
+      self.work[0] -= 1
+      if self.work[0] < 0:
+        raise TooLarge("terms")
+      term = _Parser(self.toks[start:end], self.limits, self.work,
+                     {**self.values, name: sympy.Integer(j)}).product()
+      out = out + term if tok == r"\sum" else out * term
+      if out.is_Rational and max(abs(out.p), out.q).bit_length() > (
+          self.limits.max_bits):
+        raise TooLarge("sum")
+    return out
 
   def atom(self):
     tok = self.peek()
@@ -459,6 +470,9 @@ class _Parser:
     if tok.lstrip("\\") in _FUNCS:
       self.take()
       return self.function(tok.lstrip("\\"))
+    if tok.lstrip("\\") in self.values and self.peek(1) != "_":
+      self.take()
+      return self.values[tok.lstrip("\\")]
     if tok.startswith("\\") and tok[1:] in _GREEK:
       self.take()
       return sympy.Symbol(self.symbol_name(tok))

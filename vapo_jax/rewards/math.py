@@ -74,6 +74,7 @@ def answers_match(answer: str, reference: str,
     if normalize.compact(answer) == normalize.compact(reference):
       return True, "match:string"
     return False, "mismatch:too_large"
+  answer, reference = normalize.degrees_as_radians(answer, reference)
   a, r = normalize.normalize_answer(answer), normalize.normalize_answer(reference)
   if not r:
     return False, "empty_reference"
@@ -130,15 +131,16 @@ def _compare(answer: str, ref: str, options: CheckOptions) -> Verdict:
 
 
 def _joined_boxes(response: str, reference: str) -> str | None:
-  """Lenient mode: the last k boxes joined by commas, when the reference
-  lists k >= 2 parts and the response has at least k boxes."""
+  """Lenient mode: the boxes joined by commas, when the reference lists
+  k >= 2 parts and the response has exactly k boxes (more boxes than parts
+  is a list of guesses, not an answer)."""
   parts = answers.count_parts(normalize.normalize_answer(reference))
   if parts < 2:
     return None
   boxes = extract.all_boxes(response)
-  if len(boxes) < parts:
+  if len(boxes) != parts:
     return None
-  return ", ".join(boxes[-parts:])
+  return ", ".join(boxes)
 
 
 def score(prompt: str, response: str, reference: str) -> tuple[float, str]:

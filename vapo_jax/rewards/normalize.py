@@ -286,6 +286,28 @@ def normalize_answer(text: str) -> str:
   return text
 
 
+_DEGREE_RE = re.compile(
+    r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])|\s*\\text\{\s*degrees?\s*\}"
+    r"|\s+degrees?\b")
+
+
+def degrees_as_radians(answer: str, reference: str) -> tuple[str, str]:
+  """`60^\\circ` against `\\frac{\\pi}{3}`: when one side is in degrees and
+  the other is in radians (has `\\pi` and no degree mark), the degree side is
+  converted (`x°` -> `x \\cdot \\frac{\\pi}{180}`). Otherwise degree marks are
+  dropped later and `60^\\circ` equals `60`."""
+  deg_a, deg_r = bool(_DEGREE_RE.search(answer)), bool(_DEGREE_RE.search(reference))
+  if deg_a == deg_r:
+    return answer, reference
+  side, other = (answer, reference) if deg_a else (reference, answer)
+  if "\\pi" not in other and "π" not in other:
+    return answer, reference
+  if re.search(r"\\(sin|cos|tan|cot|sec|csc)(?![a-z])", side):
+    return answer, reference  # Degrees inside trig functions are handled later.
+  side = "(" + _DEGREE_RE.sub("", side).strip() + r")\cdot\frac{\pi}{180}"
+  return (side, reference) if deg_a else (answer, side)
+
+
 def compact(text: str) -> str:
   """The form used for exact string comparison: no whitespace."""
   return re.sub(r"\s+", "", text)
