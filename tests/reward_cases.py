@@ -308,7 +308,8 @@ NEAR_MISSES = _cases("near_misses", [
     (r"\sqrt{3}", r"\sqrt{2}", False),
     ("100", "1000", False),
     ("1,000", "100", False),
-    ("50\\%", "0.5", False),
+    ("50\\%", "0.5", True),  # A percentage is also its fraction (issue #14).
+    ("50\\%", "5", False),
     ("3.0001", "3", False),
     ("10", "10.5", False),
     ("-\\frac{1}{3}", "\\frac{1}{3}", False),
@@ -419,9 +420,11 @@ REALISTIC = _cases("realistic", [
     ("0.3", r"0.\overline{3}", False),
     (r"0.1\overline{6}", r"\frac{1}{6}", True),
     (r"5 \cdot 2^{3}", "40", True),
-    (r"3\%", "0.03", False),
+    (r"3\%", "0.03", True),  # As math-verify and a grader read it.
+    (r"3\%", "0.3", False),
     (r"6 \text{ ways}", "6", True),
-    (r"x=1,\ y=2", "(1,2)", False),
+    (r"x=1,\ y=2", "(1,2)", True),  # Named values state the point.
+    (r"x=2,\ y=1", "(1,2)", False),
     (r"\infty", r"\infty", True),
     (r"\cos^2\theta", r"1-\sin^2\theta", True),
     (r"2\cos^2\theta-1", r"\cos 2\theta", True),

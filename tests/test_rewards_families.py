@@ -54,7 +54,8 @@ FAMILIES = {
         (box("28 percent"), "28", True, True),
         (box("28 pct"), r"28\%", True, True),
         (box(r"28\text{ percent}"), r"28\%", True, True),
-        (box("28 percent"), "0.28", False, False),
+        (box("28 percent"), "0.28", True, True),  # Also its fraction.
+        (box("28 percent"), "2.8", False, False),
     ],
     "named_golds": [
         (box("4, 5"), "AB=4, CD=5", True, True),

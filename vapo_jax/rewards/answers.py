@@ -11,7 +11,8 @@ variable and intervals as unions of intervals (see `intervals`).
 
 Labels: a list item `NAME = value` (`AB = 4`, `x_1 = 2`) keeps its name. Two
 lists whose items all carry distinct names match by name; a named list and
-a bare list of values match in order (`AB=4, CD=5` vs `4, 5`). Solution
+a bare list of values, or a point, match in order (`AB=4, CD=5` vs `4, 5`;
+`x=2, y=3` vs `(2, 3)`). Solution
 lists without braces ignore a repeated member (`2, 2, 3` is `2, 3`); a set
 written with braces is compared as written.
 """
@@ -398,6 +399,12 @@ def equivalent(a: Answer, b: Answer, tol: Tolerance = Tolerance()) -> bool:
           pa, pb, lambda x, y: expr_equal(x, y, tol, a.approx or b.approx))
   if a.kind in ("set", "union") and b.kind in ("set", "union"):
     return _collections_equal(a, b, tol)
+  for x, y in ((a, b), (b, a)):
+    # `x=2, y=3` states the point `(2, 3)`: named values in order.
+    if x.kind == "set" and _named(x.items) and y.kind == "tuple" and (
+        y.value == "()"):
+      return len(x.items) == len(y.items) and all(
+          equivalent(i, j, tol) for i, j in zip(x.items, y.items))
   if a.kind == "rel" and b.kind == "rel":
     return _rel_equal(a, b, tol)
   if a.kind == "tuple" and b.kind == "tuple":

@@ -12,7 +12,7 @@ Grammar (informal, loosest binding first):
 
   relation := sum (relop sum)*
   sum      := ['+' | '-' | '\\pm'] product (('+' | '-' | '\\pm') product)*
-  product  := unary (('*' | '\\cdot' | '\\times' | '/' | '\\div') unary
+  product  := unary (('*' | '\\cdot' | '\\times' | '/' | '\\div' | ':') unary
               | <implicit multiplication> unary)*
   unary    := ('-' | '+') unary | power
   power    := postfix ['^' exponent]
@@ -58,7 +58,7 @@ _FUNCS = {
     "sec": sympy.sec, "csc": sympy.csc, "arcsin": sympy.asin,
     "arccos": sympy.acos, "arctan": sympy.atan, "sinh": sympy.sinh,
     "cosh": sympy.cosh, "tanh": sympy.tanh, "exp": sympy.exp,
-    "ln": sympy.log, "log": sympy.log, "lg": lambda x: sympy.log(x, 10),
+    "ln": sympy.log, "log": lambda x: sympy.log(x, 10), "lg": lambda x: sympy.log(x, 10),
 }
 
 _RELOPS = {
@@ -195,7 +195,7 @@ class _Parser:
       if tok in ("*", r"\cdot", r"\times"):
         self.take()
         value = value * self.unary()
-      elif tok in ("/", r"\div"):
+      elif tok in ("/", r"\div", ":"):  # A ratio `3:2` is the number 3/2.
         self.take()
         den = self.unary()
         if den == 0:

@@ -90,6 +90,17 @@ def answers_match(answer: str, reference: str,
     return False, "mismatch:too_large"
   if answers.equivalent(pa, pr, options.tolerance):
     return True, "match:equivalent"
+  # A percentage is also its value as a fraction: `50\\%` is 0.5 as well
+  # as 50 (the sign is dropped by `normalize`, so 50 is tried first).
+  pct_a, pct_r = normalize.has_percent(answer), normalize.has_percent(reference)
+  if pct_a != pct_r:
+    try:
+      scaled = answers.parse_answer(f"({a if pct_a else r})/100", options.limits)
+    except latex.TooLarge:
+      return False, "mismatch:too_large"
+    if scaled.kind == "expr" and answers.equivalent(
+        scaled if pct_a else pa, pr if pct_a else scaled, options.tolerance):
+      return True, "match:equivalent"
   return False, "mismatch"
 
 

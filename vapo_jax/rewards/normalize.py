@@ -261,6 +261,8 @@ def normalize_answer(text: str) -> str:
   text = _strip_units(text)
   text = _repeating_decimal(text)
   text = re.sub(r"\\varnothing|\\\{\s*\\\}|∅", r"\\emptyset", text)
+  # The real line.
+  text = re.sub(r"\\mathbb\s*\{?\s*R\s*\}?|ℝ", r"(-\\infty, \\infty)", text)
   text = re.sub(r"^\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*", "", text)
   # Trailing punctuation and a leading name: "x =", "|AB| =", "V_1:V_2 =".
   text = re.sub(r"[\s.,;:]+$", "", text)
@@ -306,6 +308,12 @@ def degrees_as_radians(answer: str, reference: str) -> tuple[str, str]:
     return answer, reference  # Degrees inside trig functions are handled later.
   side = "(" + _DEGREE_RE.sub("", side).strip() + r")\cdot\frac{\pi}{180}"
   return (side, reference) if deg_a else (answer, side)
+
+
+def has_percent(text: str) -> bool:
+  """Whether an answer is a percentage (`50\\%`, `50%`, `50 percent`)."""
+  return bool(re.search(r"%|(?<=[\d}\s])(?:per\s*cent|percent|pct)\b", text,
+                        flags=re.IGNORECASE))
 
 
 def compact(text: str) -> str:
