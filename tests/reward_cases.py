@@ -523,6 +523,8 @@ HOSTILE = _cases("hostile", [
     ("Final Answer: " * 5000 + "7", "8", False),
     ("The answer is $" + "$" * 100000, "1", False),
     ("$$" + "x" * 100000, "1", False),
+    (r"\boxed{(A) (B) (C) (D) (E)}", "C", False),
+    (r"\boxed{(A)\ 1\ (B)\ 2\ (C)\ 3}", "C", False),
 ], hostile=True, wrap=False)
 
 HAND_CASES = (EXTRACTION + NORMALISATION + FRACTIONS_ROOTS_PI + INTERVALS +

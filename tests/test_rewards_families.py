@@ -124,6 +124,28 @@ FAMILIES = {
         ("So she has $13$ apples left.", "12", False, False),
         ("Hence $x = \\frac{1}{2}$", "0.5", False, True),
     ],
+    "multiple_choice_with_value": [
+        (box("(C) 3"), "C", True, True),
+        (box("(C) 3"), "3", True, True),
+        (box("(C) 3"), "4", False, False),
+        (box("(A) (B) (C) (D) (E)"), "C", False, False),
+    ],
+    "unicode_and_ordinals": [
+        ("the answer is ¼", r"\frac{1}{4}", True, True),
+        (box(r"7\text{th}"), "7", True, True),
+        (box(r"2\tfrac14"), "9/4", True, True),
+    ],
+    "real_line_ratio_log": [
+        (box(r"\mathbb{R}"), r"(-\infty, \infty)", True, True),
+        (box("3:2"), r"\frac{3}{2}", True, True),
+        (box(r"\log 100"), "2", True, True),
+        (box("x=2, y=3"), "(2, 3)", True, True),
+        (box("x=3, y=2"), "(2, 3)", False, False),
+    ],
+    "unmarked_parts": [
+        ("The roots are $x = -2$ and $x = 3$.", "-2, 3", False, True),
+        ("The roots are $x = -2$ and $x = 4$.", "-2, 3", False, False),
+    ],
     "degrees_against_radians": [
         (box(r"60^\circ"), r"\frac{\pi}{3}", True, True),
         (box(r"\frac{\pi}{3}"), r"60^\circ", True, True),

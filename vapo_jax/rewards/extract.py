@@ -182,8 +182,7 @@ def _clean(ans: str) -> str:
   for opener, closer in (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)")):
     if ans.startswith(opener) and ans.endswith(closer) and len(ans) >= 4:
       ans = ans[len(opener):-len(closer)]
-  ans = re.sub(r"^\$+|\$+$", "", ans.strip()).strip()
-  ans = re.sub(r"(?<!\\)\$", " ", ans) if ans.count("$") % 2 == 0 else ans
+  ans = re.sub(r"(?<!\\)\$", " ", ans).strip()  # `$4$ square units`.
   return ans.rstrip(".").strip()
 
 
@@ -271,6 +270,16 @@ def extract_unmarked(response: str) -> Extraction:
   if not ans:
     return Extraction(None, "no_answer")
   return Extraction(ans, "unmarked")
+
+
+def final_segments(response: str) -> list[str]:
+  """The math segments of the last sentence of a response without a marker
+  (lenient mode: "The roots are $x = -2$ and $x = 3$." states two parts)."""
+  text = response[-600:].rstrip().rstrip(".")
+  cut = max(text.rfind("\n"), text.rfind(". "))
+  return [_clean(m.group(0)) for m in re.finditer(
+      r"\$\$(?:(?!\$\$).)+\$\$|\\\[.+?\\\]|\\\(.+?\\\)|(?<!\\)\$[^$]+\$",
+      text[cut + 1:], re.DOTALL)][-MAX_BOXES:]
 
 
 def extract_answer(response: str, mode: str = "strict") -> Extraction:

@@ -21,6 +21,7 @@ multi-part reference (`\\boxed{2}` ... `\\boxed{3}` for `2, 3`). See
 """
 
 import dataclasses
+import re
 
 from vapo_jax.rewards import answers
 from vapo_jax.rewards import extract
@@ -64,6 +65,9 @@ class CheckOptions:
 
 
 DEFAULT_OPTIONS = CheckOptions()
+# A multiple-choice letter followed by its value: `(C) 3`, `\\text{(B) } 5`.
+_CHOICE_RE = re.compile(
+    r"\s*(?:\\text\{\s*)?\(([A-E])\)\s*\}?\s*[:.]?\s*([^\s].*)", re.DOTALL)
 LENIENT_OPTIONS = CheckOptions(mode="lenient")
 
 
@@ -74,6 +78,13 @@ def answers_match(answer: str, reference: str,
     if normalize.compact(answer) == normalize.compact(reference):
       return True, "match:string"
     return False, "mismatch:too_large"
+  choice = _CHOICE_RE.fullmatch(answer)
+  if choice is not None and not re.search(r"\(\s*[A-E]\s*\)", choice.group(2)):  # "(C) 3": the letter or the value may be the gold.
+    for part in choice.groups():
+      ok, reason = answers_match(part, reference, options)
+      if ok:
+        return ok, reason
+    return False, "mismatch"
   answer, reference = normalize.degrees_as_radians(answer, reference)
   a, r = normalize.normalize_answer(answer), normalize.normalize_answer(reference)
   if not r:
@@ -144,11 +155,14 @@ def _compare(answer: str, ref: str, options: CheckOptions) -> Verdict:
 def _joined_boxes(response: str, reference: str) -> str | None:
   """Lenient mode: the boxes joined by commas, when the reference lists
   k >= 2 parts and the response has exactly k boxes (more boxes than parts
-  is a list of guesses, not an answer)."""
+  is a list of guesses, not an answer); in a response with no marker, the
+  math segments of its last sentence, under the same rule."""
   parts = answers.count_parts(normalize.normalize_answer(reference))
   if parts < 2:
     return None
   boxes = extract.all_boxes(response)
+  if not boxes and extract.extract_answer(response).reason == "no_answer":
+    boxes = extract.final_segments(response)
   if len(boxes) != parts:
     return None
   return ", ".join(boxes)

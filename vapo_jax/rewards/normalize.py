@@ -126,12 +126,18 @@ def _strip_units(text: str) -> str:
 
 
 def _mixed_number(text: str) -> str:
-  m = re.fullmatch(r"(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}", text)
-  if m is None:
+  """`3\\frac{1}{2}`, `2\\frac14`, `2 1/4` -> `(3+1/2)`-style sums (a proper
+  fraction after a whole number)."""
+  m = re.fullmatch(r"(-?)(\d+)\s*\\frac\s*(?:\{(\d+)\}|(\d))\s*(?:\{(\d+)\}|(\d))",
+                   text)
+  if m is not None:
+    sign, whole = m.group(1), m.group(2)
+    num, den = m.group(3) or m.group(4), m.group(5) or m.group(6)
+  else:
     m = re.fullmatch(r"(-?)(\d+)\s+(\d+)/(\d+)", text)
-  if m is None:
-    return text
-  sign, whole, num, den = m.groups()
+    if m is None:
+      return text
+    sign, whole, num, den = m.groups()
   if int(num) >= int(den) or int(den) == 0:
     return text
   return f"{sign}({whole}+{num}/{den})"
@@ -259,6 +265,7 @@ def normalize_answer(text: str) -> str:
   text = text.replace("{,}", "")
   text = _thousands(text)
   text = _strip_units(text)
+  text = re.sub(r"(?<=\d)\s*(?:st|nd|rd|th)$", "", text)  # Ordinals: `7th`.
   text = _repeating_decimal(text)
   text = re.sub(r"\\varnothing|\\\{\s*\\\}|∅", r"\\emptyset", text)
   # The real line.
