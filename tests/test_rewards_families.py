@@ -142,6 +142,16 @@ FAMILIES = {
         (box("x=2, y=3"), "(2, 3)", True, True),
         (box("x=3, y=2"), "(2, 3)", False, False),
     ],
+    "remarks_vectors_temperatures": [
+        (box(r"\frac{2}{3}\text{ of the pie}"), r"\frac23", True, True),
+        (box(r"1 \text{ (one)}"), "1", True, True),
+        (box(r"\langle 1, 2 \rangle"), "(1,2)", True, True),
+        (box(r"5^{\circ}\text{C}"), "5", True, True),
+        (box(r"x \neq 0"), r"(-\infty,0)\cup(0,\infty)", True, True),
+        (box(r"x \neq 1"), r"(-\infty,0)\cup(0,\infty)", False, False),
+        (box(r"\textbf{(B) }12"), "B", True, True),
+        (box(r"x = 4 \text{ and } y = 4"), "4", False, False),
+    ],
     "unmarked_parts": [
         ("The roots are $x = -2$ and $x = 3$.", "-2, 3", False, True),
         ("The roots are $x = -2$ and $x = 4$.", "-2, 3", False, False),

@@ -331,7 +331,7 @@ def _dedupe(xs, tol: Tolerance):
     return xs
   out = []
   for x in xs:
-    if not any(equivalent(x, y, tol) for y in out):
+    if not any(x.label == y.label and equivalent(x, y, tol) for y in out):
       out.append(x)
   return out
 

@@ -11,6 +11,7 @@ numbers (`-oo`/`oo` allowed). Rules:
   results intersected when the middle is linear or `|linear|` in one
   variable; otherwise (`0 < f(x) < 1`, several symbols) the middle names a
   quantity and the chain states its range `[a, b]`.
+* `x \\ne c` is the union `(-oo, c) \\cup (c, oo)`.
 * Unions are compared after sorting and merging touching pieces, so
   `(1, 2] \\cup (2, 3)` equals `(1, 3)` and the order of the pieces does not
   matter.
@@ -105,6 +106,16 @@ def solve(lhs, op: str, rhs) -> tuple[object, list[Interval]] | None:
 def from_relation(ops, operands) -> list[Interval] | None:
   """The solution set of a relation or chain as intervals, or None."""
   ops, operands = list(ops), list(operands)
+  if ops == ["!="]:  # `x \ne c`: everything but one point.
+    lhs, rhs = operands
+    if lhs.is_number:
+      lhs, rhs = rhs, lhs
+    lin = _linear(lhs) if rhs.is_number and rhs.is_real else None
+    if lin is None:
+      return None
+    _, a, b = lin
+    c = (rhs - b) / a
+    return [(-sympy.oo, c, False, False), (c, sympy.oo, False, False)]
   if not ops or any(op not in _FLIP for op in ops):
     return None
   if len(ops) == 1:

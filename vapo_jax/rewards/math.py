@@ -67,7 +67,8 @@ class CheckOptions:
 DEFAULT_OPTIONS = CheckOptions()
 # A multiple-choice letter followed by its value: `(C) 3`, `\\text{(B) } 5`.
 _CHOICE_RE = re.compile(
-    r"\s*(?:\\text\{\s*)?\(([A-E])\)\s*\}?\s*[:.]?\s*([^\s].*)", re.DOTALL)
+    r"\s*(?:\\(?:text|textbf|mathbf|mathrm)\{\s*)?\(([A-E])\)\s*\}?\s*[:.]?\s*([^\s].*)",
+    re.DOTALL)
 LENIENT_OPTIONS = CheckOptions(mode="lenient")
 
 

@@ -79,6 +79,12 @@ def _unwrap(text: str) -> str:
       continue
     inner = text[m.end() + 1:end - 1]
     word = inner.strip().lower()
+    if end == len(text) and re.fullmatch(r"[a-z() ]*[a-z][a-z() ]*", word) and (
+        re.search(r"[\d}]\s*$", text[:m.start()])) and word not in ("or", "and"):
+      # A trailing remark after a value: `\\frac23\\text{ of the pie}`,
+      # `1 \\text{ (one)}`.
+      text = text[:m.start()]
+      continue
     if _is_unit(word) and m.start() > 0:
       inner = ""
       power = re.match(r"\s*\^\s*\{?\s*[23]\s*\}?", text[end:])
@@ -252,6 +258,11 @@ def normalize_answer(text: str) -> str:
   text = strip_answer_noise(text)
   text = re.sub(r"\\+\s*$", "", text)  # A stray trailing `\\`.
   text = _approx(text)
+  # `\\langle 1, 2 \\rangle` is the vector (1, 2).
+  text = re.sub(r"\\langle(?![A-Za-z])", "(", text)
+  text = re.sub(r"\\rangle(?![A-Za-z])", ")", text)
+  # Temperatures: `5^\\circ C`, `5°F`.
+  text = re.sub(r"(\^\s*\{?\s*\\circ\s*\}?|°)\s*[CF](?![A-Za-z])", r"\1", text)
   # Degrees (in radians inside trig functions), percent, currency.
   if re.search(r"\\(sin|cos|tan|cot|sec|csc)(?![a-z])", text):
     text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", r"\\frac{\\pi}{180}", text)
