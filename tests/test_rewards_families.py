@@ -152,6 +152,13 @@ FAMILIES = {
         (box(r"\textbf{(B) }12"), "B", True, True),
         (box(r"x = 4 \text{ and } y = 4"), "4", False, False),
     ],
+    "box_holding_a_response": [
+        (box("Final Answer: The largest $n$ is 34."), "34", True, True),
+        (box("The answer is:\n$$\nx=5\n$$"), "5", True, True),
+        (box(r"So $\boxed{2}$ and $\boxed{3}$."), "2, 3", False, True),
+        (box("Adding, 5 + 7 = 12."), "12", False, True),
+        (box("Adding, 5 + 7 = 12."), "7", False, False),
+    ],
     "unmarked_parts": [
         ("The roots are $x = -2$ and $x = 3$.", "-2, 3", False, True),
         ("The roots are $x = -2$ and $x = 4$.", "-2, 3", False, False),

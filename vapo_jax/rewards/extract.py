@@ -114,11 +114,10 @@ def _stray_escape_close(text: str, start: int) -> int:
   return -1
 
 
-def all_boxes(response: str) -> list[str]:
-  """The contents of the well-formed top-level boxes of a response, in order:
-  at most `MAX_BOXES`, among the last `2 * MAX_BOXES` box commands, each
+def _top_boxes(text: str) -> list[tuple[int, int, str]]:
+  """(start, end, content) of the well-formed top-level boxes of `text`: at
+  most `MAX_BOXES`, among the last `2 * MAX_BOXES` box commands, each
   searched within `MAX_ANSWER_CHARS` (bounded work on hostile input)."""
-  text = response[-MAX_TAIL_CHARS:]
   out, pos = [], 0
   for m in list(_BOX_RE.finditer(text))[-2 * MAX_BOXES:]:
     if m.start() < pos:
@@ -127,9 +126,39 @@ def all_boxes(response: str) -> list[str]:
     found = _box_at(window, 0, m.end() - m.start())
     if found.answer is None:
       continue
-    out.append(found.answer)
-    pos = m.end() + len(found.answer)
+    brace = window.find("{", m.end() - m.start())
+    close = normalize.find_group(window, brace) if brace >= 0 else -1
+    end = m.start() + (close if close > 0 else len(window))
+    out.append((m.start(), end, found.answer))
+    pos = end
   return out[-MAX_BOXES:]
+
+
+def all_boxes(response: str) -> list[str]:
+  """The contents of the well-formed top-level boxes of a response, in order
+  (see `_top_boxes` for the bounds)."""
+  return [b[2] for b in _top_boxes(response[-MAX_TAIL_CHARS:])]
+
+
+# A box whose content is itself a response: it holds a box, an answer
+# phrase or inline math delimiters.
+_RESPONSE_LIKE = re.compile(
+    r"\\(?:boxed|fbox)(?![A-Za-z])|(?<!\\)\$|\\\[|final\s+answer|answer\s*(?:is|:)",
+    re.IGNORECASE)
+
+
+def unwrap_response(response: str, depth: int = 2) -> str:
+  """`\\boxed{<a whole response>}` -> that response, when the box is the last
+  marker: a harness that boxes a model's whole output must not hide the
+  answer markers inside it (at most `depth` levels)."""
+  text = response[-MAX_TAIL_CHARS:]
+  tops = _top_boxes(text)
+  if not tops or depth <= 0:
+    return response
+  start, end, content = tops[-1]
+  if not _RESPONSE_LIKE.search(content) or _marked(text[end:]) is not None:
+    return response
+  return unwrap_response(content, depth - 1)
 
 
 def _math_end(text: str, i: int) -> int:
@@ -295,7 +324,7 @@ def extract_answer(response: str, mode: str = "strict") -> Extraction:
   """
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-  text = response[-MAX_TAIL_CHARS:]
+  text = unwrap_response(response[-MAX_TAIL_CHARS:])
   best = _marked(text)
   found = best[1] if best is not None else Extraction(None, "no_answer")
   if found.answer is None and found.reason == "no_answer" and mode == "lenient":

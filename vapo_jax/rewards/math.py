@@ -136,6 +136,14 @@ def check_answer(response: str, reference: str,
     verdict = Verdict(False, found.reason, None)
   else:
     verdict = _compare(found.answer, ref, options)
+  if options.mode == "lenient" and not verdict.correct and (
+      found.reason == "boxed" and _is_sentence(found.answer)):
+    # A box holding a sentence ("Adding, 5 + 7 = 12."): its final answer.
+    inner = extract.extract_unmarked(found.answer)
+    if inner.answer is not None:
+      again = _compare(inner.answer, ref, options)
+      if again.correct:
+        return again
   if options.mode == "lenient" and not verdict.correct:
     joined = _joined_boxes(response, ref)
     if joined is not None:
@@ -143,6 +151,17 @@ def check_answer(response: str, reference: str,
       if again.correct:
         return Verdict(True, again.reason + ":boxes", joined)
   return verdict
+
+
+def _is_sentence(text: str) -> bool:
+  """Prose that states a value ("Adding, 5 + 7 = 12."): a word of three or
+  more letters outside LaTeX commands, and nothing but letters, digits,
+  spaces, punctuation and arithmetic (no quotes, brackets or underscores,
+  so code never qualifies)."""
+  if not re.fullmatch(r"[A-Za-z0-9\s.,;:!?+\-*/=$^{}()\\]+", text):
+    return False
+  math = re.sub(r"\\[A-Za-z]+\{[^{}]*\}", " ", text)  # `\\text{ and }` is math.
+  return bool(re.search(r"(?<![\\A-Za-z])[A-Za-z]{3,}", math))
 
 
 def _compare(answer: str, ref: str, options: CheckOptions) -> Verdict:
@@ -161,6 +180,7 @@ def _joined_boxes(response: str, reference: str) -> str | None:
   parts = answers.count_parts(normalize.normalize_answer(reference))
   if parts < 2:
     return None
+  response = extract.unwrap_response(response)
   boxes = extract.all_boxes(response)
   if not boxes and extract.extract_answer(response).reason == "no_answer":
     boxes = extract.final_segments(response)
