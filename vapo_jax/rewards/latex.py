@@ -20,10 +20,9 @@ Grammar (informal, loosest binding first):
   atom     := number | symbol | group | \\frac | \\sqrt | function | |x| | ...
 """
 
-import re
-
 import sympy
 
+from vapo_jax.rewards import blocks
 from vapo_jax.rewards.bounds import DEFAULT_LIMITS
 from vapo_jax.rewards.bounds import is_number as _is_number
 from vapo_jax.rewards.bounds import Limits
@@ -32,75 +31,13 @@ from vapo_jax.rewards.bounds import safe_pow
 from vapo_jax.rewards.bounds import TooLarge
 
 
-class ParseError(ValueError):
-  """The text is not math that this parser understands."""
+from vapo_jax.rewards.lexer import _FUNCS
+from vapo_jax.rewards.lexer import _GREEK
+from vapo_jax.rewards.lexer import _RELOPS
+from vapo_jax.rewards.lexer import ParseError
+from vapo_jax.rewards.lexer import tokenize
 
-
-_TOKEN_RE = re.compile(
-    r"\s+"
-    r"|(?P<num>\d+\.\d*|\.\d+|\d+)"
-    r"|(?P<cmd>\\[A-Za-z]+|\\[{}|,;:!%$#&_ ])"
-    r"|(?P<word>[A-Za-z]+)"
-    r"|(?P<op><=|>=|!=|\*\*|\\\\|[-+*/^_()\[\]{}|!,=<>'%:&])")
-
-_UNICODE = {
-    "≤": "<=", "≥": ">=", "≠": "!=", "π": r"\pi", "∞": r"\infty",
-    "·": "*", "×": "*", "÷": "/", "−": "-", "√": r"\sqrt", "±": r"\pm",
-    "½": "(1/2)", "⅓": "(1/3)", "⅔": "(2/3)", "¼": "(1/4)", "¾": "(3/4)",
-    "⅕": "(1/5)", "⅙": "(1/6)", "⅛": "(1/8)",
-}
-
-_GREEK = (
-    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota "
-    "kappa lambda mu nu xi rho sigma tau upsilon phi varphi chi psi omega "
-    "Gamma Delta Theta Lambda Xi Sigma Phi Psi Omega").split()
-
-_FUNCS = {
-    "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "cot": sympy.cot,
-    "sec": sympy.sec, "csc": sympy.csc, "arcsin": sympy.asin,
-    "arccos": sympy.acos, "arctan": sympy.atan, "sinh": sympy.sinh,
-    "cosh": sympy.cosh, "tanh": sympy.tanh, "exp": sympy.exp,
-    "ln": sympy.log, "log": lambda x: sympy.log(x, 10), "lg": lambda x: sympy.log(x, 10),
-}
-
-_RELOPS = {
-    "=": "==", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "!=": "!=",
-    r"\le": "<=", r"\leq": "<=", r"\leqslant": "<=", r"\ge": ">=",
-    r"\geq": ">=", r"\geqslant": ">=", r"\ne": "!=", r"\neq": "!=",
-    r"\lt": "<", r"\gt": ">",
-}
-
-
-def tokenize(text: str) -> list[str]:
-  """Splits `text` into tokens; raises ParseError on unknown characters."""
-  for u, r in _UNICODE.items():
-    text = text.replace(u, " " + r + " ")
-  # Every matrix environment is one pair of tokens (see `normalize`).
-  text = re.sub(r"\\begin\{(?:array\}\{[^{}]*|[pbBvVs]?matrix)\}", r" \\matrix ",
-                text)
-  text = re.sub(r"\\end\{(?:array|[pbBvVs]?matrix)\}", r" \\endmatrix ", text)
-  tokens = []
-  pos = 0
-  while pos < len(text):
-    m = _TOKEN_RE.match(text, pos)
-    if m is None:
-      raise ParseError(f"unexpected character {text[pos]!r}")
-    pos = m.end()
-    if m.lastgroup is None:
-      continue
-    tok = m.group(m.lastgroup)
-    if m.lastgroup == "word" and len(tok) > 1:
-      # A run of letters: function names stay whole, a word of 3+ letters
-      # is prose (compared as text), two letters are a product like `xy`.
-      if tok in _FUNCS or tok in ("sqrt", "pi", "oo"):
-        tokens.append(tok)
-        continue
-      if len(tok) > 2:
-        raise ParseError(f"word {tok!r}")
-      tokens.extend(tok)
-      continue
-    tokens.append(tok)
-  return tokens
+__all__ = ["Limits", "ParseError", "TooLarge", "parse_latex", "tokenize"]
 
 
 class _Parser:
@@ -335,78 +272,6 @@ class _Parser:
       out = safe_pow(out, power, self.limits)
     return out
 
-  def matrix(self):
-    """`\\matrix a & b \\\\ c & d \\endmatrix` -> an immutable sympy matrix."""
-    self.take(r"\matrix")
-    rows, row = [], []
-    while True:
-      if self.peek() == r"\endmatrix":
-        self.take()
-        break
-      row.append(self.sum())
-      if len(row) * (len(rows) + 1) > self.limits.max_matrix_cells:
-        raise TooLarge("matrix")
-      sep = self.take()
-      if sep == "&":
-        continue
-      if sep == "\\\\" or sep == r"\endmatrix":
-        rows.append(row)
-        row = []
-        if sep == r"\endmatrix":
-          break
-        continue
-      raise ParseError(f"unexpected {sep!r} in a matrix")
-    if row:
-      rows.append(row)
-    if not rows or len({len(r) for r in rows}) != 1:
-      raise ParseError("ragged matrix")
-    return sympy.ImmutableMatrix(rows)
-
-  def big_operator(self, tok):
-    """`\\sum_{k=a}^{b} body` (and `\\prod`): added up when the bounds are
-    integers at most `limits.max_terms` apart, else a sympy `Sum`/`Product`
-    over a canonically named index so that renamed indices compare equal.
-    The body is one product (`\\sum_k k^2 + 1` is (sum k^2) + 1). Each term
-    is parsed again with the index bound to its value, so every bound on
-    powers and factorials applies to it; all the terms of one answer share
-    one budget of `limits.max_terms` parses."""
-    self.take()
-    self.take("_")
-    self.take("{")
-    var = self.take()
-    if not (var.isalpha() or var.lstrip("\\") in _GREEK):
-      raise ParseError("sum index")
-    name = var.lstrip("\\")
-    self.take("=")
-    lo = self.sum()
-    self.take("}")
-    self.take("^")
-    hi = self.power_operand()
-    self.sum_depth += 1
-    index = sympy.Symbol(f"_k{self.sum_depth}")
-    self.bound.append(name)
-    start = self.i
-    body = self.product().subs(sympy.Symbol(name), index)
-    end = self.i
-    self.bound.pop()
-    self.sum_depth -= 1
-    if not (_is_number(lo) and _is_number(hi) and lo.is_Integer
-            and hi.is_Integer and 0 <= hi - lo < self.limits.max_terms):
-      cls = sympy.Sum if tok == r"\sum" else sympy.Product
-      return cls(body, (index, lo, hi))
-    out = sympy.Integer(0 if tok == r"\sum" else 1)
-    for j in range(int(lo), int(hi) + 1):
-      self.work[0] -= 1
-      if self.work[0] < 0:
-        raise TooLarge("terms")
-      term = _Parser(self.toks[start:end], self.limits, self.work,
-                     {**self.values, name: sympy.Integer(j)}).product()
-      out = out + term if tok == r"\sum" else out * term
-      if out.is_Rational and max(abs(out.p), out.q).bit_length() > (
-          self.limits.max_bits):
-        raise TooLarge("sum")
-    return out
-
   def atom(self):
     tok = self.peek()
     if tok is None:
@@ -460,9 +325,9 @@ class _Parser:
         return sympy.sqrt(x)
       return safe_pow(x, sympy.Integer(1) / index, self.limits)
     if tok == r"\matrix":
-      return self.matrix()
+      return blocks.matrix(self)
     if tok in (r"\sum", r"\prod"):
-      return self.big_operator(tok)
+      return blocks.big_operator(self, tok)
     if tok in (r"\pi", "pi"):
       self.take()
       return sympy.pi
