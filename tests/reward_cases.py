@@ -525,6 +525,9 @@ HOSTILE = _cases("hostile", [
     ("$$" + "x" * 100000, "1", False),
     (r"\boxed{(A) (B) (C) (D) (E)}", "C", False),
     (r"\boxed{(A)\ 1\ (B)\ 2\ (C)\ 3}", "C", False),
+    (r"\boxed{A. B. C. D.}", "C", False),
+    (r"\boxed{A: 1, B: 2, C: 3}", "C", False),
+    (r"\boxed{A: 1, B: 2, C: 3}", "3", False),
 ], hostile=True, wrap=False)
 
 HAND_CASES = (EXTRACTION + NORMALISATION + FRACTIONS_ROOTS_PI + INTERVALS +

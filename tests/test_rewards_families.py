@@ -159,6 +159,23 @@ FAMILIES = {
         (box("Adding, 5 + 7 = 12."), "12", False, True),
         (box("Adding, 5 + 7 = 12."), "7", False, False),
     ],
+    "set_builder_and_conjunctions": [
+        (box(r"\{x \mid x > 1\}"), r"(1, \infty)", True, True),
+        (box(r"\{x|x>1\}"), r"(1, \infty)", True, True),
+        (box(r"k\ge -1 \text{ and } k\ne 0"), r"[-1,0)\cup(0,+\infty)", True, True),
+        (box(r"k\ge -1 \text{ or } k\ne 0"), r"[-1,0)\cup(0,+\infty)", False, False),
+        (box(r"x=\frac{\pi}{6}+2k\pi, k\in\mathbb{Z}"), r"\frac{\pi}{6}+2k\pi",
+         True, True),
+    ],
+    "counts_and_descriptions": [
+        (box(r"\text{3 solutions}"), "3", True, True),
+        (box("24种"), "24", True, True),
+        (box(r"\text{the maximum is } 3"), "3", True, True),
+        (box(r"\max f(x)=3"), "3", True, True),
+        (box(r"f(x)_{\max}=3"), "3", True, True),
+        (box(r"\text{D}. 12"), "D", True, True),
+        (box("B: 4"), "4", True, True),
+    ],
     "unmarked_parts": [
         ("The roots are $x = -2$ and $x = 3$.", "-2, 3", False, True),
         ("The roots are $x = -2$ and $x = 4$.", "-2, 3", False, False),

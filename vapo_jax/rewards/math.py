@@ -67,8 +67,10 @@ class CheckOptions:
 DEFAULT_OPTIONS = CheckOptions()
 # A multiple-choice letter followed by its value: `(C) 3`, `\\text{(B) } 5`.
 _CHOICE_RE = re.compile(
-    r"\s*(?:\\(?:text|textbf|mathbf|mathrm)\{\s*)?\(([A-E])\)\s*\}?\s*[:.]?\s*([^\s].*)",
-    re.DOTALL)
+    r"\s*(?:\\(?:text|textbf|mathbf|mathrm)\{\s*)?"
+    r"(?:\(([A-E])\)\s*\}?\s*[:.]?|([A-E])\s*\}?\s*[:.])\s*(\S.*)", re.DOTALL)
+# A second choice letter in the value: a list of options, not an answer.
+_ANOTHER_CHOICE_RE = re.compile(r"\(\s*[A-E]\s*\)|(?<![A-Za-z\\])[A-E]\s*\}?\s*[:.)]")
 LENIENT_OPTIONS = CheckOptions(mode="lenient")
 
 
@@ -80,8 +82,9 @@ def answers_match(answer: str, reference: str,
       return True, "match:string"
     return False, "mismatch:too_large"
   choice = _CHOICE_RE.fullmatch(answer)
-  if choice is not None and not re.search(r"\(\s*[A-E]\s*\)", choice.group(2)):  # "(C) 3": the letter or the value may be the gold.
-    for part in choice.groups():
+  if choice is not None and not _ANOTHER_CHOICE_RE.search(choice.group(3)):
+    # "(C) 3", "B: 4": the letter or the value may be the gold.
+    for part in (choice.group(1) or choice.group(2), choice.group(3)):
       ok, reason = answers_match(part, reference, options)
       if ok:
         return ok, reason

@@ -205,8 +205,8 @@ def _approx(text: str) -> str:
 # only inside subscripts.
 _NAME_RE = re.compile(
     r"(?:\\(?:angle|triangle|overline|widehat|hat|vec|frac|measuredangle|"
-    r"overrightarrow|lvert|rvert|vert|mid)(?![A-Za-z])|\\[A-Za-z]+(?=\s*[=_^{])"
-    r"|[A-Za-z]+|_\{?\w+\}?|[{}|:()'\s])+")
+    r"overrightarrow|lvert|rvert|vert|mid|max|min|sup|inf)(?![A-Za-z])"
+    r"|\\[A-Za-z]+(?=\s*[=_^{])|[A-Za-z]+|_\{?\\?\w+\}?|[{}|:()'\s])+")
 
 
 def is_name(text: str) -> bool:
@@ -277,8 +277,25 @@ def normalize_answer(text: str) -> str:
   text = _thousands(text)
   text = _strip_units(text)
   text = re.sub(r"(?<=\d)\s*(?:st|nd|rd|th)$", "", text)  # Ordinals: `7th`.
+  # A count and its noun (`3 solutions`, `24种`), and "the maximum is 3".
+  m = re.fullmatch(r"\s*(-?[\d.,/]+)\s*(?:[a-z]{3,}(?:\s+[a-z]+)*|[\u4e00-\u9fff]+)\s*",
+                   text)
+  if m:
+    text = m.group(1)
+  m = re.fullmatch(r"\s*(?:the|an?)\s+[a-z ]+?\s+(?:is|are|equals)\s+(.+)", text,
+                   flags=re.IGNORECASE)
+  if m:
+    text = m.group(1)
   text = _repeating_decimal(text)
   text = re.sub(r"\\varnothing|\\\{\s*\\\}|∅", r"\\emptyset", text)
+  # A parameter's range after a general solution: `..., k \\in \\mathbb{Z}`.
+  text = re.sub(r",?\s*\(?\s*[a-z]\s*\\in\s*\\mathbb\s*\{?\s*[ZN]\s*\}?\s*\)?\s*$", "",
+                text)
+  # Set-builder notation states its condition: `\\{x \\mid x > 1\\}`.
+  m = re.fullmatch(r"\s*\\\{\s*[A-Za-z]\s*(?:\||\\mid(?![A-Za-z])|:)\s*(.+?)\s*\\\}\s*",
+                   text)
+  if m:
+    text = m.group(1)
   # The real line.
   text = re.sub(r"\\mathbb\s*\{?\s*R\s*\}?|ℝ", r"(-\\infty, \\infty)", text)
   text = re.sub(r"^\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*", "", text)
@@ -296,6 +313,9 @@ def normalize_answer(text: str) -> str:
   m = re.fullmatch(r"\s*\(?\s*([A-Ea-e])\s*\)\s*", text)
   if m:
     text = m.group(1).upper()
+  # "and" between inequalities intersects them (`k \\ge -1 and k \\ne 0`).
+  if re.search(r"[<>]|\\(?:le|ge|leq|geq|ne|neq)(?![A-Za-z])", text):
+    text = re.sub(r",?\s*(?<![A-Za-z\\])and(?![A-Za-z])\s*", r" \\land ", text)
   # Prose connectives in solution lists, also without spaces (`2or3`).
   text = re.sub(r",?\s*(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])\s*", ", ", text)
   text = re.sub(r"^\s*,\s*|\s*,\s*$", "", text)

@@ -128,6 +128,25 @@ def _parse_item(text: str, limits: latex.Limits) -> Answer:
   return Answer("expr", out, approx=approx)
 
 
+def _conjunction(parts, limits: latex.Limits) -> Answer:
+  """`k \\ge -1 \\land k \\ne 0`: the intersection of inequalities in one
+  variable; anything else is compared as text."""
+  pieces = None
+  for part in parts:
+    try:
+      out = latex.parse_latex(part, limits)
+    except latex.ParseError:
+      out = None
+    solved = intervals.from_relation(out[1], out[2]) if isinstance(
+        out, tuple) else None
+    if solved is None:
+      return Answer("text", re.sub(r"\s+", "", " and ".join(parts)).lower())
+    pieces = solved if pieces is None else intervals.intersect(pieces, solved)
+    if pieces is None:
+      return Answer("text", re.sub(r"\s+", "", " and ".join(parts)).lower())
+  return _from_intervals(pieces)
+
+
 def parse_answer(text: str, limits: latex.Limits = latex.DEFAULT_LIMITS) -> Answer:
   """Parses a normalised answer into an `Answer` tree.
 
@@ -142,6 +161,8 @@ def parse_answer(text: str, limits: latex.Limits = latex.DEFAULT_LIMITS) -> Answ
     if all(len(r) == 1 for r in cells):  # A column vector.
       return Answer("tuple", "M", tuple(r[0] for r in cells))
     return Answer("tuple", "M", tuple(Answer("tuple", "M", r) for r in cells))
+  if r"\land" in text:
+    return _conjunction(_split_top(text, (r"\land",)), limits)
   for union in (r"\cup", "∪"):
     if union in text:
       parts = _split_top(text, (union,))
