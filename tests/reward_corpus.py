@@ -227,6 +227,22 @@ GOLDS = [
     ("math", "infinity", r"\infty", [r"+\infty", r"\infty"], [r"-\infty", "0"]),
     ("numina", "expression", r"\frac{\pi}{3}", [r"\pi/3", r"\frac{1}{3}\pi", r"60^\circ"],
      [r"\frac{\pi}{6}", "60", r"\frac{\pi}{3}+1"]),
+    ("numina", "interval", r"(1, +\infty)",
+     [r"\{x \mid x > 1\}", r"x>1", r"(1,\infty)"],
+     [r"[1,+\infty)", r"\{x \mid x < 1\}"]),
+    ("numina", "interval", r"[-1, 0) \cup (0, +\infty)",
+     [r"k \ge -1 \text{ and } k \ne 0", r"(0,\infty)\cup[-1,0)"],
+     [r"[-1, +\infty)", r"k \ge -1 \text{ or } k \ne 0"]),
+    ("math", "interval", r"(-\infty, \infty)", [r"\mathbb{R}", r"x \in \mathbb{R}"],
+     [r"(0, \infty)", r"\mathbb{Z}"]),
+    ("math", "percent", "0.35", [r"35\%", "35 percent", r"\frac{7}{20}"],
+     [r"3.5\%", "0.53"]),
+    ("math", "ratio", r"\frac{3}{2}", ["3:2", "1.5", "6:4"], ["2:3", "3:1"]),
+    ("math", "choice", "B", [r"(B) 12", r"\text{(B)}", r"B: 12"],
+     [r"(C) 12", r"A: 1, B: 2"]),
+    ("olympiad", "general_solution", r"\frac{\pi}{6}+2k\pi",
+     [r"x=\frac{\pi}{6}+2k\pi, k\in\mathbb{Z}", r"2k\pi+\frac{\pi}{6}"],
+     [r"\frac{\pi}{6}+k\pi", r"\frac{\pi}{3}+2k\pi"]),
     ("numina", "radical", r"4\sqrt{3}", [r"4\sqrt3\text{ cm}", r"\sqrt{48}",
                                          r"4 \sqrt{3} \text{ units}"],
      [r"3\sqrt{4}", r"4\sqrt{2}"]),
@@ -287,6 +303,14 @@ POLICY = {
     "spaced_imaginary_unit": (
         "`3 + 4 i` with a space before `i` is 3+4i; math-verify misreads it",
         lambda c: c.equal and bool(re.search(r"\d\s+i\b", c.answer))),
+    "choice_with_value": (
+        "a choice letter followed by its value (`(B) 12`, `B: 12`) matches "
+        "the letter or the value; math-verify reads only the value",
+        lambda c: c.equal and bool(re.match(r"\(?[A-E][):]", c.answer))),
+    "parameter_range_remark": (
+        "`, k \\in \\mathbb{Z}` after a general solution names the "
+        "parameter's range and is dropped",
+        lambda c: c.equal and "mathbb{Z}" in c.answer),
     "several_boxes": (
         "lenient mode joins one box per part of a multi-part gold "
         "(`\\boxed{1/2}` ... `\\boxed{3}` for `1/2, 3`); math-verify reads "
