@@ -19,6 +19,15 @@ _DROP = (r"\left", r"\right", r"\bigl", r"\bigr", r"\Bigl", r"\Bigr",
          r"\textstyle", r"\!", r"\,", r"\;", r"\:", r"\quad", r"\qquad",
          r"\ ", r"\limits", r"\mathstrut", r"\$", "$")
 
+# Sizing commands are dropped; spacing commands and `$` become a space.
+_DROP_COMMANDS_RE = re.compile(
+    "(?:" + "|".join(re.escape(t) for t in sorted(
+        (t for t in _DROP if t.startswith("\\") and t[-1].isalpha()),
+        key=len, reverse=True)) + ")(?![A-Za-z])")
+_DROP_SYMBOLS_RE = re.compile("|".join(re.escape(t) for t in _DROP if not (
+    t.startswith("\\") and t[-1].isalpha())))
+_WRAPPER_RE = re.compile(r"\\(" + "|".join(_WRAPPERS) + r")\s*(?=\{)")
+
 _UNITS = set("""
 unit units sq square cubic cm centimeter centimeters centimetre centimetres
 m meter meters metre metres km kilometer kilometers mm millimeter millimeters
@@ -68,7 +77,9 @@ def _unwrap(text: str) -> str:
 
   A wrapper whose contents are only a unit (`\\text{ cm}`) is dropped.
   """
-  pattern = re.compile(r"\\(" + "|".join(_WRAPPERS) + r")\s*(?=\{)")
+  if "\\" not in text:
+    return text
+  pattern = _WRAPPER_RE
   for _ in range(50):  # Each pass removes one wrapper; answers are short.
     m = pattern.search(text)
     if m is None:
@@ -162,11 +173,9 @@ def strip_answer_noise(text: str) -> str:
   text = re.sub(r"\\(d|t|c)frac", r"\\frac", text)
   text = text.replace(r"\leqslant", r"\leq").replace(r"\geqslant", r"\geq")
   text = _unwrap(text)
-  for token in _DROP:
-    if token.startswith("\\") and token[-1].isalpha():
-      text = re.sub(re.escape(token) + r"(?![A-Za-z])", "", text)
-    else:
-      text = text.replace(token, " ")
+  if "\\" in text:
+    text = _DROP_COMMANDS_RE.sub("", text)
+  text = _DROP_SYMBOLS_RE.sub(" ", text)
   text = text.replace("~", " ")
   # One-token subscripts: `x_{1}` -> `x_1`, `1011_{2}` -> `1011_2`.
   text = re.sub(r"_\{\s*(\w+)\s*\}", r"_\1", text)
