@@ -32,6 +32,8 @@ setuptools.setup(
             "tokenizers>=0.20",
             "pyarrow>=15",
             "matplotlib>=3.8",
+            # The math checker's differential tests use math-verify as an oracle.
+            "math-verify>=0.7",
         ],
         # workdir/curves.png and `python -m vapo_jax.tools.plot`.
         "plot": ["matplotlib>=3.8"],

@@ -1,19 +1,23 @@
-"""Scores the labelled reward suite with vapo_jax's checker and math-verify.
+"""Scores the labelled reward suite with vapo_jax's checker (both modes) and math-verify.
 
   pip install math-verify   # for this benchmark only
-  python benchmarks/verifier_bench.py [--timeout_s=10] [--repeats=3]
+  python benchmarks/verifier_bench.py [--timeout_s=10] [--repeats=1]
 
-Both checkers run through the same `RewardScorer` (spawned worker processes
+All checkers run through the same `RewardScorer` (spawned worker processes
 with a hard per-check time limit), so a checker that hangs costs its time
 limit and scores 0 with reason `timeout` instead of stalling the benchmark.
 math-verify is called the way its README suggests: `verify(parse(gold),
 parse(response))`, with the gold answer wrapped in `$...$`.
 
-Printed per checker: accuracy, false positives (wrong answers given credit),
-false negatives, hostile cases given credit, timeouts, errors, checks/s
-(cases / summed per-check wall time, one worker), worst-case time; then the
-batch throughput of a 2-worker pool on the non-hostile cases, the ratio of
-the two, and the cases each checker gets wrong.
+Two suites: the hand-written cases of `tests/reward_cases.py` and the
+differential corpus of `tests/reward_corpus.py`. vapo_jax strict is scored
+against the strict labels, vapo_jax lenient and math-verify against the
+lenient labels. Printed per checker and suite: accuracy, false positives
+(wrong answers given credit), false negatives, hostile cases given credit,
+timeouts, errors, checks/s (cases / summed per-check wall time, one
+worker), worst-case time; then the batch throughput of a 2-worker pool, the
+speed ratios, agreement with math-verify on the corpus per mode with each
+class of deliberate difference, and the cases each checker gets wrong.
 """
 
 import argparse
@@ -27,10 +31,16 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]
 
 import reward_cases  # pylint: disable=g-import-not-at-top,wrong-import-position
+import reward_corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vapo_jax import rewards  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-OURS = "vapo_jax.rewards.math:score"
 THEIRS = "verifier_bench:math_verify_score"
+# (name, plug-in, which label it is judged by)
+CHECKERS = (
+    ("vapo strict", rewards.DEFAULT_REWARD_FN, "strict"),
+    ("vapo lenient", rewards.LENIENT_REWARD_FN, "lenient"),
+    ("math-verify", THEIRS, "lenient"),
+)
 
 
 def _gold_for_math_verify(reference: str) -> str:
@@ -74,8 +84,12 @@ def _throughput(fn: str, cases, timeout_s: float, repeats: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def _summary(name, cases, correct, secs, reasons):
-  labels = [c.equal for c in cases]
+def _label(case, mode: str) -> bool:
+  return case.equal if mode == "strict" else case.lenient_equal
+
+
+def _summary(name, cases, mode, correct, secs, reasons):
+  labels = [_label(c, mode) for c in cases]
   fp = [c for c, y, p in zip(cases, labels, correct) if p and not y]
   fn = [c for c, y, p in zip(cases, labels, correct) if y and not p]
   return {
@@ -87,7 +101,7 @@ def _summary(name, cases, correct, secs, reasons):
       "errors": sum(r.startswith("error:") for r in reasons),
       "checks_per_s": len(cases) / sum(secs),
       "worst_s": max(secs), "mean_ms": 1e3 * sum(secs) / len(secs),
-      "wrong": fp + fn,
+      "wrong": [(c, mode) for c in fp + fn],
   }
 
 
@@ -96,10 +110,41 @@ def _short(text: str, n: int = 60) -> str:
   return text if len(text) <= n else text[:25] + " ... " + text[-(n - 30):]
 
 
+def _table(title, rows):
+  print(f"\n{title}")
+  print(f"{'checker':<14}{'accuracy':>9}{'FP':>5}{'FN':>5}{'hostFP':>7}"
+        f"{'timeout':>8}{'errors':>7}{'checks/s':>10}{'mean ms':>9}{'worst s':>9}")
+  for r in rows:
+    print(f"{r['name']:<14}{r['accuracy']:>9.3f}{r['fp']:>5}{r['fn']:>5}"
+          f"{r['hostile_fp']:>7}{r['timeouts']:>8}{r['errors']:>7}"
+          f"{r['checks_per_s']:>10.1f}{r['mean_ms']:>9.2f}{r['worst_s']:>9.3f}")
+
+
+def _agreement(corpus, verdicts):
+  """Agreement of each vapo mode with math-verify on the corpus, with the
+  disagreements sorted into the documented classes."""
+  theirs = verdicts["math-verify"]
+  print("\nagreement with math-verify on the differential corpus "
+        f"({len(corpus)} cases):")
+  for name, _, mode in CHECKERS[:2]:
+    ours = verdicts[name]
+    differ = [c for c, a, b in zip(corpus, ours, theirs) if a != b]
+    classes = {}
+    for c in differ:
+      if mode == "strict" and c.equal != c.lenient_equal:
+        key = "strict_needs_a_marker"
+      else:
+        key = reward_corpus.policy_of(c) or "UNDOCUMENTED"
+      classes[key] = classes.get(key, 0) + 1
+    agree = 1 - len(differ) / len(corpus)
+    print(f"  {name:<13} {agree:.3f} agree; differ on {len(differ)}: " + ", ".join(
+        f"{k} {v}" for k, v in sorted(classes.items(), key=lambda kv: -kv[1])))
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--timeout_s", type=float, default=10.0)
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--repeats", type=int, default=1)
   args = parser.parse_args()
   try:
     import math_verify  # pylint: disable=g-import-not-at-top
@@ -111,40 +156,55 @@ def main():
     sys.exit("math-verify is not installed: pip install math-verify")
   import sympy  # pylint: disable=g-import-not-at-top
 
-  cases = reward_cases.ALL_CASES
-  benign = [c for c in cases if not c.hostile]
+  suites = (("hand-written cases", reward_cases.HAND_CASES),
+            ("differential corpus", reward_cases.CORPUS_CASES))
+  everything = reward_cases.ALL_CASES
+  benign = [c for c in everything if not c.hostile]
   print(f"machine: {platform.platform()}, {os.cpu_count()} cpus, "
         f"python {platform.python_version()}, sympy {sympy.__version__}, "
         f"math-verify {mv_version}")
-  print(f"suite: {len(cases)} cases ({sum(c.equal for c in cases)} equal, "
-        f"{sum(c.hostile for c in cases)} hostile); hard limit "
-        f"{args.timeout_s:g} s per check\n")
+  print(f"labelled suite: {len(everything)} cases = "
+        f"{len(reward_cases.HAND_CASES)} hand-written + "
+        f"{len(reward_cases.CORPUS_CASES)} corpus ("
+        f"{sum(c.equal for c in everything)} equal in strict mode, "
+        f"{sum(c.lenient_equal for c in everything)} in lenient, "
+        f"{sum(c.hostile for c in everything)} hostile); hard limit "
+        f"{args.timeout_s:g} s per check")
   if os.path.exists(reward_cases.SENTINEL):
     os.remove(reward_cases.SENTINEL)
-  rows = []
-  for name, fn in (("vapo_jax", OURS), ("math-verify", THEIRS)):
-    row = _summary(name, cases, *_per_case(fn, cases, args.timeout_s))
-    row["sentinel"] = os.path.exists(reward_cases.SENTINEL)
-    row["batch_per_s"] = _throughput(fn, benign, args.timeout_s, args.repeats)
-    rows.append(row)
-  header = (f"{'checker':<12}{'accuracy':>9}{'FP':>5}{'FN':>5}{'hostFP':>7}"
-            f"{'timeout':>8}{'errors':>7}{'checks/s':>10}{'mean ms':>9}"
-            f"{'worst s':>9}{'batch/s':>9}{'code ran':>9}")
-  print(header)
-  for r in rows:
-    print(f"{r['name']:<12}{r['accuracy']:>9.3f}{r['fp']:>5}{r['fn']:>5}"
-          f"{r['hostile_fp']:>7}{r['timeouts']:>8}{r['errors']:>7}"
-          f"{r['checks_per_s']:>10.1f}{r['mean_ms']:>9.2f}{r['worst_s']:>9.3f}"
-          f"{r['batch_per_s']:>9.1f}{str(r['sentinel']):>9}")
-  ours, theirs = rows
-  print(f"\nratio vapo_jax / math-verify: errors {len(ours['wrong'])} vs "
-        f"{len(theirs['wrong'])}; checks/s x{ours['checks_per_s'] / theirs['checks_per_s']:.1f}; "
-        f"batch/s x{ours['batch_per_s'] / theirs['batch_per_s']:.1f}; worst-case "
-        f"time x{ours['worst_s'] / theirs['worst_s']:.3f}")
-  for r in rows:
-    print(f"\n{r['name']} is wrong on {len(r['wrong'])} cases:")
-    for c in r["wrong"]:
-      kind = "FP" if not c.equal else "FN"
+  tables = {title: [] for title, _ in suites}
+  verdicts, speed, wrong = {}, {}, {}
+  for name, fn, mode in CHECKERS:
+    correct, secs, reasons = _per_case(fn, everything, args.timeout_s)
+    verdicts[name] = correct[len(reward_cases.HAND_CASES):]
+    start = 0
+    wrong[name] = []
+    for title, cases in suites:
+      part = slice(start, start + len(cases))
+      row = _summary(name, cases, mode, correct[part], secs[part], reasons[part])
+      tables[title].append(row)
+      wrong[name] += row["wrong"]
+      start += len(cases)
+    whole = _summary(name, everything, mode, correct, secs, reasons)
+    speed[name] = (whole["checks_per_s"], whole["worst_s"],
+                   _throughput(fn, benign, args.timeout_s, args.repeats),
+                   os.path.exists(reward_cases.SENTINEL))
+  for title, rows in tables.items():
+    _table(title, rows)
+  print(f"\n{'checker':<14}{'checks/s':>10}{'worst s':>9}{'batch/s':>9}{'code ran':>9}")
+  for name, (cps, worst, batch, ran) in speed.items():
+    print(f"{name:<14}{cps:>10.1f}{worst:>9.3f}{batch:>9.1f}{str(ran):>9}")
+  theirs = speed["math-verify"]
+  for name in ("vapo strict", "vapo lenient"):
+    ours = speed[name]
+    print(f"ratio {name} / math-verify: checks/s x{ours[0] / theirs[0]:.1f}; "
+          f"batch/s x{ours[2] / theirs[2]:.1f}; worst-case time "
+          f"x{ours[1] / theirs[1]:.3f}")
+  _agreement(reward_cases.CORPUS_CASES, verdicts)
+  for name, cases in wrong.items():
+    print(f"\n{name} is wrong on {len(cases)} cases:")
+    for c, mode in cases:
+      kind = "FP" if not _label(c, mode) else "FN"
       print(f"  {kind} [{c.category}] {_short(c.response)!r} vs {c.reference!r}")
 
 

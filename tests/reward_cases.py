@@ -6,22 +6,19 @@ wrap an answer in a short solution ending with `\\boxed{...}` (see `boxed`);
 extraction cases spell the whole response out. The labels say what a careful
 human grader would decide, not what any checker does. Hostile cases
 additionally carry `hostile=True`: a checker must not give them credit, must
-not hang and must not run their text as code.
+not hang and must not run their text as code. `equal` is the verdict in the
+strict mode (the training default); `lenient` is the verdict in the lenient
+mode when it differs (None: the same). Corpus cases (`reward_corpus`) also
+record the `answer` they wrap.
 """
 
 import dataclasses
 
+import reward_corpus
+from reward_case import Case  # noqa: F401  (re-exported)
+
 # A file that the code-injection cases try to create. It must never exist.
 SENTINEL = "/tmp/vapo_jax_reward_sentinel"
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-  category: str
-  response: str
-  reference: str
-  equal: bool
-  hostile: bool = False
 
 
 def boxed(answer: str) -> str:
@@ -49,7 +46,7 @@ EXTRACTION = _cases("extraction", [
     ("Thus, the answer is $\\frac{3}{4}$.", "0.75", True),
     ("Final Answer: **73**", "73", True),
     ("Final answer: 2", "3", False),
-    ("I think it is 5 but I am not sure", "5", False),
+    ("I think it is 5 but I am not sure", "5", False),  # lenient: unmarked 5
     ("", "5", False),
     ("The answer is", "5", False),
     (r"\boxed{}", "0", False),
@@ -72,8 +69,12 @@ EXTRACTION = _cases("extraction", [
     ("The answer is 5.\n\nWait, actually the answer is 6.", "6", True),
     ("The answer is 5.\n\nWait, actually the answer is 6.", "5", False),
     ("the answer isn't 5", "5", False),
-    ("I need an answer to this, maybe 5", "5", False),
+    ("I need an answer to this, maybe 5", "5", False),  # lenient: unmarked 5
 ], wrap=False)
+# The lenient mode takes the final unmarked answer of a response without a
+# marker; these two are its examples among the extraction cases.
+EXTRACTION = [dataclasses.replace(c, lenient=True) if c.response.startswith(
+    ("I think it is 5", "I need an answer")) else c for c in EXTRACTION]
 
 NORMALISATION = _cases("normalisation", [
     (r"\text{5}", "5", True),
@@ -307,7 +308,8 @@ NEAR_MISSES = _cases("near_misses", [
     (r"\sqrt{3}", r"\sqrt{2}", False),
     ("100", "1000", False),
     ("1,000", "100", False),
-    ("50\\%", "0.5", False),
+    ("50\\%", "0.5", True),  # A percentage is also its fraction (issue #14).
+    ("50\\%", "5", False),
     ("3.0001", "3", False),
     ("10", "10.5", False),
     ("-\\frac{1}{3}", "\\frac{1}{3}", False),
@@ -418,9 +420,11 @@ REALISTIC = _cases("realistic", [
     ("0.3", r"0.\overline{3}", False),
     (r"0.1\overline{6}", r"\frac{1}{6}", True),
     (r"5 \cdot 2^{3}", "40", True),
-    (r"3\%", "0.03", False),
+    (r"3\%", "0.03", True),  # As math-verify and a grader read it.
+    (r"3\%", "0.3", False),
     (r"6 \text{ ways}", "6", True),
-    (r"x=1,\ y=2", "(1,2)", False),
+    (r"x=1,\ y=2", "(1,2)", True),  # Named values state the point.
+    (r"x=2,\ y=1", "(1,2)", False),
     (r"\infty", r"\infty", True),
     (r"\cos^2\theta", r"1-\sin^2\theta", True),
     (r"2\cos^2\theta-1", r"\cos 2\theta", True),
@@ -501,9 +505,35 @@ HOSTILE = _cases("hostile", [
     (r"\boxed{0.5^{-20000}}", "1", False),
     (r"\boxed{\frac{1}{x+\frac{1}{x+\frac{1}{x+\frac{1}{x+\frac{1}{x}}}}}}", "x", False),
     (r"\boxed{5\u202e}", "6", False),
+    # Against the rules added for issue #14: sums, products, matrices,
+    # inequalities, several boxes, unmarked answers.
+    (r"\boxed{\sum_{k=1}^{999} 2^{2^{k}}}", "1", False),
+    (r"\boxed{\sum_{k=1}^{999}\sum_{j=1}^{999}\sum_{i=1}^{999} ijk}", "1", False),
+    (r"\boxed{\prod_{k=1}^{999} k^{k}}", "1", False),
+    (r"\boxed{\sum_{k=1}^{10^{100}} k!}", "1", False),
+    (r"\boxed{\begin{pmatrix}%s\end{pmatrix}}" % "&".join(["1"] * 500), "1",
+     False),
+    (r"\boxed{\begin{pmatrix}2&1\\1&1\end{pmatrix}^{10^{9}}}", "1", False),
+    (r"\boxed{%s}" % "+".join([r"\begin{pmatrix}1&1\\1&1\end{pmatrix}"] * 60),
+     r"\begin{pmatrix}1&1\\1&1\end{pmatrix}", False),
+    (r"\boxed{|x - 10^{10^{10}}| < 1}", "(0, 2)", False),
+    (r"\boxed{%s x > 1}" % ("-" * 3000), "x<1", False),
+    (r"\boxed{1}" * 3000 + r"\boxed{2}", "1, 2", False),
+    (r"\boxed{" + r"\approx " * 2000 + "1}", "1", False),
+    ("Final Answer: " * 5000 + "7", "8", False),
+    ("The answer is $" + "$" * 100000, "1", False),
+    ("$$" + "x" * 100000, "1", False),
+    (r"\boxed{(A) (B) (C) (D) (E)}", "C", False),
+    (r"\boxed{(A)\ 1\ (B)\ 2\ (C)\ 3}", "C", False),
+    (r"\boxed{A. B. C. D.}", "C", False),
+    (r"\boxed{A: 1, B: 2, C: 3}", "C", False),
+    (r"\boxed{A: 1, B: 2, C: 3}", "3", False),
 ], hostile=True, wrap=False)
 
-ALL_CASES = (EXTRACTION + NORMALISATION + FRACTIONS_ROOTS_PI + INTERVALS +
-             SETS_TUPLES + EQUATIONS + LARGE_INTEGERS + NEAR_MISSES + TEXT +
-             MALFORMED + REALISTIC + DATASET_FORMS +
-             HOSTILE)
+HAND_CASES = (EXTRACTION + NORMALISATION + FRACTIONS_ROOTS_PI + INTERVALS +
+              SETS_TUPLES + EQUATIONS + LARGE_INTEGERS + NEAR_MISSES + TEXT +
+              MALFORMED + REALISTIC + DATASET_FORMS +
+              HOSTILE)
+
+CORPUS_CASES = reward_corpus.CASES
+ALL_CASES = HAND_CASES + CORPUS_CASES

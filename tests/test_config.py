@@ -40,6 +40,8 @@ def test_every_config_file_and_preset_validates(name):
     ("rl.gae_impl", "fast", "config.rl.gae_impl='fast'"),
     ("model.num_kv_heads", 3, "config.model.num_kv_heads=3"),
     ("reward.fn", "no_colon", "config.reward.fn"),
+    ("reward.mode", "loose", "config.reward.mode='loose': must be \"strict\" or \"lenient\""),
+    ("eval.reward_mode", "loose", "config.eval.reward_mode='loose'"),
 ])
 def test_bad_values_name_the_field(field, value, message):
   c = load_config_file("tiny.py")

@@ -117,3 +117,26 @@ def test_length_mismatch_raises():
   with rewards.RewardScorer(num_workers=0) as scorer:
     with pytest.raises(ValueError, match="lengths differ"):
       scorer.score_batch(["a"], ["b", "c"], ["d"])
+
+
+def test_one_pool_scores_in_both_modes(math_pool):
+  lenient = math_pool.using(rewards.fn_for_mode(rewards.DEFAULT_REWARD_FN,
+                                                "lenient"))
+  args = (["p", "p"], ["It is 4.", r"\boxed{4}"], ["4", "4"])
+  np.testing.assert_array_equal(math_pool.score_batch(*args).rewards, [0, 1])
+  np.testing.assert_array_equal(lenient.score_batch(*args).rewards, [1, 1])
+  with rewards.RewardScorer(num_workers=0) as scorer:
+    view = scorer.using(rewards.LENIENT_REWARD_FN)
+    np.testing.assert_array_equal(view.score_batch(*args).rewards, [1, 1])
+    with pytest.raises(ValueError, match="reward fn"):
+      scorer.using("no_such_module_xyz:f")
+
+
+def test_fn_for_mode():
+  assert rewards.fn_for_mode(rewards.DEFAULT_REWARD_FN, "strict") == (
+      rewards.DEFAULT_REWARD_FN)
+  assert rewards.fn_for_mode(rewards.DEFAULT_REWARD_FN, "lenient") == (
+      rewards.LENIENT_REWARD_FN)
+  assert rewards.fn_for_mode(f"{_P}:always_one", "lenient") == f"{_P}:always_one"
+  with pytest.raises(ValueError, match="mode"):
+    rewards.fn_for_mode(rewards.DEFAULT_REWARD_FN, "loose")

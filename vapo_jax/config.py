@@ -89,6 +89,10 @@ class SamplingSection:
 @dataclasses.dataclass(frozen=True)
 class RewardSection:
   fn: str = "vapo_jax.rewards.math:score"
+  # The math checker's extraction mode for training rewards: "strict" (only a marked final
+  # answer, the last one wins) or "lenient" (also unmarked / multi-box answers). Other
+  # plug-ins have no modes. Evaluation has its own: eval.reward_mode.
+  mode: str = "strict"
   num_workers: int = 0         # 0: score in-process (each check still time-bounded)
   timeout_s: float = 5.0
 
@@ -165,6 +169,7 @@ class EvalSection:
   num_examples: int = 256
   samples_per_problem: int = 4          # k of avg@k and pass@k
   batch_prompts: int = 64
+  reward_mode: str = "lenient"          # math checker mode when scoring evaluations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +341,7 @@ def validate(cfg: Config) -> None:
   need(":" in r.fn, "reward.fn", r.fn, '"module:function"')
   need(r.num_workers >= 0, "reward.num_workers", r.num_workers, ">= 0")
   need(r.timeout_s > 0, "reward.timeout_s", r.timeout_s, "> 0")
+  need(r.mode in ("strict", "lenient"), "reward.mode", r.mode, '"strict" or "lenient"')
   for name in ("policy_lr", "critic_lr", "sft_lr", "weight_decay", "grad_clip"):
     need(getattr(o, name) >= 0, f"optim.{name}", getattr(o, name), ">= 0")
   need(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, ">= 0")
@@ -382,6 +388,8 @@ def validate(cfg: Config) -> None:
          "mesh.rules", rule, "(logical name, mesh axes) pairs")
   e = cfg.eval
   need(e.every >= 0, "eval.every", e.every, ">= 0")
+  need(e.reward_mode in ("strict", "lenient"), "eval.reward_mode", e.reward_mode,
+       '"strict" or "lenient"')
   need(e.num_examples >= 1 and e.samples_per_problem >= 1 and e.batch_prompts >= 1,
        "eval.num_examples", e.num_examples,
        ">= 1 (and eval.samples_per_problem, eval.batch_prompts >= 1)")

@@ -37,6 +37,7 @@ from vapo_jax import run_checkpoint
 from vapo_jax import run_control
 from vapo_jax import train_steps as ts
 from vapo_jax.data import PromptIterator
+from vapo_jax.rewards import fn_for_mode
 from vapo_jax.rewards import RewardScorer
 
 CRITIC_DIR = "critic"          # workdir/critic: HF-format critic after value pretraining
@@ -93,8 +94,10 @@ class Trainer:
     self.graphdef, self.policy_params, self.model_cfg = builders.build_policy(
         cfg, self.mesh, self.rules, self.text)
     self.critic_graphdef = self.critic_state = None
-    self.scorer = RewardScorer(cfg.reward.fn, num_workers=cfg.reward.num_workers,
+    self.scorer = RewardScorer(fn_for_mode(cfg.reward.fn, cfg.reward.mode),
+                               num_workers=cfg.reward.num_workers,
                                timeout_s=cfg.reward.timeout_s)
+    self.eval_scorer = self.scorer.using(fn_for_mode(cfg.reward.fn, cfg.eval.reward_mode))
     self.key = jax.random.key(cfg.seed)
     # The global batch of prompts, identical on every host; each host then feeds only the
     # rows its devices hold (see experience()).
@@ -341,7 +344,8 @@ class Trainer:
     cfg = self.cfg
     examples = (examples or self.eval_examples)[:cfg.eval.num_examples]
     return evaluation.evaluate(self.eval_sampler, self.greedy_sampler, self.policy_params,
-                               examples, self.text, self.scorer, jax.random.key(cfg.seed + 7),
+                               examples, self.text, self.eval_scorer,
+                               jax.random.key(cfg.seed + 7),
                                batch_prompts=cfg.eval.batch_prompts,
                                threshold=cfg.rl.nll_threshold)
 

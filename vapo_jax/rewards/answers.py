@@ -1,21 +1,33 @@
-"""Structured answers (sets, tuples, intervals, relations) and equivalence.
+"""Equivalence of structured answers (see `parse` for how they are built).
 
-`parse_answer` turns a normalised answer string into an `Answer` tree whose
-leaves are sympy expressions built by `latex.parse_latex` (never `eval`).
-`equivalent` compares two trees: numbers exactly when both are rational,
+`parse_answer` (from `parse`) turns a normalised answer string into an
+`Answer` tree whose leaves are sympy expressions built by
+`latex.parse_latex` (never `eval`). `equivalent` compares two trees: numbers exactly when both are rational,
 otherwise to a relative tolerance; expressions with free symbols by exact
 cancellation or by evaluating both at fixed sample points; solution lists and
 sets as unordered collections; tuples and intervals in order with their
-brackets; equations up to a nonzero constant factor.
+brackets; equations up to a nonzero constant factor; inequalities in one
+variable and intervals as unions of intervals (see `intervals`).
+
+Labels: a list item `NAME = value` (`AB = 4`, `x_1 = 2`) keeps its name. Two
+lists whose items all carry distinct names match by name; a named list and
+a bare list of values, or a point, match in order (`AB=4, CD=5` vs `4, 5`;
+`x=2, y=3` vs `(2, 3)`). Solution
+lists without braces ignore a repeated member (`2, 2, 3` is `2, 3`); a set
+written with braces is compared as written.
 """
 
 import dataclasses
-import re
-from typing import Any
 
 import sympy
 
-from vapo_jax.rewards import latex
+from vapo_jax.rewards import intervals
+from vapo_jax.rewards.parse import Answer
+from vapo_jax.rewards.parse import count_parts
+from vapo_jax.rewards.parse import parse_answer
+
+__all__ = ["Answer", "Tolerance", "count_parts", "equivalent", "expr_equal",
+           "parse_answer"]
 
 _PROBE_POINTS = ((0.5371, 1.2913, -0.7369, 2.1033),
                  (1.7713, -0.4219, 0.9127, -1.3371),
@@ -41,145 +53,6 @@ class Tolerance:
   probe_rel_tol: float = 1e-12
 
 
-@dataclasses.dataclass(frozen=True)
-class Answer:
-  """A parsed answer.
-
-  `kind` is one of: `expr` (value: sympy expression), `rel` (value: (ops,
-  operands)), `interval` (value: (lo, hi, left_closed, right_closed)),
-  `tuple` (value: bracket pair such as "()" or "[)"; items), `set` (items;
-  unordered, also used for solution lists), `union` (items), `text` (value:
-  lower-cased text without spaces). `approx` marks a decimal literal.
-  """
-  kind: str
-  value: Any = None
-  items: tuple["Answer", ...] = ()
-  approx: bool = False
-
-
-_MATRIX_RE = re.compile(
-    r"\\begin\{([pbBvV]?matrix)\}(.*?)\\end\{\1\}", re.DOTALL)
-
-
-def _split_top(text: str, seps=(",",)) -> list[str]:
-  """Splits at separators outside any brackets or braces."""
-  parts, depth, start, i = [], 0, 0, 0
-  while i < len(text):
-    c = text[i]
-    if depth == 0 and any(text.startswith(sep, i) for sep in seps):
-      sep = next(sep for sep in seps if text.startswith(sep, i))
-      parts.append(text[start:i])
-      start = i = i + len(sep)
-      continue
-    if c == "\\" and i + 1 < len(text):
-      if text[i + 1] in "{}":
-        depth += 1 if text[i + 1] == "{" else -1
-      i += 2
-      continue
-    if c in "([{":
-      depth += 1
-    elif c in ")]}":
-      depth -= 1
-    i += 1
-  parts.append(text[start:])
-  return [p.strip() for p in parts]
-
-
-def _encloses(text: str) -> bool:
-  """Whether text[0] is a bracket that closes exactly at text[-1]."""
-  depth = 0
-  for i, c in enumerate(text):
-    if c in "([":
-      depth += 1
-    elif c in ")]":
-      depth -= 1
-      if depth == 0:
-        return i == len(text) - 1
-  return False
-
-
-def _interval_from_rel(ops, operands) -> Answer | None:
-  """`x > 3` -> (3, oo); `a <= x < b` -> [a, b); None otherwise."""
-  ops = list(ops)
-  operands = list(operands)
-  if any(op in ("==", "!=") for op in ops):
-    return None
-  if len(ops) == 1:
-    lhs, rhs = operands
-    if isinstance(rhs, sympy.Symbol) and lhs.is_number:
-      flip = {"<": ">", ">": "<", "<=": ">=", ">=": "<="}
-      lhs, rhs, ops = rhs, lhs, [flip[ops[0]]]
-    if not (isinstance(lhs, sympy.Symbol) and rhs.is_number):
-      return None
-    op = ops[0]
-    if op in (">", ">="):
-      return Answer("interval", (rhs, sympy.oo, op == ">=", False))
-    return Answer("interval", (-sympy.oo, rhs, False, op == "<="))
-  if len(ops) == 2 and isinstance(operands[1], sympy.Symbol):
-    lo, hi = operands[0], operands[2]
-    if not (lo.is_number and hi.is_number):
-      return None
-    if all(op in ("<", "<=") for op in ops):
-      return Answer("interval", (lo, hi, ops[0] == "<=", ops[1] == "<="))
-    if all(op in (">", ">=") for op in ops):
-      return Answer("interval", (hi, lo, ops[1] == ">=", ops[0] == ">="))
-  return None
-
-
-def _parse_item(text: str, limits: latex.Limits) -> Answer:
-  approx = bool(re.search(r"\d\.\d|(?<![\d.])\.\d", text))
-  if r"\pm" in text or r"\mp" in text:
-    parts = _split_top(text, (r"\pm", r"\mp"))
-    if len(parts) == 2:
-      lead = parts[0] or "0"
-      return Answer("set", items=(
-          _parse_item(f"{lead}+({parts[1]})", limits),
-          _parse_item(f"{lead}-({parts[1]})", limits)))
-  try:
-    out = latex.parse_latex(text, limits)
-  except latex.ParseError:
-    return Answer("text", re.sub(r"\s+", "", text).lower())
-  if isinstance(out, tuple):
-    _, ops, operands = out
-    interval = _interval_from_rel(ops, operands)
-    return interval or Answer("rel", (ops, operands), approx=approx)
-  return Answer("expr", out, approx=approx)
-
-
-def parse_answer(text: str, limits: latex.Limits = latex.DEFAULT_LIMITS) -> Answer:
-  """Parses a normalised answer into an `Answer` tree.
-
-  Raises:
-    latex.TooLarge: some part would take unbounded work to build.
-  """
-  text = text.strip()
-  m = _MATRIX_RE.fullmatch(text)
-  if m:
-    rows = [r for r in re.split(r"\\\\", m.group(2)) if r.strip()]
-    cells = [tuple(parse_answer(c, limits) for c in r.split("&")) for r in rows]
-    if all(len(r) == 1 for r in cells):  # A column vector.
-      return Answer("tuple", "M", tuple(r[0] for r in cells))
-    return Answer("tuple", "M", tuple(Answer("tuple", "M", r) for r in cells))
-  for union in (r"\cup", "∪"):
-    if union in text:
-      parts = _split_top(text, (union,))
-      if len(parts) > 1:
-        return Answer("union", items=tuple(parse_answer(p, limits) for p in parts))
-  if text.startswith(r"\{") and text.endswith(r"\}"):
-    inner = text[2:-2]
-    return Answer("set", items=tuple(
-        _parse_item(p, limits) for p in _split_top(inner) if p))
-  if len(text) >= 2 and text[0] in "([" and text[-1] in ")]" and _encloses(text):
-    parts = _split_top(text[1:-1])
-    if len(parts) > 1:
-      return Answer("tuple", text[0] + text[-1], items=tuple(
-          parse_answer(p, limits) for p in parts))
-  parts = _split_top(text, (",", ";"))
-  if len(parts) > 1:
-    return Answer("set", items=tuple(_parse_item(p, limits) for p in parts if p))
-  return _parse_item(text, limits)
-
-
 # -- equivalence --------------------------------------------------------------
 
 
@@ -202,6 +75,10 @@ def expr_equal(a, b, tol: Tolerance, approx: bool = False) -> bool:
   """Exact-or-numeric equality of two sympy expressions."""
   if a == b:
     return True
+  if not (isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr)):
+    return False
+  if a.has(sympy.Sum, sympy.Product) or b.has(sympy.Sum, sympy.Product):
+    return False  # Unevaluated sums with symbolic bounds: only as written.
   if a.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) or b.has(
       sympy.oo, -sympy.oo, sympy.zoo, sympy.nan):
     return False
@@ -281,23 +158,50 @@ def _rel_equal(a: Answer, b: Answer, tol: Tolerance) -> bool:
   return op_a in ("==", "!=") or c.real > 0
 
 
-def _as_interval(a: Answer) -> Answer | None:
+def _pieces(a: Answer, top: bool = True) -> list | None:
+  """An answer as a union of intervals: an interval, a union, a 2-tuple of
+  values, or (at the top) a list of such (`x<2 or x>3`); else None."""
   if a.kind == "interval":
-    return a
-  if a.kind == "tuple" and len(a.items) == 2 and all(
+    return [a.value]
+  if a.kind == "tuple" and a.value != "M" and len(a.items) == 2 and all(
       i.kind == "expr" for i in a.items):
-    return Answer("interval", (a.items[0].value, a.items[1].value,
-                               a.value[0] == "[", a.value[1] == "]"))
+    return [(a.items[0].value, a.items[1].value, a.value[0] == "[",
+             a.value[1] == "]")]
+  if a.kind == "union" or (top and a.kind == "set" and a.value == "list"):
+    out = []
+    for item in a.items:
+      sub = _pieces(item, top=False)
+      if sub is None:
+        return None
+      out += sub
+    return out
   return None
 
 
-def _unordered_equal(xs, ys, tol: Tolerance) -> bool:
+def _is_interval_like(a: Answer) -> bool:
+  """Whether `a` can only mean a set of reals (not a point or a list)."""
+  return a.kind in ("interval", "union") or (
+      a.kind == "set" and any(i.kind in ("interval", "union") for i in a.items))
+
+
+def _dedupe(xs, tol: Tolerance):
+  """Drops list members equal to an earlier member (bounded: short lists)."""
+  if len(xs) > 30:
+    return xs
+  out = []
+  for x in xs:
+    if not any(x.label == y.label and equivalent(x, y, tol) for y in out):
+      out.append(x)
+  return out
+
+
+def _unordered_equal(xs, ys, tol: Tolerance, by_label: bool = False) -> bool:
   if len(xs) != len(ys):
     return False
   left = list(ys)
   for x in xs:
     for j, y in enumerate(left):
-      if equivalent(x, y, tol):
+      if (not by_label or x.label == y.label) and equivalent(x, y, tol):
         del left[j]
         break
     else:
@@ -305,8 +209,32 @@ def _unordered_equal(xs, ys, tol: Tolerance) -> bool:
   return True
 
 
+def _named(xs) -> bool:
+  labels = [x.label for x in xs]
+  return all(labels) and len(set(labels)) == len(labels)
+
+
+def _collections_equal(a: Answer, b: Answer, tol: Tolerance) -> bool:
+  """Sets, solution lists and unions (see the module docstring)."""
+  xs, ys = list(a.items), list(b.items)
+  if len(xs) == 1 and len(ys) == 1:
+    return equivalent(xs[0], ys[0], tol)
+  named_x, named_y = _named(xs), _named(ys)
+  if named_x and named_y:
+    return _unordered_equal(xs, ys, tol, by_label=True)
+  if (named_x or named_y) and not any(
+      i.label for i in (ys if named_x else xs)):
+    return len(xs) == len(ys) and all(
+        equivalent(x, y, tol) for x, y in zip(xs, ys))
+  return _unordered_equal(xs, ys, tol)
+
+
 def equivalent(a: Answer, b: Answer, tol: Tolerance = Tolerance()) -> bool:
   """Whether answer `a` (the response's) denotes reference answer `b`."""
+  if a.kind == "set" and a.value == "list" and len(a.items) > 1:
+    a = dataclasses.replace(a, items=tuple(_dedupe(a.items, tol)))
+  if b.kind == "set" and b.value == "list" and len(b.items) > 1:
+    b = dataclasses.replace(b, items=tuple(_dedupe(b.items, tol)))
   if a.kind == "set" and len(a.items) == 1:
     return equivalent(a.items[0], b, tol)
   if b.kind == "set" and len(b.items) == 1:
@@ -323,17 +251,22 @@ def equivalent(a: Answer, b: Answer, tol: Tolerance = Tolerance()) -> bool:
         return expr_equal(rhs, y.value, tol, x.approx or y.approx)
   if a.kind == "text" or b.kind == "text":
     return a.kind == b.kind and a.value == b.value
+  if _is_interval_like(a) or _is_interval_like(b):
+    pa, pb = _pieces(a), _pieces(b)
+    if pa is not None and pb is not None:
+      return intervals.same_union(
+          pa, pb, lambda x, y: expr_equal(x, y, tol, a.approx or b.approx))
   if a.kind in ("set", "union") and b.kind in ("set", "union"):
-    return _unordered_equal(a.items, b.items, tol)
+    return _collections_equal(a, b, tol)
+  for x, y in ((a, b), (b, a)):
+    # `x=2, y=3` states the point `(2, 3)`: named values in order.
+    if x.kind == "set" and _named(x.items) and y.kind == "tuple" and (
+        y.value == "()"):
+      return len(x.items) == len(y.items) and all(
+          equivalent(i, j, tol) for i, j in zip(x.items, y.items))
   if a.kind == "rel" and b.kind == "rel":
     return _rel_equal(a, b, tol)
   if a.kind == "tuple" and b.kind == "tuple":
     return (a.value == b.value and len(a.items) == len(b.items) and all(
         equivalent(x, y, tol) for x, y in zip(a.items, b.items)))
-  ia, ib = _as_interval(a), _as_interval(b)
-  if ia is not None and ib is not None:
-    lo_a, hi_a, lc_a, rc_a = ia.value
-    lo_b, hi_b, lc_b, rc_b = ib.value
-    return (lc_a == lc_b and rc_a == rc_b and expr_equal(lo_a, lo_b, tol)
-            and expr_equal(hi_a, hi_b, tol))
   return False

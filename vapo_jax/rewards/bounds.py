@@ -28,6 +28,8 @@ class Limits:
       the integer result in bits).
     max_symbolic_exponent: largest |integer exponent| on a non-numeric base.
     max_factorial: largest integer whose factorial is computed.
+    max_matrix_cells: most cells of one matrix.
+    max_terms: most terms of a `\\sum` / `\\prod` that is added up.
   """
   max_chars: int = 1000
   max_depth: int = 150
@@ -35,6 +37,8 @@ class Limits:
   max_bits: int = 20000
   max_symbolic_exponent: int = 200
   max_factorial: int = 5000
+  max_matrix_cells: int = 100
+  max_terms: int = 1000
 
 
 DEFAULT_LIMITS = Limits()

@@ -12,7 +12,7 @@ Grammar (informal, loosest binding first):
 
   relation := sum (relop sum)*
   sum      := ['+' | '-' | '\\pm'] product (('+' | '-' | '\\pm') product)*
-  product  := unary (('*' | '\\cdot' | '\\times' | '/' | '\\div') unary
+  product  := unary (('*' | '\\cdot' | '\\times' | '/' | '\\div' | ':') unary
               | <implicit multiplication> unary)*
   unary    := ('-' | '+') unary | power
   power    := postfix ['^' exponent]
@@ -20,10 +20,9 @@ Grammar (informal, loosest binding first):
   atom     := number | symbol | group | \\frac | \\sqrt | function | |x| | ...
 """
 
-import re
-
 import sympy
 
+from vapo_jax.rewards import blocks
 from vapo_jax.rewards.bounds import DEFAULT_LIMITS
 from vapo_jax.rewards.bounds import is_number as _is_number
 from vapo_jax.rewards.bounds import Limits
@@ -32,79 +31,27 @@ from vapo_jax.rewards.bounds import safe_pow
 from vapo_jax.rewards.bounds import TooLarge
 
 
-class ParseError(ValueError):
-  """The text is not math that this parser understands."""
+from vapo_jax.rewards.lexer import _FUNCS
+from vapo_jax.rewards.lexer import _GREEK
+from vapo_jax.rewards.lexer import _RELOPS
+from vapo_jax.rewards.lexer import ParseError
+from vapo_jax.rewards.lexer import tokenize
 
-
-_TOKEN_RE = re.compile(
-    r"\s+"
-    r"|(?P<num>\d+\.\d*|\.\d+|\d+)"
-    r"|(?P<cmd>\\[A-Za-z]+|\\[{}|,;:!%$#&_ ])"
-    r"|(?P<word>[A-Za-z]+)"
-    r"|(?P<op><=|>=|!=|\*\*|[-+*/^_()\[\]{}|!,=<>'%:])")
-
-_UNICODE = {
-    "≤": "<=", "≥": ">=", "≠": "!=", "π": r"\pi", "∞": r"\infty",
-    "·": "*", "×": "*", "÷": "/", "−": "-", "√": r"\sqrt", "±": r"\pm",
-}
-
-_GREEK = (
-    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota "
-    "kappa lambda mu nu xi rho sigma tau upsilon phi varphi chi psi omega "
-    "Gamma Delta Theta Lambda Xi Sigma Phi Psi Omega").split()
-
-_FUNCS = {
-    "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "cot": sympy.cot,
-    "sec": sympy.sec, "csc": sympy.csc, "arcsin": sympy.asin,
-    "arccos": sympy.acos, "arctan": sympy.atan, "sinh": sympy.sinh,
-    "cosh": sympy.cosh, "tanh": sympy.tanh, "exp": sympy.exp,
-    "ln": sympy.log, "log": sympy.log, "lg": lambda x: sympy.log(x, 10),
-}
-
-_RELOPS = {
-    "=": "==", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "!=": "!=",
-    r"\le": "<=", r"\leq": "<=", r"\leqslant": "<=", r"\ge": ">=",
-    r"\geq": ">=", r"\geqslant": ">=", r"\ne": "!=", r"\neq": "!=",
-    r"\lt": "<", r"\gt": ">",
-}
-
-
-def tokenize(text: str) -> list[str]:
-  """Splits `text` into tokens; raises ParseError on unknown characters."""
-  for u, r in _UNICODE.items():
-    text = text.replace(u, " " + r + " ")
-  tokens = []
-  pos = 0
-  while pos < len(text):
-    m = _TOKEN_RE.match(text, pos)
-    if m is None:
-      raise ParseError(f"unexpected character {text[pos]!r}")
-    pos = m.end()
-    if m.lastgroup is None:
-      continue
-    tok = m.group(m.lastgroup)
-    if m.lastgroup == "word" and len(tok) > 1:
-      # A run of letters: function names stay whole, a word of 3+ letters
-      # is prose (compared as text), two letters are a product like `xy`.
-      if tok in _FUNCS or tok in ("sqrt", "pi", "oo"):
-        tokens.append(tok)
-        continue
-      if len(tok) > 2:
-        raise ParseError(f"word {tok!r}")
-      tokens.extend(tok)
-      continue
-    tokens.append(tok)
-  return tokens
+__all__ = ["Limits", "ParseError", "TooLarge", "parse_latex", "tokenize"]
 
 
 class _Parser:
   """Recursive-descent parser over a token list; see the module docstring."""
 
-  def __init__(self, tokens, limits: Limits):
+  def __init__(self, tokens, limits: Limits, work=None, values=None):
     self.toks = tokens
+    self.work = work if work is not None else [limits.max_terms]
+    self.values = values or {}  # Sum indices bound to numbers.
     self.i = 0
     self.depth = 0
     self.abs_depth = 0
+    self.sum_depth = 0
+    self.bound = []  # Index names of enclosing sums: `i`, `e` are symbols there.
     self.limits = limits
 
   # -- token helpers --------------------------------------------------------
@@ -174,6 +121,7 @@ class _Parser:
     if tok.startswith("\\") and tok not in _RELOPS and tok not in (
         r"\cdot", r"\times", r"\div", r"\pm", r"\mp", r"\}", r"\cup",
         r"\cap", r"\right", r"\rfloor", r"\rceil", r"\in", r"\to", r"\,",
+        r"\endmatrix", "\\\\",
         r"\;", r"\:", r"\!", r"\ "):
       return True
     return False
@@ -186,7 +134,7 @@ class _Parser:
       if tok in ("*", r"\cdot", r"\times"):
         self.take()
         value = value * self.unary()
-      elif tok in ("/", r"\div"):
+      elif tok in ("/", r"\div", ":"):  # A ratio `3:2` is the number 3/2.
         self.take()
         den = self.unary()
         if den == 0:
@@ -376,6 +324,10 @@ class _Parser:
       if index == 2:
         return sympy.sqrt(x)
       return safe_pow(x, sympy.Integer(1) / index, self.limits)
+    if tok == r"\matrix":
+      return blocks.matrix(self)
+    if tok in (r"\sum", r"\prod"):
+      return blocks.big_operator(self, tok)
     if tok in (r"\pi", "pi"):
       self.take()
       return sympy.pi
@@ -385,14 +337,17 @@ class _Parser:
     if tok.lstrip("\\") in _FUNCS:
       self.take()
       return self.function(tok.lstrip("\\"))
+    if tok.lstrip("\\") in self.values and self.peek(1) != "_":
+      self.take()
+      return self.values[tok.lstrip("\\")]
     if tok.startswith("\\") and tok[1:] in _GREEK:
       self.take()
       return sympy.Symbol(self.symbol_name(tok))
     if tok.isalpha() and len(tok) == 1:
       self.take()
-      if tok == "i" and self.peek() != "_":
+      if tok == "i" and self.peek() != "_" and tok not in self.bound:
         return sympy.I
-      if tok == "e" and self.peek() != "_":
+      if tok == "e" and self.peek() != "_" and tok not in self.bound:
         return sympy.E
       return sympy.Symbol(self.symbol_name(tok))
     raise ParseError(f"unexpected token {tok!r}")
@@ -424,5 +379,7 @@ def parse_latex(text: str, limits: Limits = DEFAULT_LIMITS):
     raise TooLarge("nesting") from e
   except (ZeroDivisionError, OverflowError) as e:
     raise TooLarge(str(e)) from e
-  except (TypeError, AttributeError) as e:
+  except (TypeError, AttributeError, ValueError, IndexError) as e:
+    if isinstance(e, TooLarge):
+      raise
     raise ParseError(str(e)) from e

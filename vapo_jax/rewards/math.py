@@ -11,9 +11,17 @@ Reasons in a `Verdict` (the prefix before `:` is stable for metrics):
   `mismatch`, `mismatch:too_large` -- compared and different;
   `no_answer`, `malformed_box`, `empty_box`, `answer_too_long`,
   `empty_reference` -- nothing to compare.
+
+Modes (`CheckOptions.mode`): `strict`, the training reward's default, judges
+only a marked final answer and the last marker wins (formatting hacks earn
+nothing); `lenient`, for evaluation, also accepts the final unmarked answer
+of a response with no marker, and several boxes that together state a
+multi-part reference (`\\boxed{2}` ... `\\boxed{3}` for `2, 3`). See
+`extract` for the extraction rules of each mode.
 """
 
 import dataclasses
+import re
 
 from vapo_jax.rewards import answers
 from vapo_jax.rewards import extract
@@ -42,12 +50,28 @@ class CheckOptions:
   Attributes:
     limits: bounds on parsing and building expressions.
     tolerance: numeric comparison tolerances.
+    mode: `strict` (marked final answers only; the training default) or
+      `lenient` (also unmarked final answers and multi-box answers; for
+      evaluation).
   """
   limits: latex.Limits = latex.DEFAULT_LIMITS
   tolerance: answers.Tolerance = answers.Tolerance()
+  mode: str = "strict"
+
+  def __post_init__(self):
+    if self.mode not in extract.MODES:
+      raise ValueError(f"CheckOptions.mode must be one of {extract.MODES}, "
+                       f"got {self.mode!r}")
 
 
 DEFAULT_OPTIONS = CheckOptions()
+# A multiple-choice letter followed by its value: `(C) 3`, `\\text{(B) } 5`.
+_CHOICE_RE = re.compile(
+    r"\s*(?:\\(?:text|textbf|mathbf|mathrm)\{\s*)?"
+    r"(?:\(([A-E])\)\s*\}?\s*[:.]?|([A-E])\s*\}?\s*[:.])\s*(\S.*)", re.DOTALL)
+# A second choice letter in the value: a list of options, not an answer.
+_ANOTHER_CHOICE_RE = re.compile(r"\(\s*[A-E]\s*\)|(?<![A-Za-z\\])[A-E]\s*\}?\s*[:.)]")
+LENIENT_OPTIONS = CheckOptions(mode="lenient")
 
 
 def answers_match(answer: str, reference: str,
@@ -57,6 +81,15 @@ def answers_match(answer: str, reference: str,
     if normalize.compact(answer) == normalize.compact(reference):
       return True, "match:string"
     return False, "mismatch:too_large"
+  choice = _CHOICE_RE.fullmatch(answer)
+  if choice is not None and not _ANOTHER_CHOICE_RE.search(choice.group(3)):
+    # "(C) 3", "B: 4": the letter or the value may be the gold.
+    for part in (choice.group(1) or choice.group(2), choice.group(3)):
+      ok, reason = answers_match(part, reference, options)
+      if ok:
+        return ok, reason
+    return False, "mismatch"
+  answer, reference = normalize.degrees_as_radians(answer, reference)
   a, r = normalize.normalize_answer(answer), normalize.normalize_answer(reference)
   if not r:
     return False, "empty_reference"
@@ -72,6 +105,17 @@ def answers_match(answer: str, reference: str,
     return False, "mismatch:too_large"
   if answers.equivalent(pa, pr, options.tolerance):
     return True, "match:equivalent"
+  # A percentage is also its value as a fraction: `50\\%` is 0.5 as well
+  # as 50 (the sign is dropped by `normalize`, so 50 is tried first).
+  pct_a, pct_r = normalize.has_percent(answer), normalize.has_percent(reference)
+  if pct_a != pct_r:
+    try:
+      scaled = answers.parse_answer(f"({a if pct_a else r})/100", options.limits)
+    except latex.TooLarge:
+      return False, "mismatch:too_large"
+    if scaled.kind == "expr" and answers.equivalent(
+        scaled if pct_a else pa, pr if pct_a else scaled, options.tolerance):
+      return True, "match:equivalent"
   return False, "mismatch"
 
 
@@ -89,19 +133,76 @@ def check_answer(response: str, reference: str,
     A `Verdict`. Never raises on any string input and never evaluates the
     text as code.
   """
-  found = extract.extract_answer(response)
-  if found.answer is None:
-    return Verdict(False, found.reason, None)
+  found = extract.extract_answer(response, options.mode)
   ref = extract.extract_reference(reference)
+  if found.answer is None:
+    verdict = Verdict(False, found.reason, None)
+  else:
+    verdict = _compare(found.answer, ref, options)
+  if options.mode == "lenient" and not verdict.correct and (
+      found.reason == "boxed" and _is_sentence(found.answer)):
+    # A box holding a sentence ("Adding, 5 + 7 = 12."): its final answer.
+    inner = extract.extract_unmarked(found.answer)
+    if inner.answer is not None:
+      again = _compare(inner.answer, ref, options)
+      if again.correct:
+        return again
+  if options.mode == "lenient" and not verdict.correct:
+    joined = _joined_boxes(response, ref)
+    if joined is not None:
+      again = _compare(joined, ref, options)
+      if again.correct:
+        return Verdict(True, again.reason + ":boxes", joined)
+  return verdict
+
+
+def _is_sentence(text: str) -> bool:
+  """Prose that states a value ("Adding, 5 + 7 = 12."): a word of three or
+  more letters outside LaTeX commands, and nothing but letters, digits,
+  spaces, punctuation and arithmetic (no quotes, brackets or underscores,
+  so code never qualifies)."""
+  if not re.fullmatch(r"[A-Za-z0-9\s.,;:!?+\-*/=$^{}()\\]+", text):
+    return False
+  math = re.sub(r"\\[A-Za-z]+\{[^{}]*\}", " ", text)  # `\\text{ and }` is math.
+  return bool(re.search(r"(?<![\\A-Za-z])[A-Za-z]{3,}", math))
+
+
+def _compare(answer: str, ref: str, options: CheckOptions) -> Verdict:
   try:
-    ok, reason = answers_match(found.answer, ref, options)
+    ok, reason = answers_match(answer, ref, options)
   except RecursionError:
     ok, reason = False, "mismatch:too_large"
-  return Verdict(ok, reason, found.answer)
+  return Verdict(ok, reason, answer)
+
+
+def _joined_boxes(response: str, reference: str) -> str | None:
+  """Lenient mode: the boxes joined by commas, when the reference lists
+  k >= 2 parts and the response has exactly k boxes (more boxes than parts
+  is a list of guesses, not an answer); in a response with no marker, the
+  math segments of its last sentence, under the same rule."""
+  parts = answers.count_parts(normalize.normalize_answer(reference))
+  if parts < 2:
+    return None
+  response = extract.unwrap_response(response)
+  boxes = extract.all_boxes(response)
+  if not boxes and extract.extract_answer(response).reason == "no_answer":
+    boxes = extract.final_segments(response)
+  if len(boxes) != parts:
+    return None
+  return ", ".join(boxes)
 
 
 def score(prompt: str, response: str, reference: str) -> tuple[float, str]:
-  """The default reward plug-in: 1.0 for a correct final answer, else 0.0."""
+  """The default reward plug-in (strict mode): 1.0 for a correct final
+  answer, else 0.0."""
   del prompt  # The math reward depends only on the answer.
   verdict = check_answer(response, reference)
+  return (1.0 if verdict.correct else 0.0), verdict.reason
+
+
+def score_lenient(prompt: str, response: str,
+                  reference: str) -> tuple[float, str]:
+  """The math reward in lenient mode (for evaluation)."""
+  del prompt
+  verdict = check_answer(response, reference, LENIENT_OPTIONS)
   return (1.0 if verdict.correct else 0.0), verdict.reason

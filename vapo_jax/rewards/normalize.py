@@ -19,6 +19,15 @@ _DROP = (r"\left", r"\right", r"\bigl", r"\bigr", r"\Bigl", r"\Bigr",
          r"\textstyle", r"\!", r"\,", r"\;", r"\:", r"\quad", r"\qquad",
          r"\ ", r"\limits", r"\mathstrut", r"\$", "$")
 
+# Sizing commands are dropped; spacing commands and `$` become a space.
+_DROP_COMMANDS_RE = re.compile(
+    "(?:" + "|".join(re.escape(t) for t in sorted(
+        (t for t in _DROP if t.startswith("\\") and t[-1].isalpha()),
+        key=len, reverse=True)) + ")(?![A-Za-z])")
+_DROP_SYMBOLS_RE = re.compile("|".join(re.escape(t) for t in _DROP if not (
+    t.startswith("\\") and t[-1].isalpha())))
+_WRAPPER_RE = re.compile(r"\\(" + "|".join(_WRAPPERS) + r")\s*(?=\{)")
+
 _UNITS = set("""
 unit units sq square cubic cm centimeter centimeters centimetre centimetres
 m meter meters metre metres km kilometer kilometers mm millimeter millimeters
@@ -68,7 +77,9 @@ def _unwrap(text: str) -> str:
 
   A wrapper whose contents are only a unit (`\\text{ cm}`) is dropped.
   """
-  pattern = re.compile(r"\\(" + "|".join(_WRAPPERS) + r")\s*(?=\{)")
+  if "\\" not in text:
+    return text
+  pattern = _WRAPPER_RE
   for _ in range(50):  # Each pass removes one wrapper; answers are short.
     m = pattern.search(text)
     if m is None:
@@ -79,6 +90,12 @@ def _unwrap(text: str) -> str:
       continue
     inner = text[m.end() + 1:end - 1]
     word = inner.strip().lower()
+    if end == len(text) and re.fullmatch(r"[a-z() ]*[a-z][a-z() ]*", word) and (
+        re.search(r"[\d}]\s*$", text[:m.start()])) and word not in ("or", "and"):
+      # A trailing remark after a value: `\\frac23\\text{ of the pie}`,
+      # `1 \\text{ (one)}`.
+      text = text[:m.start()]
+      continue
     if _is_unit(word) and m.start() > 0:
       inner = ""
       power = re.match(r"\s*\^\s*\{?\s*[23]\s*\}?", text[end:])
@@ -126,12 +143,18 @@ def _strip_units(text: str) -> str:
 
 
 def _mixed_number(text: str) -> str:
-  m = re.fullmatch(r"(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}", text)
-  if m is None:
+  """`3\\frac{1}{2}`, `2\\frac14`, `2 1/4` -> `(3+1/2)`-style sums (a proper
+  fraction after a whole number)."""
+  m = re.fullmatch(r"(-?)(\d+)\s*\\frac\s*(?:\{(\d+)\}|(\d))\s*(?:\{(\d+)\}|(\d))",
+                   text)
+  if m is not None:
+    sign, whole = m.group(1), m.group(2)
+    num, den = m.group(3) or m.group(4), m.group(5) or m.group(6)
+  else:
     m = re.fullmatch(r"(-?)(\d+)\s+(\d+)/(\d+)", text)
-  if m is None:
-    return text
-  sign, whole, num, den = m.groups()
+    if m is None:
+      return text
+    sign, whole, num, den = m.groups()
   if int(num) >= int(den) or int(den) == 0:
     return text
   return f"{sign}({whole}+{num}/{den})"
@@ -143,19 +166,87 @@ def strip_answer_noise(text: str) -> str:
   for opener, closer in ((r"\[", r"\]"), (r"\(", r"\)")):
     if text.startswith(opener) and text.endswith(closer):
       text = text[len(opener):-len(closer)]
+  # MATH's thousands separators: `10,\!000`, `32,\! 349`, `14{,}916`.
+  text = re.sub(r"(?<=\d)\s*(?:\{,\}|,\s*\\!)\s*(?=\d{3}(?!\d))", "", text)
+  text = _matrix_env(text)
   text = text.replace("\\\\", "\x1e")  # Keep `\\` (matrix rows) intact.
   text = re.sub(r"\\(d|t|c)frac", r"\\frac", text)
   text = text.replace(r"\leqslant", r"\leq").replace(r"\geqslant", r"\geq")
   text = _unwrap(text)
-  for token in _DROP:
-    if token.startswith("\\") and token[-1].isalpha():
-      text = re.sub(re.escape(token) + r"(?![A-Za-z])", "", text)
-    else:
-      text = text.replace(token, " ")
+  if "\\" in text:
+    text = _DROP_COMMANDS_RE.sub("", text)
+  text = _DROP_SYMBOLS_RE.sub(" ", text)
   text = text.replace("~", " ")
   # One-token subscripts: `x_{1}` -> `x_1`, `1011_{2}` -> `1011_2`.
   text = re.sub(r"_\{\s*(\w+)\s*\}", r"_\1", text)
   return text.replace("\x1e", "\\\\").strip()
+
+
+def _matrix_env(text: str) -> str:
+  """`\\left[\\begin{array}{cc}...\\end{array}\\right]` and every
+  `*matrix` environment become one `\\begin{matrix}...\\end{matrix}`; a
+  bracket pair around a matrix is its delimiter, not a tuple."""
+  if "\\begin" not in text:
+    return text
+  text = re.sub(r"\\begin\{array\}\s*\{[^{}]*\}", r"\\begin{matrix}", text)
+  text = re.sub(r"\\(begin|end)\{(?:array|[pbBvVs]?matrix)\}", r"\\\1{matrix}",
+                text)
+  text = re.sub(r"(?:\\left)?\s*[\[(]\s*\\begin\{matrix\}", r"\\begin{matrix}",
+                text)
+  return re.sub(r"\\end\{matrix\}\s*(?:\\right)?\s*[\])]", r"\\end{matrix}",
+                text)
+
+
+def _approx(text: str) -> str:
+  """`\\frac{\\sqrt3}{3} \\approx 0.577` states the exact value on the left;
+  `x \\approx 11` names the answer on the left and states it on the right."""
+  parts = re.split(r"\\approx(?![A-Za-z])|≈", text)
+  if len(parts) == 1:
+    return text
+  left = parts[0].strip()
+  if not left or is_name(left) or re.fullmatch(r".*?=\s*", left):
+    return parts[-1].strip()
+  return left
+
+
+# A name that labels an answer: letters, decorated or subscripted (`AB`,
+# `|AB|`, `V_1:V_2`, `\\frac{NO}{BO}`, `\\angle ABC`, `m\\angle A`); digits
+# only inside subscripts.
+_NAME_RE = re.compile(
+    r"(?:\\(?:angle|triangle|overline|widehat|hat|vec|frac|measuredangle|"
+    r"overrightarrow|lvert|rvert|vert|mid|max|min|sup|inf)(?![A-Za-z])"
+    r"|\\[A-Za-z]+(?=\s*[=_^{])|[A-Za-z]+|_\{?\\?\w+\}?|[{}|:()'\s])+")
+
+
+def is_name(text: str) -> bool:
+  """Whether `text` only names a quantity (see `_NAME_RE`)."""
+  text = text.strip()
+  return bool(text) and bool(_NAME_RE.fullmatch(text)) and bool(
+      re.search(r"[A-Za-z]", text.replace("\\frac", "")))
+
+
+def split_label(text: str) -> tuple[str | None, str]:
+  """`NAME = value` -> (NAME without spaces, value) when the value has no
+  free variables (a single letter outside a command); else (None, text)."""
+  m = re.fullmatch(r"([^=<>]+?)=([^=<>]+)", text)
+  if m is None or not is_name(m.group(1)):
+    return None, text
+  value = m.group(2).strip()
+  if not value or re.search(r"(?<![\\A-Za-z])[A-Za-z](?![A-Za-z])", value):
+    return None, text
+  return re.sub(r"\s+", "", m.group(1)), value
+
+
+def _thousands(text: str) -> str:
+  """`12,345,678` and `2,500 square feet`: digit groups joined by commas are
+  one number when every comma of the answer sits in such a group and the
+  answer is not bracketed (`(1,234)` is a point)."""
+  groups = r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d,])"
+  if "," not in text or re.match(r"\s*[\[(]|\s*\\\{", text):
+    return text
+  if "," in re.sub(groups, "", text):
+    return text
+  return re.sub(groups, lambda m: m.group(0).replace(",", ""), text)
 
 
 def normalize_answer(text: str) -> str:
@@ -167,51 +258,109 @@ def normalize_answer(text: str) -> str:
 
   Returns:
     A canonical string: no spacing commands, wrappers, units, degree or
-    percent signs, or thousands separators; `\\dfrac` -> `\\frac`; a single
-    leading `x =` dropped; mixed numbers written as a sum; whitespace
-    collapsed to single spaces.
+    percent signs (`\\%`, `percent`, `pct`), or thousands separators;
+    `\\dfrac` -> `\\frac`; `A \\approx B` -> the exact side; a single
+    leading name `x =`, `|AB| =`, `V_1:V_2 =` dropped; mixed numbers written
+    as a sum; `or` between answers a comma; whitespace collapsed to single
+    spaces.
   """
   text = strip_answer_noise(text)
+  text = re.sub(r"\\+\s*$", "", text)  # A stray trailing `\\`.
+  text = _approx(text)
+  # `\\langle 1, 2 \\rangle` is the vector (1, 2).
+  text = re.sub(r"\\langle(?![A-Za-z])", "(", text)
+  text = re.sub(r"\\rangle(?![A-Za-z])", ")", text)
+  # Temperatures: `5^\\circ C`, `5°F`.
+  text = re.sub(r"(\^\s*\{?\s*\\circ\s*\}?|°)\s*[CF](?![A-Za-z])", r"\1", text)
   # Degrees (in radians inside trig functions), percent, currency.
   if re.search(r"\\(sin|cos|tan|cot|sec|csc)(?![a-z])", text):
     text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", r"\\frac{\\pi}{180}", text)
   text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", text)
   text = re.sub(r"\\(circ|degree)(?![A-Za-z])", "", text)
   text = text.replace("°", "").replace(r"\%", "").replace("%", "")
+  text = re.sub(r"(?<=[\d}])\s*(?:per\s*cent|percent|pct)\b\.?", "", text,
+                flags=re.I)
   text = re.sub(r"(?<![A-Za-z\\])(rs|usd|eur)\.?\s*(?=\d)", "", text, flags=re.I)
   text = text.replace("€", "").replace("£", "")
-  # Thousands separators: `1{,}000`, and `12,345,678` when it is one number.
   text = text.replace("{,}", "")
-  m = re.fullmatch(r"\s*(-?)\s*(\d{1,3}(?:,\d{3})+)(\.\d+)?\s*", text)
-  if m:
-    text = m.group(1) + m.group(2).replace(",", "") + (m.group(3) or "")
+  text = _thousands(text)
   text = _strip_units(text)
+  text = re.sub(r"(?<=\d)\s*(?:st|nd|rd|th)$", "", text)  # Ordinals: `7th`.
+  # A count and its noun (`3 solutions`, `24种`), and "the maximum is 3".
+  m = re.fullmatch(r"\s*(-?[\d.,/]+)\s*(?:[a-z]{3,}(?:\s+[a-z]+)*|[\u4e00-\u9fff]+)\s*",
+                   text)
+  if m:
+    text = m.group(1)
+  m = re.fullmatch(r"\s*(?:the|an?)\s+[a-z ]+?\s+(?:is|are|equals)\s+(.+)", text,
+                   flags=re.IGNORECASE)
+  if m:
+    text = m.group(1)
   text = _repeating_decimal(text)
   text = re.sub(r"\\varnothing|\\\{\s*\\\}|∅", r"\\emptyset", text)
+  # A parameter's range after a general solution: `..., k \\in \\mathbb{Z}`.
+  text = re.sub(r",?\s*\(?\s*[a-z]\s*\\in\s*\\mathbb\s*\{?\s*[ZN]\s*\}?\s*\)?\s*$", "",
+                text)
+  # Set-builder notation states its condition: `\\{x \\mid x > 1\\}`.
+  m = re.fullmatch(r"\s*\\\{\s*[A-Za-z]\s*(?:\||\\mid(?![A-Za-z])|:)\s*(.+?)\s*\\\}\s*",
+                   text)
+  if m:
+    text = m.group(1)
+  # The real line.
+  text = re.sub(r"\\mathbb\s*\{?\s*R\s*\}?|ℝ", r"(-\\infty, \\infty)", text)
   text = re.sub(r"^\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*", "", text)
-  # Trailing punctuation and a leading "x =".
+  # Trailing punctuation and a leading name: "x =", "|AB| =", "V_1:V_2 =".
   text = re.sub(r"[\s.,;:]+$", "", text)
   text = re.sub(r"^[\s.,;:]+(?=\D)", "", text)
-  m = re.fullmatch(r"\s*[A-Za-z](?:_\{?\w+\}?)?\s*=\s*([^=<>]+)", text)
-  if m and "," not in m.group(1) and not re.search(
-      r"(?<![\\A-Za-z])[A-Za-z](?![A-Za-z])", m.group(1)):
-    text = m.group(1)
+  label, value = split_label(text)
+  if label is not None and "," not in value:
+    text = value
   # `f(x) = ...` and `(x, y) = (...)`: the left side only names the answer.
   text = re.sub(r"^\s*[A-Za-z]\s*\(\s*[A-Za-z]\s*\)\s*=(?=[^=<>]*$)", "", text)
   text = re.sub(r"^\s*\(\s*[A-Za-z](?:\s*,\s*[A-Za-z])+\s*\)\s*=(?=[^=<>]*$)",
                 "", text)
-  # Multiple-choice letters: (C), \text{(C)}, C.
+  # Multiple-choice letters: (C), \\text{(C)}, C.
   m = re.fullmatch(r"\s*\(?\s*([A-Ea-e])\s*\)\s*", text)
   if m:
     text = m.group(1).upper()
-  # Prose connectives in solution lists.
-  text = re.sub(r"\s+(?:or|and)\s+", ", ", text)
-  text = re.sub(r",\s*(?:or|and)\s+", ", ", text)
+  # "and" between inequalities intersects them (`k \\ge -1 and k \\ne 0`).
+  if re.search(r"[<>]|\\(?:le|ge|leq|geq|ne|neq)(?![A-Za-z])", text):
+    text = re.sub(r",?\s*(?<![A-Za-z\\])and(?![A-Za-z])\s*", r" \\land ", text)
+  # Prose connectives in solution lists, also without spaces (`2or3`).
+  text = re.sub(r",?\s*(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])\s*", ", ", text)
+  text = re.sub(r"^\s*,\s*|\s*,\s*$", "", text)
   text = _mixed_number(text.strip())
   text = re.sub(r"\s+", " ", text).strip()
   if text.startswith("{") and find_group(text, 0) == len(text):
     text = text[1:-1].strip()
   return text
+
+
+_DEGREE_RE = re.compile(
+    r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])|\s*\\text\{\s*degrees?\s*\}"
+    r"|\s+degrees?\b")
+
+
+def degrees_as_radians(answer: str, reference: str) -> tuple[str, str]:
+  """`60^\\circ` against `\\frac{\\pi}{3}`: when one side is in degrees and
+  the other is in radians (has `\\pi` and no degree mark), the degree side is
+  converted (`x°` -> `x \\cdot \\frac{\\pi}{180}`). Otherwise degree marks are
+  dropped later and `60^\\circ` equals `60`."""
+  deg_a, deg_r = bool(_DEGREE_RE.search(answer)), bool(_DEGREE_RE.search(reference))
+  if deg_a == deg_r:
+    return answer, reference
+  side, other = (answer, reference) if deg_a else (reference, answer)
+  if "\\pi" not in other and "π" not in other:
+    return answer, reference
+  if re.search(r"\\(sin|cos|tan|cot|sec|csc)(?![a-z])", side):
+    return answer, reference  # Degrees inside trig functions are handled later.
+  side = "(" + _DEGREE_RE.sub("", side).strip() + r")\cdot\frac{\pi}{180}"
+  return (side, reference) if deg_a else (answer, side)
+
+
+def has_percent(text: str) -> bool:
+  """Whether an answer is a percentage (`50\\%`, `50%`, `50 percent`)."""
+  return bool(re.search(r"%|(?<=[\d}\s])(?:per\s*cent|percent|pct)\b", text,
+                        flags=re.IGNORECASE))
 
 
 def compact(text: str) -> str:

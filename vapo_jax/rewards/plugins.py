@@ -13,6 +13,8 @@ from typing import Any, Callable
 from vapo_jax.rewards import math as math_reward
 
 DEFAULT_REWARD_FN = "vapo_jax.rewards.math:score"
+LENIENT_REWARD_FN = "vapo_jax.rewards.math:score_lenient"
+REWARD_MODES = ("strict", "lenient")
 
 RewardFn = Callable[[str, str, str], Any]
 
@@ -40,6 +42,23 @@ def load_reward_fn(spec: str) -> RewardFn:
       raise ValueError(f"reward fn {spec!r}: {module_name!r} has no {attr!r}")
   if not callable(fn):
     raise ValueError(f"reward fn {spec!r} is not callable")
+  return fn
+
+
+def fn_for_mode(fn: str, mode: str) -> str:
+  """The plug-in that scores with the math checker in `mode`.
+
+  The built-in math reward (`DEFAULT_REWARD_FN` or `LENIENT_REWARD_FN`) maps
+  to its `strict` or `lenient` variant; any other plug-in is returned as it
+  is (it has no modes).
+
+  Raises:
+    ValueError: `mode` is not one of `REWARD_MODES`.
+  """
+  if mode not in REWARD_MODES:
+    raise ValueError(f"reward mode must be one of {REWARD_MODES}, got {mode!r}")
+  if fn in (DEFAULT_REWARD_FN, LENIENT_REWARD_FN):
+    return DEFAULT_REWARD_FN if mode == "strict" else LENIENT_REWARD_FN
   return fn
 
 

@@ -73,9 +73,12 @@ def _run_one(fn, prompt, response, reference):
 
 
 def _worker_main(conn, fn_spec: str, memory_limit_mb: int | None):
-  """Loop of a worker process: receive (i, prompt, response, ref), reply."""
+  """Loop of a worker process: receive (i, fn, prompt, response, ref), reply.
+
+  `fn` is None for the pool's plug-in or another plug-in's spec (loaded once
+  and kept)."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
-  fn = plugins.load_reward_fn(fn_spec)
+  fns = {None: plugins.load_reward_fn(fn_spec)}
   if memory_limit_mb:
     import resource  # pylint: disable=g-import-not-at-top
     limit = memory_limit_mb * 2**20
@@ -88,8 +91,14 @@ def _worker_main(conn, fn_spec: str, memory_limit_mb: int | None):
       return
     if msg is None:
       return
-    i, prompt, response, reference = msg
-    conn.send((i, _run_one(fn, prompt, response, reference)))
+    i, spec, prompt, response, reference = msg
+    try:
+      if spec not in fns:
+        fns[spec] = plugins.load_reward_fn(spec)
+      out = _run_one(fns[spec], prompt, response, reference)
+    except ValueError as e:
+      out = (0.0, False, f"error:{type(e).__name__}")
+    conn.send((i, out))
 
 
 @dataclasses.dataclass
@@ -185,9 +194,21 @@ class RewardScorer:
       pass
 
   # -- scoring --------------------------------------------------------------
+  def using(self, fn: str) -> "ScorerView":
+    """The same worker pool scoring with another plug-in (e.g. the math
+    reward in lenient mode for evaluation); checked here."""
+    if fn == self._fn_spec:
+      return ScorerView(self, None)
+    plugins.load_reward_fn(fn)
+    return ScorerView(self, fn)
+
   def score_batch(self, prompts: Sequence[str], responses: Sequence[str],
-                  references: Sequence[str]) -> BatchScores:
+                  references: Sequence[str], fn: str | None = None) -> BatchScores:
     """Scores N (prompt, response, reference) triples.
+
+    Args:
+      fn: another plug-in to score with (None: the pool's own); prefer
+        `using(fn)`, which checks it once.
 
     Returns:
       `BatchScores` in input order.
@@ -198,9 +219,10 @@ class RewardScorer:
                        f"responses, {len(references)} references")
     tasks = list(zip(prompts, responses, references))
     if self._workers:
-      results, seconds = self._score_in_workers(tasks)
+      results, seconds = self._score_in_workers(tasks, fn)
     else:
-      results, seconds = self._score_in_process(tasks)
+      results, seconds = self._score_in_process(
+          tasks, self._fn if fn is None else plugins.load_reward_fn(fn))
     reasons = [r[2] for r in results]
     timeouts = sum(r == "timeout" for r in reasons)
     errors = sum(r.startswith("error:") for r in reasons)
@@ -212,7 +234,7 @@ class RewardScorer:
         reasons=reasons, timeouts=timeouts, errors=errors,
         max_seconds=max(seconds, default=0.0))
 
-  def _score_in_process(self, tasks):
+  def _score_in_process(self, tasks, fn):
     use_alarm = threading.current_thread() is threading.main_thread()
     results, seconds = [], []
     def on_alarm(signum, frame):
@@ -224,7 +246,7 @@ class RewardScorer:
         try:
           if use_alarm:
             signal.setitimer(signal.ITIMER_REAL, self._timeout)
-          results.append(_run_one(self._fn, prompt, response, reference))
+          results.append(_run_one(fn, prompt, response, reference))
         except _Timeout:
           results.append((0.0, False, "timeout"))
         finally:
@@ -236,7 +258,7 @@ class RewardScorer:
         signal.signal(signal.SIGALRM, old)
     return results, seconds
 
-  def _score_in_workers(self, tasks):
+  def _score_in_workers(self, tasks, fn):
     results = [None] * len(tasks)
     seconds = [0.0] * len(tasks)
     pending = collections.deque(range(len(tasks)))
@@ -245,7 +267,7 @@ class RewardScorer:
         if w.ready and w.task is None and pending:
           i = pending.popleft()
           try:
-            w.conn.send((i, *tasks[i]))
+            w.conn.send((i, fn, *tasks[i]))
           except (OSError, ValueError):
             pending.appendleft(i)  # The worker died while idle: retry.
             w.ready = False
@@ -286,3 +308,15 @@ class RewardScorer:
           seconds[w.task] = now - w.started
           self._replace(k)
     return results, seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class ScorerView:
+  """A `RewardScorer` pool seen through another plug-in (`fn`, None: the
+  pool's own). Closing the pool closes the view."""
+  scorer: RewardScorer
+  fn: str | None
+
+  def score_batch(self, prompts: Sequence[str], responses: Sequence[str],
+                  references: Sequence[str]) -> BatchScores:
+    return self.scorer.score_batch(prompts, responses, references, self.fn)
