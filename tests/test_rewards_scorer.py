@@ -140,3 +140,22 @@ def test_fn_for_mode():
   assert rewards.fn_for_mode(f"{_P}:always_one", "lenient") == f"{_P}:always_one"
   with pytest.raises(ValueError, match="mode"):
     rewards.fn_for_mode(rewards.DEFAULT_REWARD_FN, "loose")
+
+
+def test_a_timed_out_check_costs_its_limit_and_leaves_no_worker_behind():
+  import multiprocessing  # pylint: disable=import-outside-toplevel
+  before = {p.pid for p in multiprocessing.active_children()}
+  with rewards.RewardScorer(f"{_P}:sleepy", num_workers=2, timeout_s=1.0) as scorer:
+    scorer.score_batch(["", ""], ["ok", "ok"], ["", ""])  # workers up and ready
+    first = [w.process for w in scorer._workers]  # pylint: disable=protected-access
+    start = time.monotonic()
+    scores = scorer.score_batch(["", ""], ["spin", "hang"], ["", ""])
+    elapsed = time.monotonic() - start
+    assert scores.reasons == ["timeout", "timeout"]
+    # Both checks ran side by side: about one limit, not two, and not the 5 s join.
+    assert 1.0 <= elapsed < 2.5, elapsed
+    # The overrunning workers are dead (not left spinning), and two fresh ones serve.
+    assert not any(p.is_alive() for p in first)
+    alive = {p.pid for p in multiprocessing.active_children()} - before
+    assert len(alive) == 2 and not alive & {p.pid for p in first}
+  assert not {p.pid for p in multiprocessing.active_children()} - before
