@@ -144,6 +144,26 @@ def test_positive_nll():
   assert np.all(np.asarray(g) == 0)
 
 
+@pytest.mark.parametrize("lead", [(), (6,), (2, 3)])
+@pytest.mark.parametrize("jit", [False, True])
+def test_positive_nll_any_leading_dims(lead, jit):
+  # [T], [B, T] and [B, G, T] give the float64 sum over correct responses' real tokens.
+  rng = np.random.default_rng(7)
+  t = 9
+  logp = -rng.random(lead + (t,)).astype(np.float32)
+  mask = (rng.random(lead + (t,)) < 0.7).astype(np.float32)
+  scores = np.where(rng.random(lead) < 0.5, 1.0, 0.0).astype(np.float32)
+  if not lead:
+    scores = np.float32(1.0)
+  fn = jax.jit(losses.positive_nll) if jit else losses.positive_nll
+  out = fn(logp, mask, scores)
+  w = mask.astype(np.float64) * (np.asarray(scores, np.float64) >= 1.0)[..., None]
+  np.testing.assert_allclose(out.total, -(logp.astype(np.float64) * w).sum(), rtol=1e-6)
+  np.testing.assert_allclose(out.count, w.sum(), rtol=0)
+  with pytest.raises(ValueError, match="without its last"):
+    losses.positive_nll(logp, mask, np.ones(lead + (t,), np.float32))
+
+
 def test_value_loss_and_clipping():
   _, _, _, mask = batch(6)
   rng = np.random.default_rng(6)

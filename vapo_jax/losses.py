@@ -156,13 +156,18 @@ def positive_nll(logp: Array, mask: Array, scores: Array, *,
   correct responses only; ``LossSum(0, 0)`` — a loss of 0, not NaN — when none is correct.
 
   Args:
-    logp: ``[B, T]`` log π_θ of the response tokens.
-    mask: ``[B, T]`` real-token mask.
-    scores: ``[B]`` per-response reward (or correctness).
+    logp: ``[..., T]`` log π_θ of the response tokens (any leading dims, e.g. ``[B, T]``,
+      ``[B, G, T]`` or a single ``[T]``).
+    mask: ``[..., T]`` real-token mask.
+    scores: ``[...]`` per-response reward (or correctness): ``logp``'s shape without T.
     threshold: a response counts as correct when ``score >= threshold``.
   """
-  correct = (jnp.asarray(scores, jnp.float32) >= threshold).astype(jnp.float32)
-  weight = jnp.asarray(mask, jnp.float32) * correct[:, None]
+  scores = jnp.asarray(scores, jnp.float32)
+  if scores.shape != jnp.shape(logp)[:-1]:
+    raise ValueError(f"scores {scores.shape} must be logp's shape {jnp.shape(logp)} "
+                     "without its last (token) axis")
+  correct = (scores >= threshold).astype(jnp.float32)
+  weight = jnp.asarray(mask, jnp.float32) * correct[..., None]
   logp = jnp.where(weight > 0, jnp.asarray(logp, jnp.float32), 0.0)
   return LossSum(-jnp.sum(logp * weight), jnp.sum(weight))
 
