@@ -16,6 +16,7 @@ never reaches a collective ends every process with a message within the deadline
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -78,7 +79,7 @@ def _summary(workdir) -> dict:
   """The JSON summary process 0 prints at the end."""
   with open(os.path.join(workdir, "process_0.log"), encoding="utf-8") as f:
     text = f.read()
-  return json.loads(text[text.rindex("\n{") + 1:])
+  return json.loads(text[[m.start() for m in re.finditer(r"^\{$", text, re.M)][-1]:])
 
 
 def _checkpoints(workdir) -> list[int]:
