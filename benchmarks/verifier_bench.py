@@ -29,6 +29,7 @@ result, and --json writes "quiet": false for it.
 
 import argparse
 import contextlib
+import importlib.util
 import logging
 import os
 import sys
@@ -199,9 +200,7 @@ def main():
                       help="only the first N cases of each suite (a smoke run; 0 = all)")
   quiet.add_flags(parser)
   args = parser.parse_args()
-  try:
-    import math_verify  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
+  if importlib.util.find_spec("math_verify") is None:
     sys.exit("math-verify is not installed: pip install math-verify")
   facts = quiet.machine_facts(peers=("sympy", "math-verify"), ours=())
   load = quiet.Load()
