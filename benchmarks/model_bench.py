@@ -8,9 +8,14 @@ One run prints, for the same Qwen2-style config, batch and optimizer
   * their ratio,
   * our model-FLOPs utilisation against a float32 matmul peak measured in
     this run (best of jax and torch on a square matmul),
-  * machine and versions.
+  * machine and versions, the load average at start and end (max sampled
+    during the run); figures from a loaded run (above 1) are marked
+    LOADED — not a result (benchmarks/quiet.py).
 
-Usage: python benchmarks/model_bench.py [--layers 4 --hidden 512 ...]
+jax and torch run in interleaved rounds; the ratio is the median of the
+per-round ratios, which are printed too.
+
+Usage: python benchmarks/model_bench.py [--layers 4 --hidden 512 ...] [--json out.json]
 Needs `pip install torch transformers` for the PyTorch column.
 """
 
@@ -18,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
 import sys
 import time
 
@@ -35,6 +38,9 @@ from vapo_jax import policy  # noqa: E402
 from vapo_jax.models import ModelConfig, Transformer  # noqa: E402
 from vapo_jax.models.config import flops_per_token  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quiet  # noqa: E402  benchmarks/quiet.py: load, interleaved rounds, LOADED marking
+
 
 def _flags():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -48,9 +54,10 @@ def _flags():
   p.add_argument("--seq", type=int, default=256)
   p.add_argument("--steps", type=int, default=5, help="timed steps per round")
   p.add_argument("--rounds", type=int, default=3,
-                 help="alternating jax/torch rounds; the median is reported")
+                 help="interleaved jax/torch rounds; medians and per-round ratios")
   p.add_argument("--chunked", action="store_true",
                  help="our loss via policy.token_logprobs (chunked vocab)")
+  quiet.add_flags(p)
   return p.parse_args()
 
 
@@ -132,11 +139,23 @@ def torch_step_fn(cfg: ModelConfig, tokens: np.ndarray):
 
 def main():
   a = _flags()
+  load = quiet.Load()
+  with load:
+    lines, results, facts = _measure(a, load)
+  for line in lines:
+    print(load.tag(line))
+  print(load.verdict())
+  quiet.write_json(a.json, load, facts, results)
+
+
+def _measure(a, load):
+  """Interleaved jax/torch rounds; returns (figure lines, JSON results, machine facts)."""
   cfg = ModelConfig(vocab_size=a.vocab, hidden_size=a.hidden,
                     intermediate_size=a.intermediate, num_layers=a.layers,
                     num_heads=a.heads, num_kv_heads=a.kv_heads, qkv_bias=True,
                     tie_word_embeddings=False, rms_norm_eps=1e-6)
-  load0 = os.getloadavg()[0]
+  facts = quiet.machine_facts(peers=("optax", "torch", "transformers"))
+  quiet.print_header(facts, load)
   tokens = np.random.RandomState(0).randint(0, a.vocab, (a.batch, a.seq))
   tokens = tokens.astype(np.int32)
   n_tok = a.batch * a.seq
@@ -155,43 +174,49 @@ def main():
   if torch_run:
     torch_run()
   peak: dict[str, float] = {}
-  times = {"jax": [], "torch": []}
-  for _ in range(a.rounds):  # alternate so both see the same machine load
-    for k, v in matmul_peak().items():  # best over rounds: a conservative MFU
+
+  def measure_peak(_):  # best over rounds: a conservative MFU
+    for k, v in matmul_peak().items():
       peak[k] = max(peak.get(k, 0.0), v)
-    jax_run()
-    times["jax"].append(min(_time(jax_run) for _ in range(a.steps)))
-    if torch_run:
-      torch_run()
-      times["torch"].append(min(_time(torch_run) for _ in range(a.steps)))
-  ours = n_tok / statistics.median(times["jax"])
+
+  def best_of_steps(run):
+    run()  # one untimed step first in every round
+    return min(_time(run) for _ in range(a.steps))
+
+  sides = [("jax", lambda: best_of_steps(jax_run))]
+  if torch_run:
+    sides.append(("torch", lambda: best_of_steps(torch_run)))
+  rounds = quiet.interleave(sides, a.rounds, load=load, each_round=measure_peak)
+  ours = n_tok / rounds.median("jax")
   train_flops = 3 * flops_per_token(cfg, a.seq)
   peak_gflops = max(peak.values())
-  print(f"machine: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, {platform.platform()}, load average "
-        f"(1 min) at start {load0:.1f}, at end {os.getloadavg()[0]:.1f}")
-  print(f"versions: python {platform.python_version()}, jax {jax.__version__}"
-        f", flax {__import__('flax').__version__}, optax {optax.__version__}; "
-        f"{torch_info}")
+  print(f"{torch_info}")
   print(f"config: layers={a.layers} hidden={a.hidden} mlp={a.intermediate} "
         f"heads={a.heads}/{a.kv_heads} vocab={a.vocab} batch={a.batch} "
         f"seq={a.seq} ({cfg.num_params / 1e6:.1f}M params, float32, "
-        f"AdamW, loss={'chunked token_logprobs' if a.chunked else 'full logits'})")
-  print("matmul peak (2048^2 f32, best of all rounds): " + ", ".join(
-      f"{k} {v:.1f} GFLOP/s" for k, v in peak.items()))
-  print(f"jax compile+first step: {compile_s:.1f} s")
-  print(f"vapo_jax train step: {ours:10.1f} tokens/s  "
-        f"(step {n_tok / ours * 1e3:.0f} ms)")
-  if times["torch"]:
-    theirs = n_tok / statistics.median(times["torch"])
-    print(f"PyTorch  train step: {theirs:10.1f} tokens/s  "
-          f"(step {n_tok / theirs * 1e3:.0f} ms)")
-    paired = [t / j for j, t in zip(times["jax"], times["torch"])]
-    print(f"ratio vapo_jax / PyTorch: {ours / theirs:.2f}x (per round: "
-          + ", ".join(f"{r:.2f}" for r in paired) + ")")
+        f"AdamW, loss={'chunked token_logprobs' if a.chunked else 'full logits'}); "
+        f"{a.rounds} interleaved round(s), best of {a.steps} steps per round")
+  lines = ["matmul peak (2048^2 f32, best of all rounds): " + ", ".join(
+      f"{k} {v:.1f} GFLOP/s" for k, v in peak.items()),
+           f"jax compile+first step: {compile_s:.1f} s",
+           f"vapo_jax train step: {ours:10.1f} tokens/s  "
+           f"(step {n_tok / ours * 1e3:.0f} ms)"]
+  results = {"config": {k: getattr(a, k) for k in (
+      "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "batch", "seq",
+      "steps", "rounds", "chunked")},
+             "compile_s": compile_s, "matmul_peak_gflops": peak,
+             "jax_tokens_per_s": ours}
+  if torch_run:
+    theirs = n_tok / rounds.median("torch")
+    lines += [f"PyTorch  train step: {theirs:10.1f} tokens/s  "
+              f"(step {n_tok / theirs * 1e3:.0f} ms)",
+              rounds.describe_ratio("jax", "torch", "ratio vapo_jax / PyTorch")]
+    results["torch_tokens_per_s"] = theirs
   mfu = ours * train_flops / (peak_gflops * 1e9)
-  print(f"vapo_jax MFU: {100 * mfu:.1f}% of {peak_gflops:.1f} GFLOP/s "
-        f"({train_flops / 1e6:.1f} MFLOP per token, 3x forward)")
+  lines.append(f"vapo_jax MFU: {100 * mfu:.1f}% of {peak_gflops:.1f} GFLOP/s "
+               f"({train_flops / 1e6:.1f} MFLOP per token, 3x forward)")
+  results.update(rounds.to_json([("jax", "torch")] if torch_run else []), mfu=mfu)
+  return lines, results, facts
 
 
 if __name__ == "__main__":

@@ -1,18 +1,18 @@
 """Time split of one VAPO RL step on a config: rollout, reward, forward passes, updates.
 
-  python benchmarks/rl_step_bench.py [--config configs/tiny.py] [--steps 5]
+  python benchmarks/rl_step_bench.py [--config configs/tiny.py] [--steps 5] [--json out.json]
 
 Runs the pieces of `Trainer.experience` and `Trainer._updates` one at a time, each waited
 for, so the split is exact (the trainer itself overlaps reward scoring with the forward
 passes). Prints per-phase medians over the steps after the first (which compiles), tokens/s
 of the rollout and of the updates, and the model-FLOPs rate of the updates against a matmul
-peak measured in the same run.
+peak measured in the same run. There is no peer here, so nothing to interleave; the load
+average is printed at start and end and sampled after every step (benchmarks/quiet.py), and
+the figures of a run whose load went above 1 are marked LOADED — not a result.
 """
 
 import argparse
 import importlib.util
-import os
-import platform
 import statistics
 import time
 
@@ -23,6 +23,8 @@ import numpy as np
 from vapo_jax import config as config_lib
 from vapo_jax import trainer as trainer_lib
 from vapo_jax.models import config as model_config
+
+import quiet  # benchmarks/quiet.py: load recording, LOADED marking
 
 
 def load_config(path, preset):
@@ -84,17 +86,33 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="configs/tiny.py")
   parser.add_argument("--preset", default="vapo")
-  parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--steps", "--rounds", dest="steps", type=int, default=5)
+  quiet.add_flags(parser)
   args = parser.parse_args()
+  facts = quiet.machine_facts()
+  load = quiet.Load()
+  with load:
+    quiet.print_header(facts, load)
+    lines, results = measure(args, load)
+  for line in lines:
+    print(load.tag(line))
+  print(load.verdict())
+  quiet.write_json(args.json, load, facts, results)
+
+
+def measure(args, load):
+  """Times the steps; returns (figure lines, JSON results)."""
   cfg = load_config(args.config, args.preset)
-  print(f"machine: {platform.machine()}, {os.cpu_count()} cores; jax {jax.__version__} "
-        f"({jax.device_count()} {jax.devices()[0].platform} devices)")
+  print(f"jax {jax.__version__} ({jax.device_count()} {jax.devices()[0].platform} devices)")
   t = trainer_lib.Trainer(cfg, progress=False)
   try:
     if cfg.rl.use_critic:
       t._ensure_critic()  # pylint: disable=protected-access
     t._rl_setup()  # pylint: disable=protected-access
-    runs = [one_step(t, i) for i in range(args.steps)]
+    runs = []
+    for i in range(args.steps):
+      runs.append(one_step(t, i))
+      load.sample()
   finally:
     t.close()
   warm = runs[1:] or runs
@@ -104,28 +122,34 @@ def main():
   rows = cfg.prompts_per_step * cfg.responses_per_prompt
   print(f"config {args.config} ({args.preset}): {cfg.prompts_per_step} prompts x "
         f"{cfg.responses_per_prompt} = {rows} responses, max_new_tokens "
-        f"{cfg.sampling.max_new_tokens}; first step (with compiles) "
-        f"{sum(runs[0][k] for k in phases):.1f} s")
+        f"{cfg.sampling.max_new_tokens}; medians of {len(warm)} step(s)"
+        + ("" if runs[1:] else " (only the first, compiling step: use --steps >= 2)"))
+  lines = [f"first step (with compiles) {sum(runs[0][k] for k in phases):.1f} s"]
   names = {"rollout": "rollout (sampler)",
            "overlapped": "reward + forward (overlapped) + advantages",
            "updates": "policy + critic updates"}
   for k in phases:
-    print(f"  {names[k]:44s} {med[k]:8.3f} s  {med[k] / total:6.1%}")
-  print(f"  {'step':44s} {total:8.3f} s")
-  print(f"  alone: reward scoring {med['reward']:.3f} s, forward passes (old log-probs + "
-        f"values) {med['forward']:.3f} s")
+    lines.append(f"  {names[k]:44s} {med[k]:8.3f} s  {med[k] / total:6.1%}")
+  lines.append(f"  {'step':44s} {total:8.3f} s")
+  lines.append(f"  alone: reward scoring {med['reward']:.3f} s, forward passes (old log-probs "
+               f"+ values) {med['forward']:.3f} s")
   peak = matmul_peak()
   mcfg = t.model_cfg
   seq = t.cfg.data.max_prompt_tokens + t.cfg.sampling.max_new_tokens
   flops_tok = model_config.flops_per_token(mcfg, seq)  # forward FLOPs per token
   nets = 2 if cfg.rl.use_critic else 1
   update_flops = 3 * flops_tok * med["train_tokens"] * nets
-  print(f"rollout: {med['response_tokens'] / med['rollout']:.0f} response tokens/s; "
-        f"updates: {med['train_tokens'] * nets / med['updates']:.0f} tokens/s "
-        f"({update_flops / med['updates'] / 1e9:.2f} GFLOP/s = "
-        f"{update_flops / med['updates'] / peak:.1%} of the {peak / 1e9:.0f} GFLOP/s matmul "
-        f"peak measured now); whole step: {med['response_tokens'] / total:.0f} response "
-        f"tokens/s")
+  lines.append(
+      f"rollout: {med['response_tokens'] / med['rollout']:.0f} response tokens/s; "
+      f"updates: {med['train_tokens'] * nets / med['updates']:.0f} tokens/s "
+      f"({update_flops / med['updates'] / 1e9:.2f} GFLOP/s = "
+      f"{update_flops / med['updates'] / peak:.1%} of the {peak / 1e9:.0f} GFLOP/s matmul "
+      f"peak measured now); whole step: {med['response_tokens'] / total:.0f} response "
+      f"tokens/s")
+  results = {"config": args.config, "preset": args.preset, "steps": args.steps,
+             "per_step": runs, "median_warm": med, "step_s": total,
+             "matmul_peak_flops": peak}
+  return lines, results
 
 
 if __name__ == "__main__":

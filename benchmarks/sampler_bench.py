@@ -16,8 +16,12 @@ over the group (`n_per_prompt=8`); transformers `generate` with
 `num_return_sequences=8` prefills all 32 rows. The other presets have one
 response per prompt, so both sides do the same work.
 
-Prints tokens/s (new tokens only, wall time after warm-up, median of --repeats),
-the ratio, and the fraction of the roofline reached. Roofline: for prefill and
+Prints tokens/s (new tokens only, wall time after warm-up, median of --repeats
+interleaved rounds), the ratio (median of the per-round ratios, each printed),
+and the fraction of the roofline reached; the load average at start and end
+(max sampled during the run) and machine facts. All figures of a run whose load
+went above 1 are marked LOADED — not a result (benchmarks/quiet.py); --json
+writes them with "quiet": true/false. Roofline: for prefill and
 each decode step, time >= max(FLOPs / peak FLOP/s, bytes / peak bandwidth),
 where FLOPs = 2 * (matmul params) per token + attention over the live context
 (the LM head only at the last prompt position, and each distinct prompt
@@ -29,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -39,6 +41,8 @@ import numpy as np
 
 # Run from a checkout without installing: this repository's vapo_jax first.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quiet  # pylint: disable=wrong-import-position  # load, interleaved rounds, marking
 
 PRESETS = {
     # ~1.3M params: configs/tiny.py territory; per-step overhead dominates.
@@ -105,16 +109,27 @@ def roofline_seconds(p, flops_peak, bw_peak):
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--preset", choices=sorted(PRESETS) + ["all"], default="tiny")
-  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--repeats", "--rounds", dest="repeats", type=int, default=3,
+                  help="interleaved rounds (vapo_jax, then generate, ...); medians and "
+                  "per-round ratios")
   ap.add_argument("--threads", type=int, default=os.cpu_count())
+  quiet.add_flags(ap)
   args = ap.parse_args()
   names = list(PRESETS) if args.preset == "all" else [args.preset]
-  for name in names:
-    run(name, PRESETS[name], args)
+  facts = quiet.machine_facts(peers=("torch", "transformers"))
+  load = quiet.Load()
+  with load:
+    quiet.print_header(facts, load)
+    figures = [run(name, PRESETS[name], args, load) for name in names]
+  for lines, _ in figures:
+    for line in lines:
+      print(load.tag(line))
+  print(load.verdict())
+  quiet.write_json(args.json, load, facts, {r["preset"]: r for _, r in figures})
 
 
-def run(preset: str, p: dict, args):
-  """Benchmarks one preset and prints its figures."""
+def run(preset: str, p: dict, args, load: quiet.Load):
+  """Benchmarks one preset; returns (figure lines, JSON results)."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
@@ -164,29 +179,29 @@ def run(preset: str, p: dict, args):
                       **dict(gen_kw, max_new_tokens=4, min_new_tokens=4))
 
   # Interleaved, so that load from other processes hits both sides alike.
-  ours, theirs = [], []
-  for i in range(args.repeats):
-    t = time.perf_counter()
-    out = jax.block_until_ready(
-        sampler(state, prompt_list, jax.random.key(i + 1)))
-    ours.append(time.perf_counter() - t)
+  last = {}
+
+  def ours():
+    last["out"] = jax.block_until_ready(
+        sampler(state, prompt_list, jax.random.key(len(rounds_seen) + 1)))
+
+  def theirs():
     with torch.inference_mode():
       t = time.perf_counter()
-      gen = hf_model.generate(input_ids=ids, attention_mask=mask, **gen_kw)
-      theirs.append(time.perf_counter() - t)
+      last["gen"] = hf_model.generate(input_ids=ids, attention_mask=mask, **gen_kw)
+      return time.perf_counter() - t
+
+  rounds_seen = []
+  rounds = quiet.interleave([("vapo_jax", ours), ("transformers", theirs)],
+                            args.repeats, load=load, each_round=rounds_seen.append)
+  out, gen = last["out"], last["gen"]
   assert int(np.asarray(out.lengths_B).sum()) == new_tokens
   assert gen.shape == (b, P + R), gen.shape
 
   # --- report ---------------------------------------------------------------
   flops_peak, bw_peak = measure_peaks(jax, jnp)
   bound = roofline_seconds(p, flops_peak, bw_peak)
-  t_ours, t_theirs = statistics.median(ours), statistics.median(theirs)
-  versions = (f"python {platform.python_version()}, jax {jax.__version__}, "
-              f"torch {torch.__version__}, "
-              f"transformers {transformers.__version__}")
-  print(f"machine: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores; {versions}; "
-        f"load average {os.getloadavg()[0]:.1f}")
+  t_ours, t_theirs = rounds.median("vapo_jax"), rounds.median("transformers")
   print(f"preset {preset}: Qwen2 {n_params / 1e6:.1f}M params "
         f"(V={p['vocab']}, D={p['hidden']}, L={p['layers']}, H={p['heads']}, "
         f"K={p['kv']}), float32, batch {b}"
@@ -194,17 +209,23 @@ def run(preset: str, p: dict, args):
         f", prompt {P}, new tokens {R}, "
         f"sampling T=1 top_p=1 top_k=off, torch threads {args.threads}, "
         f"median of {args.repeats} interleaved runs")
-  print(f"vapo_jax sampler      : {new_tokens / t_ours:9.1f} tokens/s  "
-        f"({t_ours:.3f} s; first call incl. compile {compile_s:.1f} s)")
-  print(f"transformers generate : {new_tokens / t_theirs:9.1f} tokens/s  "
-        f"({t_theirs:.3f} s)")
-  rounds = sorted(t / o for o, t in zip(ours, theirs))
-  print(f"ratio                 : {t_theirs / t_ours:9.2f} x  (per round: "
-        f"{', '.join(f'{x:.1f}' for x in rounds)})")
-  print(f"roofline (peaks measured here: {flops_peak / 1e9:.0f} GFLOP/s fp32 "
-        f"matmul, {bw_peak / 1e9:.1f} GB/s copy): bound {bound:.3f} s -> "
-        f"vapo_jax {100 * bound / t_ours:.1f}%, "
-        f"transformers {100 * bound / t_theirs:.1f}%")
+  lines = [
+      f"[{preset}] vapo_jax sampler      : {new_tokens / t_ours:9.1f} tokens/s  "
+      f"({t_ours:.3f} s; first call incl. compile {compile_s:.1f} s)",
+      f"[{preset}] transformers generate : {new_tokens / t_theirs:9.1f} tokens/s  "
+      f"({t_theirs:.3f} s)",
+      f"[{preset}] " + rounds.describe_ratio("vapo_jax", "transformers", "ratio"),
+      f"[{preset}] roofline (peaks measured here: {flops_peak / 1e9:.0f} GFLOP/s fp32 "
+      f"matmul, {bw_peak / 1e9:.1f} GB/s copy): bound {bound:.3f} s -> "
+      f"vapo_jax {100 * bound / t_ours:.1f}%, "
+      f"transformers {100 * bound / t_theirs:.1f}%"]
+  results = {"preset": preset, "params": n_params, "batch": b, "prompt": P, "new": R,
+             "n_per_prompt": n, "compile_s": compile_s,
+             "vapo_jax_tokens_per_s": new_tokens / t_ours,
+             "transformers_tokens_per_s": new_tokens / t_theirs,
+             "roofline_s": bound, "flops_peak": flops_peak, "bw_peak": bw_peak,
+             **rounds.to_json([("vapo_jax", "transformers")])}
+  return lines, results
 
 
 if __name__ == "__main__":

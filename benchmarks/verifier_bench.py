@@ -1,7 +1,8 @@
 """Scores the labelled reward suite with vapo_jax's checker (both modes) and math-verify.
 
   pip install math-verify   # for this benchmark only
-  python benchmarks/verifier_bench.py [--timeout_s=10] [--repeats=1]
+  python benchmarks/verifier_bench.py [--timeout_s=10] [--repeats=1] [--rounds=3]
+                                      [--limit=N] [--json=out.json]
 
 All checkers run through the same `RewardScorer` (spawned worker processes
 with a hard per-check time limit), so a checker that hangs costs its time
@@ -18,23 +19,31 @@ timeouts, errors, checks/s (cases / summed per-check wall time, one
 worker), worst-case time; then the batch throughput of a 2-worker pool, the
 speed ratios, agreement with math-verify on the corpus per mode with each
 class of deliberate difference, and the cases each checker gets wrong.
+
+The checkers run interleaved (benchmarks/quiet.py): the suite is split into --rounds slices
+and each checker scores each slice in turn, so all see the same machine state, with the
+per-round speed ratios printed. The load average is printed at start and end (max sampled
+during the run); every figure of a run whose load went above 1 is marked LOADED — not a
+result, and --json writes "quiet": false for it.
 """
 
 import argparse
+import contextlib
+import importlib.util
 import logging
 import os
-import platform
 import sys
-import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.dirname(os.path.abspath(__file__))]
 
 import reward_cases  # pylint: disable=g-import-not-at-top,wrong-import-position
 import reward_corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vapo_jax import rewards  # pylint: disable=g-import-not-at-top,wrong-import-position
+import quiet  # pylint: disable=g-import-not-at-top,wrong-import-position  # benchmarks/quiet.py
 
 THEIRS = "verifier_bench:math_verify_score"
+PLAIN = "\0"  # prefix of a report line that holds no measured figure
 # (name, plug-in, which label it is judged by)
 CHECKERS = (
     ("vapo strict", rewards.DEFAULT_REWARD_FN, "strict"),
@@ -61,27 +70,63 @@ def math_verify_score(prompt: str, response: str, reference: str) -> float:
   return float(verify(gold, pred))
 
 
-def _per_case(fn: str, cases, timeout_s: float):
-  """Scores cases one at a time in one worker; returns (correct, secs, reasons)."""
-  correct, secs, reasons = [], [], []
-  with rewards.RewardScorer(fn, num_workers=1, timeout_s=timeout_s) as scorer:
-    scorer.score_batch(["warm-up"], [r"\boxed{1}"], ["1"])
-    for c in cases:
-      s = scorer.score_batch([""], [c.response], [c.reference])
-      correct.append(bool(s.correct[0]))
-      secs.append(s.max_seconds)
-      reasons.append(s.reasons[0])
-  return correct, secs, reasons
+def _per_case(cases, rounds: int, timeout_s: float, load):
+  """Scores every case with every checker, one worker each, the checkers interleaved.
+
+  Round r holds cases r, r + rounds, ...; in each round each checker scores that slice (the
+  order alternating between rounds), so all checkers see the same machine state. Returns
+  ({checker: (correct, secs, reasons, code_ran)}, quiet.Rounds of summed per-check seconds).
+  """
+  out = {name: ([None] * len(cases), [0.0] * len(cases), [""] * len(cases), [False])
+         for name, _, _ in CHECKERS}
+  slices = [range(r, len(cases), rounds) for r in range(rounds)]
+  current = [0]
+  with contextlib.ExitStack() as stack:
+    scorers = {}
+    for name, fn, _ in CHECKERS:
+      scorers[name] = stack.enter_context(
+          rewards.RewardScorer(fn, num_workers=1, timeout_s=timeout_s))
+      scorers[name].score_batch(["warm-up"], [r"\boxed{1}"], ["1"])
+
+    def side(name):
+      def score_slice():
+        correct, secs, reasons, ran = out[name]
+        for i in slices[current[0]]:
+          s = scorers[name].score_batch([""], [cases[i].response], [cases[i].reference])
+          correct[i], secs[i], reasons[i] = bool(s.correct[0]), s.max_seconds, s.reasons[0]
+          if os.path.exists(reward_cases.SENTINEL):  # a hostile case ran code: whose?
+            ran[0] = True
+            os.remove(reward_cases.SENTINEL)
+        return sum(secs[i] for i in slices[current[0]])
+      return score_slice
+
+    timed = quiet.interleave([(name, side(name)) for name, _, _ in CHECKERS], rounds,
+                             load=load, each_round=lambda r: current.__setitem__(0, r))
+  return {k: (c, s, r, ran[0]) for k, (c, s, r, ran) in out.items()}, timed
 
 
-def _throughput(fn: str, cases, timeout_s: float, repeats: int) -> float:
-  n = len(cases) * repeats
-  with rewards.RewardScorer(fn, num_workers=2, timeout_s=timeout_s) as scorer:
-    scorer.score_batch(["w", "w"], [r"\boxed{1}"] * 2, ["1"] * 2)
-    start = time.perf_counter()
-    scorer.score_batch([""] * n, [c.response for c in cases] * repeats,
-                       [c.reference for c in cases] * repeats)
-    return n / (time.perf_counter() - start)
+def _throughput(cases, rounds: int, timeout_s: float, repeats: int, load):
+  """Batch throughput of a 2-worker pool per checker, interleaved by round over slices of
+  `cases` (each repeated `repeats` times); returns (rounds, cases per checker per round)."""
+  slices = [cases[r::rounds] * repeats for r in range(rounds)]
+  current = [0]
+  with contextlib.ExitStack() as stack:
+    scorers = {}
+    for name, fn, _ in CHECKERS:
+      scorers[name] = stack.enter_context(
+          rewards.RewardScorer(fn, num_workers=2, timeout_s=timeout_s))
+      scorers[name].score_batch(["w", "w"], [r"\boxed{1}"] * 2, ["1"] * 2)
+
+    def side(name):
+      def score_slice():
+        part = slices[current[0]]
+        scorers[name].score_batch([""] * len(part), [c.response for c in part],
+                                  [c.reference for c in part])
+      return score_slice
+
+    timed = quiet.interleave([(name, side(name)) for name, _, _ in CHECKERS], rounds,
+                             load=load, each_round=lambda r: current.__setitem__(0, r))
+  return timed, [len(x) for x in slices]
 
 
 def _label(case, mode: str) -> bool:
@@ -111,21 +156,22 @@ def _short(text: str, n: int = 60) -> str:
 
 
 def _table(title, rows):
-  print(f"\n{title}")
-  print(f"{'checker':<14}{'accuracy':>9}{'FP':>5}{'FN':>5}{'hostFP':>7}"
-        f"{'timeout':>8}{'errors':>7}{'checks/s':>10}{'mean ms':>9}{'worst s':>9}")
+  lines = ["", PLAIN + title,
+           PLAIN + f"{'checker':<14}{'accuracy':>9}{'FP':>5}{'FN':>5}{'hostFP':>7}"
+           f"{'timeout':>8}{'errors':>7}{'checks/s':>10}{'mean ms':>9}{'worst s':>9}"]
   for r in rows:
-    print(f"{r['name']:<14}{r['accuracy']:>9.3f}{r['fp']:>5}{r['fn']:>5}"
-          f"{r['hostile_fp']:>7}{r['timeouts']:>8}{r['errors']:>7}"
-          f"{r['checks_per_s']:>10.1f}{r['mean_ms']:>9.2f}{r['worst_s']:>9.3f}")
+    lines.append(f"{r['name']:<14}{r['accuracy']:>9.3f}{r['fp']:>5}{r['fn']:>5}"
+                 f"{r['hostile_fp']:>7}{r['timeouts']:>8}{r['errors']:>7}"
+                 f"{r['checks_per_s']:>10.1f}{r['mean_ms']:>9.2f}{r['worst_s']:>9.3f}")
+  return lines
 
 
 def _agreement(corpus, verdicts):
   """Agreement of each vapo mode with math-verify on the corpus, with the
   disagreements sorted into the documented classes."""
   theirs = verdicts["math-verify"]
-  print("\nagreement with math-verify on the differential corpus "
-        f"({len(corpus)} cases):")
+  lines = ["", PLAIN + "agreement with math-verify on the differential corpus "
+           f"({len(corpus)} cases):"]
   for name, _, mode in CHECKERS[:2]:
     ours = verdicts[name]
     differ = [c for c, a, b in zip(corpus, ours, theirs) if a != b]
@@ -136,47 +182,61 @@ def _agreement(corpus, verdicts):
       else:
         key = reward_corpus.policy_of(c) or "UNDOCUMENTED"
       classes[key] = classes.get(key, 0) + 1
-    agree = 1 - len(differ) / len(corpus)
-    print(f"  {name:<13} {agree:.3f} agree; differ on {len(differ)}: " + ", ".join(
+    agree = 1 - len(differ) / max(len(corpus), 1)
+    lines.append(f"  {name:<13} {agree:.3f} agree; differ on {len(differ)}: " + ", ".join(
         f"{k} {v}" for k, v in sorted(classes.items(), key=lambda kv: -kv[1])))
+  return lines
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--timeout_s", type=float, default=10.0)
-  parser.add_argument("--repeats", type=int, default=1)
+  parser.add_argument("--repeats", type=int, default=1,
+                      help="passes over the benign cases in the batch-throughput part")
+  parser.add_argument("--rounds", type=int, default=3,
+                      help="interleaved rounds: the suite is split into this many slices, "
+                      "and each checker scores each slice in turn")
+  parser.add_argument("--limit", type=int, default=0,
+                      help="only the first N cases of each suite (a smoke run; 0 = all)")
+  quiet.add_flags(parser)
   args = parser.parse_args()
-  try:
-    import math_verify  # pylint: disable=g-import-not-at-top
-    mv_version = getattr(math_verify, "__version__", None)
-    if mv_version is None:
-      from importlib import metadata  # pylint: disable=g-import-not-at-top
-      mv_version = metadata.version("math-verify")
-  except ImportError:
+  if importlib.util.find_spec("math_verify") is None:
     sys.exit("math-verify is not installed: pip install math-verify")
-  import sympy  # pylint: disable=g-import-not-at-top
+  facts = quiet.machine_facts(peers=("sympy", "math-verify"), ours=())
+  load = quiet.Load()
+  with load:
+    quiet.print_header(facts, load)
+    lines, results = _measure(args, load)
+  for line in lines:  # figures are marked; titles and case listings (PLAIN) are not
+    print(line[len(PLAIN):] if line.startswith(PLAIN) or not line.strip()
+          else load.tag(line))
+  print(load.verdict())
+  quiet.write_json(args.json, load, facts, results)
 
-  suites = (("hand-written cases", reward_cases.HAND_CASES),
-            ("differential corpus", reward_cases.CORPUS_CASES))
-  everything = reward_cases.ALL_CASES
+
+def _measure(args, load):
+  """Scores and times everything; returns (report lines, JSON results)."""
+  limit = args.limit or None
+  hand = tuple(reward_cases.HAND_CASES[:limit])
+  corpus = tuple(reward_cases.CORPUS_CASES[:limit])
+  suites = (("hand-written cases", hand), ("differential corpus", corpus))
+  everything = hand + corpus
   benign = [c for c in everything if not c.hostile]
-  print(f"machine: {platform.platform()}, {os.cpu_count()} cpus, "
-        f"python {platform.python_version()}, sympy {sympy.__version__}, "
-        f"math-verify {mv_version}")
   print(f"labelled suite: {len(everything)} cases = "
-        f"{len(reward_cases.HAND_CASES)} hand-written + "
-        f"{len(reward_cases.CORPUS_CASES)} corpus ("
+        f"{len(hand)} hand-written + {len(corpus)} corpus ("
         f"{sum(c.equal for c in everything)} equal in strict mode, "
         f"{sum(c.lenient_equal for c in everything)} in lenient, "
         f"{sum(c.hostile for c in everything)} hostile); hard limit "
-        f"{args.timeout_s:g} s per check")
+        f"{args.timeout_s:g} s per check; {args.rounds} interleaved round(s)")
   if os.path.exists(reward_cases.SENTINEL):
     os.remove(reward_cases.SENTINEL)
+  scored, per_case = _per_case(everything, args.rounds, args.timeout_s, load)
+  batch, batch_n = _throughput(benign, args.rounds, args.timeout_s, args.repeats, load)
   tables = {title: [] for title, _ in suites}
   verdicts, speed, wrong = {}, {}, {}
-  for name, fn, mode in CHECKERS:
-    correct, secs, reasons = _per_case(fn, everything, args.timeout_s)
-    verdicts[name] = correct[len(reward_cases.HAND_CASES):]
+  for name, _, mode in CHECKERS:
+    correct, secs, reasons, ran = scored[name]
+    verdicts[name] = correct[len(hand):]
     start = 0
     wrong[name] = []
     for title, cases in suites:
@@ -187,25 +247,39 @@ def main():
       start += len(cases)
     whole = _summary(name, everything, mode, correct, secs, reasons)
     speed[name] = (whole["checks_per_s"], whole["worst_s"],
-                   _throughput(fn, benign, args.timeout_s, args.repeats),
-                   os.path.exists(reward_cases.SENTINEL))
+                   sum(batch_n) / sum(batch.times[name]), ran)
+  lines = []
   for title, rows in tables.items():
-    _table(title, rows)
-  print(f"\n{'checker':<14}{'checks/s':>10}{'worst s':>9}{'batch/s':>9}{'code ran':>9}")
-  for name, (cps, worst, batch, ran) in speed.items():
-    print(f"{name:<14}{cps:>10.1f}{worst:>9.3f}{batch:>9.1f}{str(ran):>9}")
+    lines += _table(title, rows)
+  lines.append("")
+  lines.append(PLAIN + f"{'checker':<14}{'checks/s':>10}{'worst s':>9}{'batch/s':>9}{'code ran':>9}")
+  for name, (cps, worst, batch_rate, ran) in speed.items():
+    lines.append(f"{name:<14}{cps:>10.1f}{worst:>9.3f}{batch_rate:>9.1f}{str(ran):>9}")
   theirs = speed["math-verify"]
   for name in ("vapo strict", "vapo lenient"):
     ours = speed[name]
-    print(f"ratio {name} / math-verify: checks/s x{ours[0] / theirs[0]:.1f}; "
-          f"batch/s x{ours[2] / theirs[2]:.1f}; worst-case time "
-          f"x{ours[1] / theirs[1]:.3f}")
-  _agreement(reward_cases.CORPUS_CASES, verdicts)
+    lines.append(f"ratio {name} / math-verify: checks/s x{ours[0] / theirs[0]:.1f}; "
+                 f"batch/s x{ours[2] / theirs[2]:.1f}; worst-case time "
+                 f"x{ours[1] / theirs[1]:.3f}")
+    lines.append("  " + per_case.describe_ratio(name, "math-verify", "per check, by round"))
+    lines.append("  " + batch.describe_ratio(name, "math-verify", "batch, by round"))
+  lines += _agreement(corpus, verdicts)
   for name, cases in wrong.items():
-    print(f"\n{name} is wrong on {len(cases)} cases:")
+    lines.append("")
+    lines.append(PLAIN + f"{name} is wrong on {len(cases)} cases:")
     for c, mode in cases:
       kind = "FP" if not _label(c, mode) else "FN"
-      print(f"  {kind} [{c.category}] {_short(c.response)!r} vs {c.reference!r}")
+      lines.append(PLAIN + f"  {kind} [{c.category}] {_short(c.response)!r} vs {c.reference!r}")
+  pairs = [(n, "math-verify") for n in ("vapo strict", "vapo lenient")]
+  results = {
+      "cases": {"hand": len(hand), "corpus": len(corpus), "benign": len(benign)},
+      "rounds": args.rounds, "repeats": args.repeats, "timeout_s": args.timeout_s,
+      "tables": {t: [{k: v for k, v in r.items() if k != "wrong"} for r in rows]
+                 for t, rows in tables.items()},
+      "speed": {n: {"checks_per_s": v[0], "worst_s": v[1], "batch_per_s": v[2],
+                    "code_ran": v[3]} for n, v in speed.items()},
+      "per_check_rounds": per_case.to_json(pairs), "batch_rounds": batch.to_json(pairs)}
+  return lines, results
 
 
 if __name__ == "__main__":

@@ -1,0 +1,209 @@
+"""Benchmark discipline shared by every script in benchmarks/ (issue #17).
+
+A figure is a result only if the machine was quiet while it was measured: the 1-minute load
+average at most QUIET_LOAD (1.0) at the start, at the end and at every sample taken during the
+run. Anything else is printed and written as "LOADED — not a result" (`"quiet": false` in
+JSON), so that nobody copies it into the README.
+
+  load = quiet.Load()                       # samples os.getloadavg() in the background
+  with load:
+    quiet.print_header(quiet.machine_facts(["torch"]), load)
+    rounds = quiet.interleave([("ours", f), ("torch", g)], n, load=load)
+  print(load.tag(f"ours {rounds.median('ours'):.3f} s"))
+  print(load.tag(rounds.describe_ratio("ours", "torch")))
+  print(load.verdict())
+  quiet.write_json(path, load, facts, {...})
+
+The sides of a comparison run round by round (ours, the peer's, then the peer's, ours, ...),
+so every side sees the same machine state, and each round gives its own ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import threading
+import time
+from importlib import metadata
+from typing import Callable, Iterable, Sequence
+
+QUIET_LOAD = 1.0
+LOADED = "LOADED — not a result"
+
+
+def load1() -> float:
+  """The 1-minute load average of this machine."""
+  return os.getloadavg()[0]
+
+
+class Load:
+  """Records the 1-minute load average: at start, at end, between rounds, in the background.
+
+  Use as a context manager. `interval_s=None` turns the background sampler off (the start,
+  the end and explicit `sample()` calls remain). `quiet` is true only if no sample exceeded
+  `limit`.
+  """
+
+  def __init__(self, load_fn: Callable[[], float] = load1, interval_s: float | None = 5.0,
+               limit: float = QUIET_LOAD):
+    self.load_fn, self.interval_s, self.limit = load_fn, interval_s, limit
+    self.samples: list[float] = []
+    self.start: float | None = None
+    self.end: float | None = None
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
+    self._lock = threading.Lock()
+
+  def sample(self) -> float:
+    value = float(self.load_fn())
+    with self._lock:
+      self.samples.append(value)
+    return value
+
+  def __enter__(self) -> "Load":
+    self.start = self.sample()
+    if self.interval_s:
+      self._thread = threading.Thread(target=self._run, daemon=True, name="load-sampler")
+      self._thread.start()
+    return self
+
+  def _run(self):
+    while not self._stop.wait(self.interval_s):
+      self.sample()
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    self.end = self.sample()
+    return False
+
+  @property
+  def peak(self) -> float:
+    with self._lock:
+      return max(self.samples) if self.samples else float("nan")
+
+  @property
+  def quiet(self) -> bool:
+    with self._lock:
+      return bool(self.samples) and max(self.samples) <= self.limit
+
+  def tag(self, line: str) -> str:
+    """`line`, marked as not a result when the run was loaded."""
+    return line if self.quiet else f"{line}   [{LOADED}]"
+
+  def verdict(self) -> str:
+    end = "running" if self.end is None else f"{self.end:.2f}"
+    state = (f"quiet (<= {self.limit:g} throughout)" if self.quiet
+             else f"{LOADED} (above {self.limit:g}); rerun on a quiet machine")
+    return (f"load average (1 min): start {self.start:.2f}, end {end}, max "
+            f"{self.peak:.2f} over {len(self.samples)} samples -> {state}")
+
+  def to_json(self) -> dict:
+    return {"quiet": self.quiet, "verdict": "quiet" if self.quiet else LOADED,
+            "load_1min": {"start": self.start, "end": self.end, "max": self.peak,
+                          "samples": len(self.samples), "limit": self.limit}}
+
+
+def versions(packages: Iterable[str]) -> dict[str, str]:
+  """Installed versions by distribution name, without importing anything."""
+  out = {}
+  for name in packages:
+    try:
+      out[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+      out[name] = "not installed"
+  return out
+
+
+def machine_facts(peers: Sequence[str] = (), ours: Sequence[str] = ("jax", "flax")) -> dict:
+  """Cores, platform, and the versions of python, jax and the peer libraries."""
+  return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+          "platform": platform.platform(), "python": platform.python_version(),
+          "versions": versions([*ours, *peers])}
+
+
+def print_header(facts: dict, load: Load) -> None:
+  v = ", ".join(f"{k} {x}" for k, x in facts["versions"].items())
+  print(f"machine: {facts['cpu']}, {facts['cores']} cores, {facts['platform']}; "
+        f"python {facts['python']}, {v}")
+  print(f"load average (1 min) at start: {load.start:.2f}"
+        + ("" if load.start <= load.limit else f"  [{LOADED}: above {load.limit:g}]"))
+
+
+@dataclasses.dataclass
+class Rounds:
+  """Per-round seconds of each side, in the order the sides ran."""
+  times: dict[str, list[float]]
+  order: list[str]
+
+  @property
+  def n(self) -> int:
+    return min((len(t) for t in self.times.values()), default=0)
+
+  def median(self, name: str) -> float:
+    return statistics.median(self.times[name])
+
+  def ratios(self, ours: str, peer: str) -> list[float]:
+    """Per round, the peer's time over ours: how many times faster we are (> 1: faster)."""
+    return [p / o for o, p in zip(self.times[ours], self.times[peer])]
+
+  def ratio(self, ours: str, peer: str) -> float:
+    """The median of the per-round ratios."""
+    return statistics.median(self.ratios(ours, peer))
+
+  def describe_ratio(self, ours: str, peer: str, label: str | None = None) -> str:
+    per = ", ".join(f"{r:.2f}" for r in self.ratios(ours, peer))
+    return (f"{label or f'{ours} vs {peer}'}: {self.ratio(ours, peer):.2f}x faster, median of "
+            f"{self.n} round(s) (per round: {per})")
+
+  def to_json(self, pairs: Sequence[tuple[str, str]] = ()) -> dict:
+    return {"seconds": self.times,
+            "median_s": {k: statistics.median(v) for k, v in self.times.items() if v},
+            "ratios": {f"{o}/{p}": {"per_round": self.ratios(o, p), "median": self.ratio(o, p)}
+                       for o, p in pairs}}
+
+
+def interleave(sides: Sequence[tuple[str, Callable[[], float | None]]], rounds: int,
+               load: Load | None = None, alternate: bool = True,
+               each_round: Callable[[int], None] | None = None,
+               clock: Callable[[], float] = time.perf_counter) -> Rounds:
+  """Runs every side once per round, alternating their order, and times each call.
+
+  A side that returns a number reports its own seconds for the round (for instance the best
+  of several steps); otherwise the wall time of the call counts. With `alternate`, odd rounds
+  run the sides in reverse order, so no side always runs first. `each_round(i)` runs at the
+  start of round i (untimed), and `load` is sampled after every round.
+  """
+  times: dict[str, list[float]] = {name: [] for name, _ in sides}
+  order: list[str] = []
+  for i in range(rounds):
+    if each_round is not None:
+      each_round(i)
+    for name, fn in (reversed(sides) if alternate and i % 2 else sides):
+      t0 = clock()
+      got = fn()
+      elapsed = clock() - t0
+      times[name].append(float(got) if isinstance(got, (int, float)) else elapsed)
+      order.append(name)
+    if load is not None:
+      load.sample()
+  return Rounds(times, order)
+
+
+def add_flags(parser) -> None:
+  """The flags every benchmark shares."""
+  parser.add_argument("--json", default=None, metavar="PATH",
+                      help="also write the figures as JSON, with \"quiet\": true/false")
+
+
+def write_json(path: str | None, load: Load, facts: dict, results: dict) -> None:
+  if not path:
+    return
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump({**load.to_json(), "machine": facts, "results": results}, f, indent=1,
+              ensure_ascii=False)
+  print(f"wrote {path}" + ("" if load.quiet else f" (\"quiet\": false, {LOADED})"))
