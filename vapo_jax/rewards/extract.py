@@ -283,6 +283,7 @@ _SENTENCE_END_RE = re.compile(r"\n|[.!?:](?=\s|$)")
 # words between them are prose ("is wrong, the correct one is", "no wait"):
 # a revision, where the last box is the answer.
 _MAX_GAP_WORDS = 1
+_ALTERNATIVE_RE = re.compile(r"[\s,]*or\s+(-?\d[\d.]*)")
 
 
 def final_box_group(response: str) -> list[str]:
@@ -290,12 +291,19 @@ def final_box_group(response: str) -> list[str]:
   sentence, joined by at most `_MAX_GAP_WORDS` word, in order. `$\\boxed{3}$ or
   $\\boxed{5}$` and `\\boxed{1}\\boxed{2}...` are one group: a hedge or a
   list of guesses. A box in an earlier sentence is a step or a revised
-  answer, and is not in the group."""
+  answer, and is not in the group. A number offered right after the last
+  box as an alternative (`\\boxed{2} (or 3)`) makes a group of the two
+  (the alternative first, so the box stays last)."""
   text = unwrap_response(response[-MAX_TAIL_CHARS:])
   boxes = _top_boxes(text)
   if not boxes:
     return []
   group = [boxes[-1]]
+  # `\\boxed{2} (or 3)`: an alternative right after the box, in its sentence.
+  after = re.sub(r"\\[A-Za-z]+|[{}()$\\]", " ", text[boxes[-1][1]:][:200])
+  alternative = _ALTERNATIVE_RE.match(after)
+  if alternative:
+    return [alternative.group(1), boxes[-1][2]]
   for box in reversed(boxes[:-1]):
     gap = text[box[1]:group[-1][0]]
     words = re.findall(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", " ", gap))
