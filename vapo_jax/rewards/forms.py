@@ -19,6 +19,8 @@ _SCALES = {"hundred": 100, "thousand": 10**3, "million": 10**6,
 def number_from_words(text: str) -> int | None:
   """`twenty-five`, `one hundred and five`, `negative three`: an integer
   written entirely in English number words, else None."""
+  if not text[:1].isalpha():
+    return None
   words = re.sub(r"[-\s]+", " ", text.strip().lower().rstrip(".")).split()
   if not words or len(words) > 12:
     return None

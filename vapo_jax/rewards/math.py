@@ -156,6 +156,10 @@ def _hedged(response: str, found: extract.Extraction,
   a list of guesses, which is no single final answer."""
   if found.reason != "boxed":
     return False
+  tail = response[-extract.MAX_TAIL_CHARS:]
+  last = tail.rfind("box")
+  if tail.count("box") < 2 and "or" not in tail[last:]:
+    return False  # One box and no alternative after it (the common case).
   group = extract.final_box_group(response)
   if len(group) < 2 or group[-1] != found.answer:
     return False
