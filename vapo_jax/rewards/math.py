@@ -10,7 +10,9 @@ Reasons in a `Verdict` (the prefix before `:` is stable for metrics):
   `match:string`, `match:equivalent` -- correct;
   `mismatch`, `mismatch:too_large` -- compared and different;
   `no_answer`, `malformed_box`, `empty_box`, `answer_too_long`,
-  `empty_reference` -- nothing to compare.
+  `empty_reference` -- nothing to compare;
+  `ambiguous_boxes` -- the final box is one of a hedge (`\\boxed{3}` or
+  `\\boxed{5}`, box spam, `\\boxed{2} (or 3)`), which is no single answer.
 
 Modes (`CheckOptions.mode`): `strict`, the training reward's default, judges
 only a marked final answer and the last marker wins (formatting hacks earn
