@@ -276,6 +276,43 @@ def _is_prose(ans: str) -> bool:
   return len(words) >= 3 and not re.search(r"[\d$\\=^_]", ans)
 
 
+# Between two boxes, the end of a sentence or a clause that introduces the
+# next: a line break, or `.`, `!`, `?`, `:` before a space or the end.
+_SENTENCE_END_RE = re.compile(r"\n|[.!?:](?=\s|$)")
+# A hedge joins its boxes with one connective ("or", "and", "not"); more
+# words between them are prose ("is wrong, the correct one is", "no wait"):
+# a revision, where the last box is the answer.
+_MAX_GAP_WORDS = 1
+_ALTERNATIVE_RE = re.compile(r"[\s,]*or\s+(-?\d[\d.]*)")
+
+
+def final_box_group(response: str) -> list[str]:
+  """The last box of a response and the boxes before it in the same
+  sentence, joined by at most `_MAX_GAP_WORDS` word, in order. `$\\boxed{3}$ or
+  $\\boxed{5}$` and `\\boxed{1}\\boxed{2}...` are one group: a hedge or a
+  list of guesses. A box in an earlier sentence is a step or a revised
+  answer, and is not in the group. A number offered right after the last
+  box as an alternative (`\\boxed{2} (or 3)`) makes a group of the two
+  (the alternative first, so the box stays last)."""
+  text = unwrap_response(response[-MAX_TAIL_CHARS:])
+  boxes = _top_boxes(text)
+  if not boxes:
+    return []
+  group = [boxes[-1]]
+  # `\\boxed{2} (or 3)`: an alternative right after the box, in its sentence.
+  after = re.sub(r"\\[A-Za-z]+|[{}()$\\]", " ", text[boxes[-1][1]:][:200])
+  alternative = _ALTERNATIVE_RE.match(after)
+  if alternative:
+    return [alternative.group(1), boxes[-1][2]]
+  for box in reversed(boxes[:-1]):
+    gap = text[box[1]:group[-1][0]]
+    words = re.findall(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", " ", gap))
+    if _SENTENCE_END_RE.search(gap) or len(words) > _MAX_GAP_WORDS:
+      break
+    group.append(box)
+  return [b[2] for b in reversed(group)]
+
+
 _UNMARKED_RE = re.compile(
     r"\$\$(?:(?!\$\$).)+\$\$|\\\[.+?\\\]|\\\(.+?\\\)|(?<!\\)\$[^$]+\$"
     r"|-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?", re.DOTALL)

@@ -10,7 +10,9 @@ Reasons in a `Verdict` (the prefix before `:` is stable for metrics):
   `match:string`, `match:equivalent` -- correct;
   `mismatch`, `mismatch:too_large` -- compared and different;
   `no_answer`, `malformed_box`, `empty_box`, `answer_too_long`,
-  `empty_reference` -- nothing to compare.
+  `empty_reference` -- nothing to compare;
+  `ambiguous_boxes` -- the final box is one of a hedge (`\\boxed{3}` or
+  `\\boxed{5}`, box spam, `\\boxed{2} (or 3)`), which is no single answer.
 
 Modes (`CheckOptions.mode`): `strict`, the training reward's default, judges
 only a marked final answer and the last marker wins (formatting hacks earn
@@ -25,6 +27,7 @@ import re
 
 from vapo_jax.rewards import answers
 from vapo_jax.rewards import extract
+from vapo_jax.rewards import forms
 from vapo_jax.rewards import latex
 from vapo_jax.rewards import normalize
 
@@ -98,6 +101,17 @@ def answers_match(answer: str, reference: str,
   if normalize.compact(a).lower() == normalize.compact(r).lower() and (
       not any(c.isdigit() for c in r)):
     return True, "match:string"
+  forms_verdict = _compare_forms(a, r, options)
+  if forms_verdict is not None:
+    return forms_verdict
+  number_a = forms.number_from_words(a)
+  number_r = forms.number_from_words(r)
+  if number_a is not None or number_r is not None:
+    # `twenty-five`, `\\text{ten}`: a number written in words.
+    a = a if number_a is None else str(number_a)
+    r = r if number_r is None else str(number_r)
+    if normalize.compact(a) == normalize.compact(r):
+      return True, "match:equivalent"
   try:
     pa = answers.parse_answer(a, options.limits)
     pr = answers.parse_answer(r, options.limits)
@@ -119,6 +133,47 @@ def answers_match(answer: str, reference: str,
   return False, "mismatch"
 
 
+def _compare_forms(a: str, r: str,
+                   options: CheckOptions) -> tuple[bool, str] | None:
+  """The forms of `forms` (normalised answers): prose, numbers with a base,
+  piecewise definitions. None when neither side is such a form."""
+  words_a, words_r = forms.prose_words(a), forms.prose_words(r)
+  if words_a is not None and words_r is not None and words_a == words_r:
+    return True, "match:string"
+  based = forms.bases_equal(a, r)
+  if based is not None:
+    return based, "match:equivalent" if based else "mismatch"
+  rows_a, rows_r = forms.piecewise_rows(a), forms.piecewise_rows(r)
+  if rows_a is not None and rows_r is not None:
+    same = forms.piecewise_equal(
+        rows_a, rows_r, lambda x, y: answers_match(x, y, options)[0])
+    return same, "match:equivalent" if same else "mismatch"
+  return None
+
+
+def _hedged(response: str, found: extract.Extraction,
+            options: CheckOptions) -> bool:
+  """Whether the final box shares its sentence with other boxes that state
+  a different answer (`$\\boxed{3}$ or $\\boxed{5}$`, box spam): a hedge or
+  a list of guesses, which is no single final answer."""
+  if found.reason != "boxed":
+    return False
+  tail = response[-extract.MAX_TAIL_CHARS:]
+  last = tail.rfind("box")
+  if tail.count("box") < 2 and "or" not in tail[last:]:
+    return False  # One box and no alternative after it (the common case).
+  group = extract.final_box_group(response)
+  if len(group) < 2 or group[-1] != found.answer:
+    return False
+  last = normalize.compact(group[-1])
+  others = {normalize.compact(b) for b in group[:-1]} - {last}
+  if not others:
+    return False
+  if len(others) > 4:
+    return True
+  return not all(_compare(b, group[-1], options).correct for b in others)
+
+
 def check_answer(response: str, reference: str,
                  options: CheckOptions = DEFAULT_OPTIONS) -> Verdict:
   """Judges whether a model response's final answer equals the reference.
@@ -137,6 +192,8 @@ def check_answer(response: str, reference: str,
   ref = extract.extract_reference(reference)
   if found.answer is None:
     verdict = Verdict(False, found.reason, None)
+  elif _hedged(response, found, options):
+    verdict = Verdict(False, "ambiguous_boxes", found.answer)
   else:
     verdict = _compare(found.answer, ref, options)
   if options.mode == "lenient" and not verdict.correct and (
