@@ -8,7 +8,7 @@ import pytest
 
 from vapo_jax import config as config_lib
 from vapo_jax import metrics as metrics_lib
-from vapo_jax import run_control
+from vapo_jax.run import control as run_control
 
 
 def test_jsonl_and_tensorboard_and_truncate(tmp_path):

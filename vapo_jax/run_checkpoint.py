@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vapo_jax import checkpointing
-from vapo_jax import run_control
+from vapo_jax.run import checkpoint_store as checkpointing
+from vapo_jax.run import control as run_control
 
 CHECKPOINTS = "checkpoints"
 

@@ -34,7 +34,7 @@ from vapo_jax import metrics as metrics_lib
 from vapo_jax import rl_batch
 from vapo_jax import rollout as rollout_lib
 from vapo_jax import run_checkpoint
-from vapo_jax import run_control
+from vapo_jax.run import control as run_control
 from vapo_jax import train_steps as ts
 from vapo_jax.data import PromptIterator
 from vapo_jax.rewards import RewardScorer
