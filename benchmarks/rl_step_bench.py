@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vapo_jax import config as config_lib
-from vapo_jax import trainer as trainer_lib
+from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.models import config as model_config
 
 

@@ -27,7 +27,7 @@ kind = dist.initialize("explicit" if nproc > 1 else "none",
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 from test_trainer import tiny  # noqa: E402
-from vapo_jax import trainer as trainer_lib  # noqa: E402
+from vapo_jax.run import trainer as trainer_lib  # noqa: E402
 
 assert jax.process_count() == nproc and jax.local_device_count() == ndev, (
     jax.process_count(), jax.local_device_count())

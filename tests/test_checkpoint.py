@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from vapo_jax import builders
+from vapo_jax.run import parts as builders
 from vapo_jax.run import checkpoint_store as checkpointing
-from vapo_jax import metrics as metrics_lib
+from vapo_jax.run import metrics as metrics_lib
 from vapo_jax import sharding as shd
-from vapo_jax import trainer as trainer_lib
+from vapo_jax.run import trainer as trainer_lib
 from test_trainer import tiny
 
 

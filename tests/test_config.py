@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from vapo_jax import config as config_lib
-from vapo_jax import rl_batch
-from vapo_jax import train_steps as ts
+from vapo_jax.rl import advantages as rl_batch
+from vapo_jax.rl import update as ts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -139,7 +139,7 @@ def test_group_relative_without_critic():
 
 @pytest.mark.parametrize("windows", [1, 3])
 def test_sampling_settings_reach_the_run_sampler(windows):
-  from vapo_jax import builders  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import parts as builders  # pylint: disable=import-outside-toplevel
   c = load_config_file("tiny.py")
   c.sampling.decode_windows = windows
   cfg = config_lib.from_config_dict(c)

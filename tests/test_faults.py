@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from vapo_jax.run import control as run_control
-from vapo_jax import train_steps as ts
-from vapo_jax import trainer as trainer_lib
+from vapo_jax.rl import update as ts
+from vapo_jax.run import trainer as trainer_lib
 from test_checkpoint import compile_cache, small  # noqa: F401 (fixture)
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vapo_jax import trainer as trainer_lib
+from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.models import forward_logits
 from vapo_jax.tools import evaluate as evaluate_tool
 from vapo_jax.tools import export as export_tool

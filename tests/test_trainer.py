@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from vapo_jax import config as config_lib
-from vapo_jax import trainer as trainer_lib
+from vapo_jax.run import trainer as trainer_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -39,7 +39,7 @@ def main(argv):
   from vapo_jax import distributed  # pylint: disable=import-outside-toplevel
   distributed.initialize(_DIST.value, coordinator=_COORD.value,
                          num_processes=_NPROC.value, process_id=_PID.value)
-  from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   trainer = trainer_lib.Trainer(cfg, _WORKDIR.value,
                                 progress=_PROGRESS.value and distributed.is_main())
   try:

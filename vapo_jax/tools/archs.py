@@ -49,7 +49,7 @@ def _name_of(path: str) -> str | None:
 def model_config(cfg, arch: str | None = None) -> ModelConfig:
   """The policy's ModelConfig for a `config.Config` (see the module docstring)."""
   m = cfg.model
-  from vapo_jax import builders  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import parts as builders  # pylint: disable=import-outside-toplevel
   kw = {"param_dtype": m.param_dtype, "dtype": m.dtype, **builders.model_options(cfg)}
   hf = None
   if arch:

@@ -24,8 +24,8 @@ from vapo_jax import config as config_lib
 
 def evaluate_checkpoint(cfg, workdir: str | None, step: str = "latest") -> dict:
   """Restores a checkpoint of `workdir` (or none: the config's model) and evaluates it."""
-  from vapo_jax import run_checkpoint  # pylint: disable=import-outside-toplevel
-  from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import checkpoint as run_checkpoint  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   trainer = trainer_lib.Trainer(cfg, workdir, progress=False, read_only=True)
   try:
     out = {}

@@ -31,8 +31,8 @@ def export(cfg, workdir: str, out: str, *, what: str = "policy", step: str = "la
   import jax  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from vapo_jax import critic as critic_lib  # pylint: disable=import-outside-toplevel
-  from vapo_jax import run_checkpoint  # pylint: disable=import-outside-toplevel
-  from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import checkpoint as run_checkpoint  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   from vapo_jax.models import hf_io  # pylint: disable=import-outside-toplevel
   trainer = trainer_lib.Trainer(cfg, workdir, progress=False, read_only=True)
   try:

@@ -31,12 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from vapo_jax import builders
+from vapo_jax.run import parts as builders
 from vapo_jax import critic as critic_lib
-from vapo_jax import sampler as sampler_lib
-from vapo_jax import sampling
+from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import ops as sampling
 from vapo_jax import sharding as shd
-from vapo_jax import train_steps as ts
+from vapo_jax.rl import update as ts
 from vapo_jax.models import transformer
 
 PROGRAMS = ("policy_step", "critic_step", "logprobs", "values", "prefill", "decode_step",

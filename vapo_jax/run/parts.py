@@ -16,8 +16,8 @@ from jax.sharding import NamedSharding
 
 from vapo_jax import critic as critic_lib
 from vapo_jax import data as data_lib
-from vapo_jax import sampler as sampler_lib
-from vapo_jax import sampling
+from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import ops as sampling
 from vapo_jax import sharding as shd
 from vapo_jax.models import config as model_config
 from vapo_jax.models import hf_io

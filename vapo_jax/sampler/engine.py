@@ -46,8 +46,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
-from vapo_jax import rollout as rollout_lib
-from vapo_jax import sampling
+from vapo_jax.sampler import types as rollout_lib
+from vapo_jax.sampler import ops as sampling
 from vapo_jax import sharding as shd
 from vapo_jax.models import platform
 from vapo_jax.models import transformer

@@ -25,17 +25,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vapo_jax import builders
+from vapo_jax.run import parts as builders
 from vapo_jax import critic as critic_lib
 from vapo_jax import distributed as dist
-from vapo_jax import evaluation
-from vapo_jax import host_data
-from vapo_jax import metrics as metrics_lib
-from vapo_jax import rl_batch
-from vapo_jax import rollout as rollout_lib
-from vapo_jax import run_checkpoint
+from vapo_jax.run import evaluation
+from vapo_jax.rl import rollout as host_data
+from vapo_jax.run import metrics as metrics_lib
+from vapo_jax.rl import advantages as rl_batch
+from vapo_jax.sampler import types as rollout_lib
+from vapo_jax.run import checkpoint as run_checkpoint
 from vapo_jax.run import control as run_control
-from vapo_jax import train_steps as ts
+from vapo_jax.rl import update as ts
 from vapo_jax.data import PromptIterator
 from vapo_jax.rewards import RewardScorer
 
@@ -486,7 +486,7 @@ class Trainer:
     if not (self.workdir and self.cfg.metrics.plot and self.log.path):
       return
     try:
-      from vapo_jax import plotting  # pylint: disable=import-outside-toplevel
+      from vapo_jax.run import plotting  # pylint: disable=import-outside-toplevel
       plotting.plot_runs([self.workdir], os.path.join(self.workdir, CURVES_PNG))
     except ImportError as e:
       warnings.warn(f"no {CURVES_PNG}: {e}")

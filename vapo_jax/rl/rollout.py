@@ -23,8 +23,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from vapo_jax import distributed as dist
-from vapo_jax import rollout as rollout_lib
-from vapo_jax import sampling
+from vapo_jax.sampler import types as rollout_lib
+from vapo_jax.sampler import ops as sampling
 from vapo_jax.rewards.scorer import BatchScores
 
 _NO_ANSWER = ("no_answer", "malformed_box", "empty_box")

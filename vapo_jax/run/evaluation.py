@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from vapo_jax import distributed as dist
-from vapo_jax import host_data
+from vapo_jax.rl import rollout as host_data
 
 
 def sample_and_score(sampler, params, examples, text, scorer, key, batch_prompts: int):
