@@ -49,7 +49,7 @@ def _timed(fn):
 def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   """One RL step, then its forward passes and reward scoring again, each timed alone."""
   cfg = t.cfg
-  examples = next(t.prompts)
+  examples = next(t.state.prompts)
   t0 = time.perf_counter()
   batch, em = t.experience(examples)
   jax.block_until_ready(batch)
@@ -58,10 +58,11 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   tokens, mask = batch["tokens_BxL"], batch["mask_BxL"]
   p = tokens.shape[1] - batch["response_mask_BxR"].shape[1]
   t0 = time.perf_counter()
-  jax.block_until_ready(t._logp_fn(t.policy_params, tokens, mask, prompt_len=p,  # pylint: disable=protected-access
-                                   temperature=cfg.sampling.temperature))
-  if t.critic_state is not None:
-    jax.block_until_ready(t._values_fn(t.critic_state.params, tokens, mask, prompt_len=p))  # pylint: disable=protected-access
+  ex = t.experience_parts
+  jax.block_until_ready(ex.logprobs(t.state.policy_params, tokens, mask, prompt_len=p,
+                                    temperature=cfg.sampling.temperature))
+  if t.state.critic_state is not None:
+    jax.block_until_ready(ex.values(t.state.critic_state.params, tokens, mask, prompt_len=p))
   out["forward"] = time.perf_counter() - t0
   n = cfg.responses_per_prompt
   resp, rmask = np.asarray(tokens)[:, p:], np.asarray(batch["response_mask_BxR"])
@@ -71,9 +72,9 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
                        [ex.answer for ex in examples for _ in range(n)])
   out["reward"] = time.perf_counter() - t0
   t0 = time.perf_counter()
-  t._updates(batch, policy=True, critic=cfg.rl.use_critic, stage=1, step=i)  # pylint: disable=protected-access
-  t.policy_params = t.policy_state.params
-  jax.block_until_ready(t.policy_params)
+  t.update(batch, stage="rl", step=i, policy=True)
+  t.state.policy_params = t.state.policy_state.params
+  jax.block_until_ready(t.state.policy_params)
   out["updates"] = time.perf_counter() - t0
   out["response_tokens"] = float(rmask.sum())
   out["train_tokens"] = float(np.asarray(mask).sum()) * cfg.rl.ppo_epochs
@@ -92,8 +93,8 @@ def main():
   t = trainer_lib.Trainer(cfg, progress=False)
   try:
     if cfg.rl.use_critic:
-      t._ensure_critic()  # pylint: disable=protected-access
-    t._rl_setup()  # pylint: disable=protected-access
+      t.setup("critic")
+    t.setup("policy")
     runs = [one_step(t, i) for i in range(args.steps)]
   finally:
     t.close()

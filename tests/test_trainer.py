@@ -37,7 +37,7 @@ def run_rl_step(cfg):
   try:
     t.value_pretrain()
     history = t.rl()["history"]
-    return (jax.device_get(t.policy_state.params), jax.device_get(t.critic_state.params),
+    return (jax.device_get(t.state.policy_state.params), jax.device_get(t.state.critic_state.params),
             history[-1])
   finally:
     t.close()

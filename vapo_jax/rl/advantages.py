@@ -1,17 +1,18 @@
-"""One RL batch as data: rollout + scores → rewards → values → advantages and targets.
+"""Step 3 of an RL step: scores → rewards → advantages and critic targets.
 
-    rollout (tokens, masks, lengths) + scores_B
+    rollout (lengths, response mask) + scores_B + values_BxR = V(s_t) (critic)
       → rewards_BxR: the score on each response's last real token, 0 elsewhere
-      → old_logp_BxR (policy, teacher-forced), values_BxR = V(s_t) (critic)
-      → with a critic:    decoupled GAE — advantages with λ_policy (per response, length-
-                          adaptive 1 − 1/(α·l) or a constant), returns with λ_critic
+      → with a critic:    `gae.decoupled_gae` — advantages with λ_policy (per response,
+                          length-adaptive 1 − 1/(α·l) or a constant), returns with λ_critic
                           (VAPO: 1, Monte Carlo); coupled GAE uses λ_policy for both
       → without a critic: group-relative advantages (GRPO / DAPO), one per response
 
-Pure jax functions of arrays and a frozen :class:`AdvantageConfig`; the trainer jits them.
+Pure jax functions of arrays and a frozen :class:`AdvantageConfig` (built from the run's
+config by `run.parts`, the only place its values come from); `rl.experience` jits them.
 """
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,17 +23,26 @@ from vapo_jax import losses
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
-  use_critic: bool = True
-  gamma: float = 1.0
-  decoupled: bool = True
-  lam_critic: float = 1.0
-  length_adaptive: bool = True
-  alpha: float = 0.05
-  lam_policy: float = 0.95
-  group_size: int = 1
-  group_std_norm: bool = True
-  whiten: bool = False
-  gae_impl: str = "blocked"
+  """The advantage settings (their defaults are the config's: `config.RLConfig`)."""
+  use_critic: bool
+  gamma: float
+  decoupled: bool
+  lam_critic: float
+  length_adaptive: bool
+  alpha: float
+  lam_policy: float
+  group_size: int
+  group_std_norm: bool
+  whiten: bool
+  gae_impl: str
+
+
+class Advantages(NamedTuple):
+  """What step 3 hands to the update: [B, R] arrays, and scalar statistics for the log."""
+  advantages_BxR: jax.Array
+  returns_BxR: jax.Array    # the critic's targets (zeros without a critic)
+  lam_policy_B: jax.Array
+  metrics: dict             # adv/*, lam_policy/*, value/explained_variance, value/mean
 
 
 def place_rewards(scores_B: jax.Array, lengths_B: jax.Array, num_columns: int) -> jax.Array:
@@ -50,7 +60,7 @@ def policy_lambda(ac: AdvantageConfig, lengths_B: jax.Array) -> jax.Array:
 
 
 def compute_advantages(ac: AdvantageConfig, scores_B: jax.Array, lengths_B: jax.Array,
-                       mask_BxR: jax.Array, values_BxR: jax.Array | None) -> dict:
+                       mask_BxR: jax.Array, values_BxR: jax.Array | None) -> Advantages:
   """Advantages, critic targets and their statistics for one rollout batch.
 
   Args:
@@ -59,24 +69,19 @@ def compute_advantages(ac: AdvantageConfig, scores_B: jax.Array, lengths_B: jax.
     lengths_B: number of real response tokens.
     mask_BxR: response mask.
     values_BxR: V(s_t) from the critic (ignored, may be None, without a critic).
-
-  Returns:
-    dict with ``advantages_BxR``, ``returns_BxR`` (zeros without a critic), ``lam_policy_B``
-    and scalar statistics (``adv/*``, ``lam_policy/*``, ``value/explained_variance``).
   """
   mask = mask_BxR.astype(jnp.float32)
-  b, r = mask.shape
+  r = mask.shape[1]
   lam_p = policy_lambda(ac, lengths_B)
-  out = {}
+  metrics = {}
   if ac.use_critic:
     rewards = place_rewards(scores_B, lengths_B, r)
-    adv, _ = gae_lib.gae(rewards, values_BxR, mask, gamma=ac.gamma, lam=lam_p,
-                         impl=ac.gae_impl)
-    lam_c = ac.lam_critic if ac.decoupled else lam_p
-    _, ret = gae_lib.gae(rewards, values_BxR, mask, gamma=ac.gamma, lam=lam_c,
-                         impl=ac.gae_impl)
-    out["value/explained_variance"] = losses.explained_variance(values_BxR, ret, mask)
-    out["value/mean"] = losses.masked_mean(values_BxR, mask)
+    adv, ret, _ = gae_lib.decoupled_gae(rewards, values_BxR, mask, gamma=ac.gamma,
+                                        lam_policy=lam_p,
+                                        lam_critic=ac.lam_critic if ac.decoupled else lam_p,
+                                        impl=ac.gae_impl)
+    metrics["value/explained_variance"] = losses.explained_variance(values_BxR, ret, mask)
+    metrics["value/mean"] = losses.masked_mean(values_BxR, mask)
   else:
     per_response = losses.group_relative_advantages(scores_B, ac.group_size,
                                                     normalize_std=ac.group_std_norm)
@@ -84,27 +89,14 @@ def compute_advantages(ac: AdvantageConfig, scores_B: jax.Array, lengths_B: jax.
     ret = jnp.zeros_like(mask)
   if ac.whiten:
     adv = losses.masked_whiten(adv, mask)
-  out.update({
-      "advantages_BxR": adv,
-      "returns_BxR": ret,
-      "lam_policy_B": lam_p,
-      "adv/mean": losses.masked_mean(adv, mask),
-      "adv/std": jnp.sqrt(losses.masked_mean(jnp.square(adv - losses.masked_mean(adv, mask)),
-                                             mask)),
+  mean = losses.masked_mean(adv, mask)
+  metrics.update({
+      "adv/mean": mean,
+      "adv/std": jnp.sqrt(losses.masked_mean(jnp.square(adv - mean), mask)),
       "adv/max": jnp.max(jnp.where(mask > 0, adv, -jnp.inf)),
       "adv/min": jnp.min(jnp.where(mask > 0, adv, jnp.inf)),
       "lam_policy/mean": jnp.mean(lam_p),
       "lam_policy/min": jnp.min(lam_p),
       "lam_policy/max": jnp.max(lam_p),
   })
-  return out
-
-
-def advantage_config(cfg) -> AdvantageConfig:
-  """The AdvantageConfig of a run's `config.Config`."""
-  rl = cfg.rl
-  return AdvantageConfig(
-      use_critic=rl.use_critic, gamma=rl.gamma, decoupled=rl.decoupled_gae,
-      lam_critic=rl.lam_critic, length_adaptive=rl.length_adaptive, alpha=rl.alpha,
-      lam_policy=rl.lam_policy, group_size=cfg.responses_per_prompt,
-      group_std_norm=rl.group_std_norm, whiten=rl.whiten_advantages, gae_impl=rl.gae_impl)
+  return Advantages(adv, ret, lam_p, metrics)

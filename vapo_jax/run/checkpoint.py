@@ -1,4 +1,4 @@
-"""What a training checkpoint holds, and how it goes back into a `Trainer`.
+"""Step 5 of an RL step, the checkpoint: what it holds, and how it goes back into a run.
 
 At a position (stage, step) a checkpoint holds the arrays that exist there —
 
@@ -13,25 +13,52 @@ and the config. Mini-batch shuffles are seeded by (seed, stage, step, epoch) and
 state. Restoring all of it makes the resumed run take the same steps, on the same prompts,
 with the same random numbers, as a run that never stopped.
 
-The restore targets are the trainer's own freshly built states, so arrays come back in the
-new run's shardings, whatever mesh it has.
+All of it is a `RunState`, which the trainer owns and hands over: save reads it, restore
+writes it. The restore targets are freshly built states (the trainer's `build` callback), so
+arrays come back in the new run's shardings, whatever mesh it has.
 """
 
 import dataclasses
 import json
 import os
 import warnings
-from typing import Any
+from typing import Any, Callable
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vapo_jax.data import PromptIterator
 from vapo_jax.run import checkpoint_store as checkpointing
 from vapo_jax.run import control as run_control
+from vapo_jax.run import metrics as metrics_lib
 
 CHECKPOINTS = "checkpoints"
+
+
+@dataclasses.dataclass
+class RunState:
+  """Everything a checkpoint saves and restores, and where it goes (owned by the trainer).
+
+  The arrays (`groups`) and, in the JSON meta, the position and fault counters (`ctl`), the
+  prompt iterators, the PRNG key, the metric records written (`log`) and the summary.
+  """
+  cfg: Any                                   # config.Config
+  ckpt: checkpointing.CheckpointStore | None
+  ctl: run_control.RunControl
+  log: metrics_lib.MetricsWriter
+  prompts: PromptIterator                    # the RL / value-pretraining prompts
+  key: jax.Array                             # rollouts split their keys from it
+  policy_params: Any
+  sft_prompts: PromptIterator | None = None  # while SFT runs
+  sft_state: Any = None                      # TrainStates, once their stage has set them up
+  policy_state: Any = None
+  critic_state: Any = None
+  summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def next_key(self) -> jax.Array:
+    self.key, sub = jax.random.split(self.key)
+    return sub
 
 
 def store(cfg, workdir: str | None, *, read_only: bool = False
@@ -45,76 +72,76 @@ def store(cfg, workdir: str | None, *, read_only: bool = False
                                        read_only=read_only)
 
 
-def groups(trainer) -> dict[str, Any]:
-  """The arrays a checkpoint holds at the trainer's current position."""
+def groups(state: RunState) -> dict[str, Any]:
+  """The arrays a checkpoint holds at the run's current position."""
   out = {}
-  stage = trainer.ctl.stage
-  if stage == "sft" and trainer.sft_state is not None:
-    out["sft"] = trainer.sft_state
-  elif stage in ("rl", "done") and trainer.policy_state is not None:
-    out["policy"] = trainer.policy_state
+  stage = state.ctl.stage
+  if stage == "sft" and state.sft_state is not None:
+    out["sft"] = state.sft_state
+  elif stage in ("rl", "done") and state.policy_state is not None:
+    out["policy"] = state.policy_state
   else:
-    out["policy_params"] = trainer.policy_params
-  if trainer.critic_state is not None:
-    out["critic"] = trainer.critic_state
+    out["policy_params"] = state.policy_params
+  if state.critic_state is not None:
+    out["critic"] = state.critic_state
   return out
 
 
-def save(trainer, score: float | None = None) -> None:
-  """Checkpoints the trainer's position (no-op without a workdir or if already saved).
+def save(state: RunState, score: float | None = None) -> None:
+  """Checkpoints the run's position (no-op without a workdir or if already saved).
 
   Args:
-    trainer: the Trainer.
+    state: the run's state.
     score: the eval avg@k at this point, if any (the best-scoring checkpoint is kept).
   """
-  ckpt = trainer.ckpt
-  if not ckpt or ckpt.read_only or trainer.ctl.global_step in ckpt.steps():
+  ckpt = state.ckpt
+  if not ckpt or ckpt.read_only or state.ctl.global_step in ckpt.steps():
     return
-  iterators = {"rl": trainer.prompts.get_state()}
-  if trainer.sft_prompts is not None:
-    iterators["sft"] = trainer.sft_prompts.get_state()
-  meta = {"position": trainer.ctl.state(), "iterators": iterators,
-          "key": [int(x) for x in np.asarray(jax.random.key_data(trainer.key)).ravel()],
-          "metrics_lines": trainer.log.lines, "summary": trainer.summary,
-          "config": dataclasses.asdict(trainer.cfg)}
-  ckpt.save(trainer.ctl.global_step, groups(trainer), meta, score=score)
+  iterators = {"rl": state.prompts.get_state()}
+  if state.sft_prompts is not None:
+    iterators["sft"] = state.sft_prompts.get_state()
+  meta = {"position": state.ctl.state(), "iterators": iterators,
+          "key": [int(x) for x in np.asarray(jax.random.key_data(state.key)).ravel()],
+          "metrics_lines": state.log.lines, "summary": state.summary,
+          "config": dataclasses.asdict(state.cfg)}
+  ckpt.save(state.ctl.global_step, groups(state), meta, score=score)
 
 
-def _like(trainer, name: str):
-  """A freshly built tree of group `name`: the restore target (structure, shardings)."""
-  if name == "sft":
-    trainer._sft_setup()  # pylint: disable=protected-access
-    return trainer.sft_state
-  if name == "policy":
-    trainer._rl_setup()  # pylint: disable=protected-access
-    return trainer.policy_state
-  if name == "critic":
-    trainer._ensure_critic()  # pylint: disable=protected-access
-    return trainer.critic_state
-  if name == "policy_params":
-    return trainer.policy_params
-  raise checkpointing.CheckpointError(f"unknown checkpoint group {name!r}")
+GROUPS = ("sft", "policy", "critic", "policy_params")
 
 
-def restore(trainer, step: int | None = None) -> int | None:
-  """Puts checkpoint `step` (None: the newest that restores) back into the trainer.
+def restore(state: RunState, build: Callable[[str], Any], step: int | None = None
+            ) -> int | None:
+  """Puts checkpoint `step` (None: the newest that restores) back into the run's state.
 
   With step=None, checkpoints that fail to restore are moved aside with a warning and the
   next older one is tried; an explicit step that fails raises. Returns the restored step,
   or None when there is no checkpoint.
+
+  Args:
+    state: the run's state (written in place).
+    build: build(group) sets up that group's freshly built tree in `state` (the restore
+      target: structure and shardings) and returns it; groups are GROUPS, "sft" also sets
+      up the SFT prompt iterator. Calling it again returns what is there.
+    step: the checkpoint.
   """
-  ckpt = trainer.ckpt
+  ckpt = state.ckpt
   if not ckpt:
     return None
-  initial = (trainer.policy_params, trainer.key)
+  initial = (state.policy_params, state.key)
+
+  def like(name: str):
+    if name not in GROUPS:
+      raise checkpointing.CheckpointError(f"unknown checkpoint group {name!r}")
+    return build(name)
 
   def attempt(s, meta):
     # Undo what a failed earlier attempt built, so states match a run that never stopped.
-    trainer.policy_params, trainer.key = initial
-    trainer.sft_state = trainer.sft_prompts = trainer.policy_state = None
-    trainer.critic_state = None
-    _warn_config_changes(meta.get("config", {}), dataclasses.asdict(trainer.cfg))
-    return s, meta, ckpt.restore(s, {n: _like(trainer, n) for n in meta["groups"]})
+    state.policy_params, state.key = initial
+    state.sft_state = state.sft_prompts = state.policy_state = None
+    state.critic_state = None
+    _warn_config_changes(meta.get("config", {}), dataclasses.asdict(state.cfg))
+    return s, meta, ckpt.restore(s, {n: like(n) for n in meta["groups"]})
 
   if step is None:
     found = ckpt.restore_latest(attempt)
@@ -127,52 +154,48 @@ def restore(trainer, step: int | None = None) -> int | None:
     found = attempt(step, ckpt.read_meta(step))
   step, meta, arrays = found
   if "sft" in arrays:
-    trainer.sft_state = arrays["sft"]
-    trainer.policy_params = trainer.sft_state.params
+    state.sft_state = arrays["sft"]
+    state.policy_params = state.sft_state.params
   if "policy" in arrays:
-    trainer.policy_state = arrays["policy"]
-    trainer.policy_params = trainer.policy_state.params
+    state.policy_state = arrays["policy"]
+    state.policy_params = state.policy_state.params
   if "policy_params" in arrays:
-    trainer.policy_params = arrays["policy_params"]
+    state.policy_params = arrays["policy_params"]
   if "critic" in arrays:
-    trainer.critic_state = arrays["critic"]
-  trainer.prompts.set_state(meta["iterators"]["rl"])
-  trainer.key = jax.random.wrap_key_data(jnp.asarray(meta["key"], jnp.uint32))
-  pos = trainer.ctl
+    state.critic_state = arrays["critic"]
+  state.prompts.set_state(meta["iterators"]["rl"])
+  state.key = jax.random.wrap_key_data(jnp.asarray(meta["key"], jnp.uint32))
+  pos = state.ctl
   pos.load(meta["position"])
   if pos.stage == "sft":  # (the SFT iterator is only needed while SFT runs)
-    trainer._sft_setup()  # pylint: disable=protected-access
-    trainer.sft_prompts.set_state(meta["iterators"]["sft"])
-  trainer.summary = meta["summary"]
+    build("sft")
+    state.sft_prompts.set_state(meta["iterators"]["sft"])
+  state.summary = meta["summary"]
   # Records written after this checkpoint will be written again: drop them.
   purge = {s: 0 for s in run_control.STAGES}
   purge[pos.stage] = pos.step + 1
   purge["eval"] = pos.step + 1 if pos.stage == "rl" and pos.step else 0
-  trainer.log.truncate(meta["metrics_lines"], purge)
+  state.log.truncate(meta["metrics_lines"], purge)
   print(f"Restored checkpoint {step}: {pos.stage} step {pos.step} "
         f"(global step {pos.global_step})", flush=True)
   return step
 
 
-def select_step(trainer, which: str) -> int:
+def select_step(ckpt: checkpointing.CheckpointStore | None, which: str) -> int:
   """"latest", "best" (highest eval avg@k) or a number, as a checkpoint step of the run."""
-  steps = trainer.ckpt.steps() if trainer.ckpt else []
+  steps = ckpt.steps() if ckpt else []
   if not steps:
-    raise checkpointing.CheckpointError(f"no checkpoints under {trainer.workdir}")
+    raise checkpointing.CheckpointError(
+        f"no checkpoints under {ckpt.directory if ckpt else 'a run without a workdir'}")
   if which == "latest":
     return steps[-1]
   if which == "best":
-    best = trainer.ckpt.best_step()
+    best = ckpt.best_step()
     if best is None:
       raise checkpointing.CheckpointError("no checkpoint has an eval score (best needs "
                                           "eval.every > 0 or a finished RL stage)")
     return best
   return int(which)
-
-
-def policy_model(trainer):
-  """The trainer's policy as an nnx module (for export and evaluation)."""
-  return nnx.merge(trainer.graphdef, trainer.policy_params)
 
 
 def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:

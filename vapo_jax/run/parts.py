@@ -1,4 +1,9 @@
-"""Builds a run's parts from a `config.Config`: mesh, tokenizer, prompts, policy, critic.
+"""The one place that builds a run's parts from a `config.Config`.
+
+Mesh, tokenizer, prompts, policy and critic; the samplers; the settings of each RL step
+(every Config → dataclass adapter); the optimizers and the jitted programs. The trainer
+builds its run from these functions, and `tools/programs` (the compile check) builds the
+same programs from abstract parameters, so the check compiles exactly what a run runs.
 
 Everything that reads files happens here, before any train step is compiled, so a missing
 weight file or a bad data row fails the run at once with a message naming it.
@@ -8,20 +13,24 @@ import dataclasses
 import functools
 from typing import Any, Callable
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding
 
+from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
 from vapo_jax import data as data_lib
-from vapo_jax.sampler import engine as sampler_lib
-from vapo_jax.sampler import ops as sampling
+from vapo_jax import distributed as dist
 from vapo_jax import sharding as shd
 from vapo_jax.models import config as model_config
-from vapo_jax.models import hf_io
-from vapo_jax.models import transformer
+from vapo_jax.models import hf_io, transformer
+from vapo_jax.rl import advantages as advantages_lib
+from vapo_jax.rl import experience as experience_lib
+from vapo_jax.rl import update
+from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import ops as sampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,3 +244,136 @@ def device_count_check(cfg, mesh, rules) -> None:
       raise ValueError(f"config.{what}={rows} must be a multiple of the {shards} batch "
                        f"shards of the mesh {dict(mesh.shape)}")
 
+
+
+# ---------------------------------------------------------------- config -> step settings
+
+
+def advantage_config(cfg: config_lib.Config) -> advantages_lib.AdvantageConfig:
+  """The advantage settings of step 3 (`rl.alpha` reaches `gae` only through here)."""
+  rl = cfg.rl
+  return advantages_lib.AdvantageConfig(
+      use_critic=rl.use_critic, gamma=rl.gamma, decoupled=rl.decoupled_gae,
+      lam_critic=rl.lam_critic, length_adaptive=rl.length_adaptive, alpha=rl.alpha,
+      lam_policy=rl.lam_policy, group_size=cfg.responses_per_prompt,
+      group_std_norm=rl.group_std_norm, whiten=rl.whiten_advantages, gae_impl=rl.gae_impl)
+
+
+def policy_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.PolicyHParams:
+  """The policy step's settings (the config's VAPO switches resolved)."""
+  rl = cfg.rl
+  return update.PolicyHParams(
+      temperature=cfg.sampling.temperature, eps_low=rl.eps_low, eps_high=cfg.eps_high,
+      dual_clip=rl.dual_clip or None, loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
+      nll_threshold=rl.nll_threshold, micro_batches=micro_batches)
+
+
+def critic_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.CriticHParams:
+  return update.CriticHParams(value_clip=cfg.rl.value_clip or None, loss_mode="token",
+                              micro_batches=micro_batches)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+  """Row counts of one RL step."""
+  rollout: int         # B = prompts_per_step × responses_per_prompt
+  minibatch: int       # rows of one mini-batch (one optimizer update)
+  micro_batches: int   # gradient-accumulation micro-batches per mini-batch
+  forward_chunks: int  # micro-batches of the old-log-prob and value passes over B rows
+
+
+def rows_of(cfg: config_lib.Config) -> Rows:
+  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  minibatch = rows // cfg.rl.num_minibatches
+  micro = cfg.rl.micro_batch_size
+  # The old-log-prob and value passes over the whole rollout run in train-sized
+  # micro-batches: at 32B × 20k tokens the whole batch at once would not fit any pod.
+  return Rows(rows, minibatch, minibatch // micro if micro else 1, rows // micro if micro else 1)
+
+
+def ppo_loop(cfg: config_lib.Config) -> update.PPOLoop:
+  return update.PPOLoop(epochs=cfg.rl.ppo_epochs, num_minibatches=cfg.rl.num_minibatches,
+                        minibatch_rows=rows_of(cfg).minibatch, seed=cfg.seed)
+
+
+def sft_warmup(cfg: config_lib.Config) -> int:
+  return min(cfg.optim.warmup_steps, cfg.sft.steps // 10)
+
+
+def optimizer(cfg: config_lib.Config, model: str) -> update.Optimizer:
+  """The AdamW of "sft", "policy" or "critic" training."""
+  o = cfg.optim
+  lr, warmup = {"sft": (o.sft_lr, sft_warmup(cfg)), "policy": (o.policy_lr, o.warmup_steps),
+                "critic": (o.critic_lr, o.warmup_steps)}[model]
+  return update.make_optimizer(lr, warmup_steps=warmup, weight_decay=o.weight_decay, b1=o.b1,
+                               b2=o.b2, eps=o.eps, grad_clip=o.grad_clip)
+
+
+# ------------------------------------------------------------------------------ programs
+# Each takes parameters or a TrainState, concrete or abstract (`jax.ShapeDtypeStruct`s with
+# shardings): only their structure and shardings are read.
+
+
+def sft_step(cfg, graphdef, tx, state, mesh, rules):
+  del cfg
+  return update.compile_step(functools.partial(update.sft_step, graphdef, tx), state, mesh,
+                             batch_axes(mesh, rules), rules)
+
+
+def policy_step(cfg, graphdef, tx, state, mesh, rules):
+  hp = policy_hparams(cfg, rows_of(cfg).micro_batches)
+  return update.compile_step(functools.partial(update.policy_step, graphdef, tx, hp), state,
+                             mesh, batch_axes(mesh, rules), rules)
+
+
+def critic_step(cfg, graphdef, tx, state, mesh, rules):
+  hp = critic_hparams(cfg, rows_of(cfg).micro_batches)
+  return update.compile_step(functools.partial(update.critic_step, graphdef, tx, hp), state,
+                             mesh, batch_axes(mesh, rules), rules)
+
+
+def logprobs_fn(cfg, graphdef, mesh, rules):
+  """(params, tokens_BxL, mask_BxL, *, prompt_len, temperature) -> old log-probs, entropy."""
+  return jax.jit(update.in_micro_batches(functools.partial(update.policy_logprobs, graphdef),
+                                         rows_of(cfg).forward_chunks, mesh, rules),
+                 static_argnames=("prompt_len", "temperature"))
+
+
+def values_fn(cfg, graphdef, mesh, rules):
+  """(critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R]."""
+  return jax.jit(update.in_micro_batches(functools.partial(update.critic_values, graphdef),
+                                         rows_of(cfg).forward_chunks, mesh, rules),
+                 static_argnames=("prompt_len",))
+
+
+def take_fn(mesh, batch_axes_):
+  """take(batch, idx): rows idx of a batch, sharded like a batch."""
+  take = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, 0), batch),
+                 out_shardings=update.batch_sharding(mesh, batch_axes_))
+  # idx is the same on every host; as a replicated global array it also works multi-host.
+  return lambda batch, idx: take(batch, dist.replicated(np.asarray(idx), mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class Samplers:
+  rollout: sampler_lib.Sampler  # n = responses_per_prompt
+  eval: sampler_lib.Sampler     # n = eval.samples_per_problem
+  greedy: sampler_lib.Sampler   # n = 1, argmax
+
+
+def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text) -> Samplers:
+  build = functools.partial(build_sampler, cfg, graphdef, mcfg, mesh, rules, text)
+  return Samplers(build(n=cfg.responses_per_prompt), build(n=cfg.eval.samples_per_problem),
+                  build(n=1, greedy=True))
+
+
+def experience(cfg, sampler, text: Text, scorer, logprobs, values=None
+               ) -> experience_lib.Experience:
+  """Steps 1–3 of the RL step with the run's settings (`values` is added with the critic)."""
+  ac = advantage_config(cfg)
+  return experience_lib.Experience(
+      sampler=sampler, text=text, scorer=scorer, logprobs=logprobs, values=values,
+      advantages=jax.jit(functools.partial(advantages_lib.compute_advantages, ac)),
+      monte_carlo=jax.jit(functools.partial(advantages_lib.compute_advantages, dataclasses.replace(
+          ac, use_critic=True, decoupled=True, lam_critic=1.0))),
+      temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call)

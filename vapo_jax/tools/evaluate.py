@@ -30,7 +30,7 @@ def evaluate_checkpoint(cfg, workdir: str | None, step: str = "latest") -> dict:
   try:
     out = {}
     if workdir:
-      out["step"] = trainer.resume(run_checkpoint.select_step(trainer, step))
+      out["step"] = trainer.resume(run_checkpoint.select_step(trainer.ckpt, step))
       out["stage"] = trainer.ctl.stage
     out.update(trainer.evaluate())
     out["num_problems"] = min(len(trainer.eval_examples), cfg.eval.num_examples)
