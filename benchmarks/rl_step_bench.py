@@ -58,7 +58,7 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   tokens, mask = batch["tokens_BxL"], batch["mask_BxL"]
   p = tokens.shape[1] - batch["response_mask_BxR"].shape[1]
   t0 = time.perf_counter()
-  ex = t.experience_parts
+  ex = t.parts.experience
   jax.block_until_ready(ex.logprobs(t.state.policy_params, tokens, mask, prompt_len=p,
                                     temperature=cfg.sampling.temperature))
   if t.state.critic_state is not None:
@@ -66,9 +66,9 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   out["forward"] = time.perf_counter() - t0
   n = cfg.responses_per_prompt
   resp, rmask = np.asarray(tokens)[:, p:], np.asarray(batch["response_mask_BxR"])
-  texts = [t.text.decode(r[m > 0].tolist()) for r, m in zip(resp, rmask)]
+  texts = [t.parts.text.decode(r[m > 0].tolist()) for r, m in zip(resp, rmask)]
   t0 = time.perf_counter()
-  t.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,
+  t.parts.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,
                        [ex.answer for ex in examples for _ in range(n)])
   out["reward"] = time.perf_counter() - t0
   t0 = time.perf_counter()

@@ -26,8 +26,8 @@ import time
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]
 
-import reward_cases  # pylint: disable=g-import-not-at-top,wrong-import-position
-from vapo_jax import rewards  # pylint: disable=g-import-not-at-top,wrong-import-position
+import reward_cases  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from vapo_jax import rewards  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 OURS = "vapo_jax.rewards.math:score"
 THEIRS = "verifier_bench:math_verify_score"

@@ -36,7 +36,8 @@ t = trainer_lib.Trainer(cfg, out_dir, progress=False)
 try:
   t.value_pretrain()
   history = t.rl()["history"]
-  params = dist.to_host({"policy": t.state.policy_state.params, "critic": t.state.critic_state.params})
+  params = dist.to_host({"policy": t.state.policy_state.params,
+                         "critic": t.state.critic_state.params})
 finally:
   t.close()
 if dist.is_main():

@@ -10,7 +10,7 @@ import pytest
 
 from vapo_jax import config as config_lib
 from vapo_jax.rl import advantages as advantages_lib
-from vapo_jax.run import parts
+from vapo_jax.run import inputs, parts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -145,14 +145,13 @@ def test_group_relative_without_critic():
 
 @pytest.mark.parametrize("windows", [1, 3])
 def test_sampling_settings_reach_the_run_sampler(windows):
-  from vapo_jax.run import parts as builders  # pylint: disable=import-outside-toplevel
   c = load_config_file("tiny.py")
   c.sampling.decode_windows = windows
   cfg = config_lib.from_config_dict(c)
-  mesh, rules = builders.build_mesh(cfg), builders.rules_of(cfg)
-  text = builders.build_text(cfg)
-  mcfg = builders.fresh_model_config(cfg, text)
-  sampler = builders.build_sampler(cfg, None, mcfg, mesh, rules, text, n=2)
+  mesh, rules = parts.build_mesh(cfg), parts.rules_of(cfg)
+  text = inputs.build_text(cfg)
+  mcfg = parts.fresh_model_config(cfg, text)
+  sampler = parts.build_sampler(cfg, None, mcfg, mesh, rules, text, n=2)
   assert sampler.cfg.decode_windows == windows
   assert sampler.cfg.n_per_prompt == 2
   assert sampler.cfg.max_new_tokens == cfg.sampling.max_new_tokens

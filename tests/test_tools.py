@@ -58,7 +58,7 @@ def test_export_policy_and_critic_reload_in_transformers(finished_run, tmp_path)
     critic = t.critic_model()
   finally:
     t.close()
-  tokens = np.random.default_rng(0).integers(3, t.text.vocab_size, (2, 12)).astype(np.int32)
+  tokens = np.random.default_rng(0).integers(3, t.parts.text.vocab_size, (2, 12)).astype(np.int32)
   mask = np.ones_like(tokens, np.float32)
   ours = np.asarray(forward_logits(policy, jnp.asarray(tokens), jnp.asarray(mask)))
   hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "policy",

@@ -244,7 +244,10 @@ def _gae_blocked(r, v, m, gamma, lam):
 
   def compacted(r, v, m):
     order = jnp.argsort(m <= 0, axis=-1, stable=True)
-    take = lambda x: jnp.take_along_axis(x, order, axis=-1)
+
+    def take(x):
+      return jnp.take_along_axis(x, order, axis=-1)
+
     adv_sorted = _gae_contiguous(take(r), take(v), take(m), gamma, lam)
     inverse = jnp.argsort(order, axis=-1)
     return jnp.take_along_axis(adv_sorted, inverse, axis=-1)

@@ -230,7 +230,7 @@ def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
 
 
 def entropy_from_logits(logits: Array) -> Array:
-  """H = logsumexp(z) − Σ_v softmax(z)_v·z_v over the last axis, in float32: ``[..., V] → [...]``."""
+  """H = logsumexp(z) − Σ_v softmax(z)_v·z_v over the last axis, float32: ``[..., V] → [...]``."""
   logits = jnp.asarray(logits, jnp.float32)
   lse = jax.nn.logsumexp(logits, axis=-1)
   p = jnp.exp(logits - lse[..., None])

@@ -13,6 +13,7 @@ Shapes: B rows (responses), P prompt columns (left-padded), R response columns, 
 """
 
 import dataclasses
+import time
 from typing import Any, Callable, NamedTuple
 
 from flax import nnx
@@ -153,7 +154,10 @@ def _apply(tx, state: TrainState, grads, loss) -> tuple[TrainState, jax.Array, j
   ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jnp.where(ok, new, old)
+
+  def keep(new, old):
+    return jnp.where(ok, new, old)
+
   new_state = TrainState(jax.tree.map(keep, params, state.params),
                          jax.tree.map(keep, opt_state, state.opt_state),
                          state.step + ok.astype(state.step.dtype))
@@ -373,12 +377,13 @@ def ppo_updates(loop: PPOLoop, models: dict[str, tuple[Callable, TrainState]], b
     stage, step: where the run is (they seed the mini-batch shuffle).
 
   Returns:
-    (name -> new TrainState, per-update metrics on the host, per-update "skipped" flags:
-    a step dropped a non-finite update).
+    (name -> new TrainState, the updates' mean metrics and train_tokens_per_s, per-update
+    "skipped" flags: a step dropped a non-finite update).
   """
   states = {name: state for name, (_, state) in models.items()}
   rows = batch["scores_B"].shape[0]
   records = []
+  t0 = time.perf_counter()
   for epoch in range(loop.epochs):
     perm = np.random.default_rng([loop.seed, SHUFFLE_STAGE[stage], step, epoch]
                                  ).permutation(rows)
@@ -391,6 +396,10 @@ def ppo_updates(loop: PPOLoop, models: dict[str, tuple[Callable, TrainState]], b
         m.update(sm)
       records.append(m)
   records = jax.device_get(records)
+  dt = time.perf_counter() - t0
   skipped = [max(float(r.pop("policy_skipped", 0)), float(r.pop("critic_skipped", 0))) > 0
              for r in records]
-  return states, records, skipped
+  metrics = {k: float(np.mean([r[k] for r in records])) for k in records[0]}
+  tokens = float(jax.device_get(jnp.sum(batch["mask_BxL"]))) * loop.epochs
+  metrics["train_tokens_per_s"] = tokens / max(dt, 1e-9)
+  return states, metrics, skipped

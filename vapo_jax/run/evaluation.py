@@ -5,8 +5,8 @@
   greedy = accuracy of the argmax decode (one sample)
 
 Multi-host: every host walks the same examples; each samples and scores only the rows its
-devices hold (`rl.rollout`, `rl.reward`), and the per-row scores are all-gathered, so every host returns
-the same metrics.
+devices hold (`rl.rollout`, `rl.reward`), and the per-row scores are all-gathered, so every
+host returns the same metrics.
 """
 
 import jax

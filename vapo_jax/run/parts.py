@@ -1,16 +1,15 @@
 """The one place that builds a run's parts from a `config.Config`.
 
-Mesh, tokenizer, prompts, policy and critic; the samplers; the settings of each RL step
-(every Config → dataclass adapter); the optimizers and the jitted programs. The trainer
-builds its run from these functions, and `tools/programs` (the compile check) builds the
-same programs from abstract parameters, so the check compiles exactly what a run runs.
-
-Everything that reads files happens here, before any train step is compiled, so a missing
-weight file or a bad data row fails the run at once with a message naming it.
+Mesh, policy and critic (the tokenizer and examples: `run.inputs`); the samplers; the
+settings of each RL step (every Config → dataclass adapter); the optimizers and the jitted
+programs. The trainer builds its run with `build` and `train_state`, and `tools/programs`
+(the compile check) builds the same programs from abstract parameters with the same
+functions, so the check compiles exactly what a run runs.
 """
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -21,31 +20,18 @@ from jax.sharding import NamedSharding
 
 from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
-from vapo_jax import data as data_lib
 from vapo_jax import distributed as dist
 from vapo_jax import sharding as shd
 from vapo_jax.models import config as model_config
 from vapo_jax.models import hf_io, transformer
+from vapo_jax.rewards import RewardScorer
 from vapo_jax.rl import advantages as advantages_lib
 from vapo_jax.rl import experience as experience_lib
 from vapo_jax.rl import update
+from vapo_jax.run import inputs
+from vapo_jax.run.inputs import Text
 from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax.sampler import ops as sampling
-
-
-@dataclasses.dataclass(frozen=True)
-class Text:
-  """How text becomes tokens and back for one run."""
-  encode: Callable[[str], list[int]]    # text -> ids, no special tokens
-  decode: Callable[[list[int]], str]
-  bos_ids: tuple[int, ...]              # put before every prompt
-  template: data_lib.PromptTemplate
-  eos_ids: tuple[int, ...]
-  pad_id: int
-  vocab_size: int                       # tokens the tokenizer knows (≤ embedding rows)
-
-  def prompt_ids(self, problem: str) -> list[int]:
-    return list(self.bos_ids) + self.encode(self.template.apply(problem))
 
 
 def rules_of(cfg) -> shd.Rules:
@@ -70,68 +56,7 @@ def build_mesh(cfg):
   return shd.make_mesh(*sizes, devices=devices)
 
 
-def batch_axes(mesh, rules) -> tuple[str, ...]:
-  axes = shd.logical_to_spec(("batch",), rules, mesh)[0]
-  return (axes,) if isinstance(axes, str) else tuple(axes or ())
-
-
-def build_text(cfg) -> Text:
-  """The tokenizer and prompt template named by the config."""
-  fmt = cfg.data.template
-  if cfg.model.tokenizer == "char":
-    tok = data_lib.CharTokenizer()
-    template = data_lib.PromptTemplate(format=fmt)
-    return Text(encode=tok.encode, decode=tok.decode, bos_ids=(tok.bos_id,),
-                template=template, eos_ids=(tok.eos_id,), pad_id=tok.pad_id,
-                vocab_size=tok.vocab_size)
-  tok = hf_io.load_tokenizer(cfg.model.hf_path)
-  template = (data_lib.PromptTemplate.from_chat_template(tok, fmt) if cfg.data.chat_template
-              else data_lib.PromptTemplate(format=fmt))
-  eos = tok.eos_token_id
-  eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-  pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
-  return Text(encode=lambda s: tok.encode(s, add_special_tokens=False),
-              decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-              bos_ids=(() if tok.bos_token_id is None or cfg.data.chat_template
-                       else (int(tok.bos_token_id),)),
-              template=template, eos_ids=eos_ids, pad_id=int(pad), vocab_size=len(tok))
-
-
-def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
-  """Train and held-out examples whose prompts fit the budget, and what was dropped."""
-  d = cfg.data
-  if d.source == "synthetic":
-    spec = data_lib.synthetic.ArithmeticSpec(
-        min_steps=d.synthetic_min_steps, max_steps=d.synthetic_max_steps,
-        max_operand=d.synthetic_max_operand, ops=d.synthetic_ops)
-    train = data_lib.synthetic.arithmetic(d.num_train, "train", cfg.seed, spec)
-    test = data_lib.synthetic.arithmetic(d.num_eval, "test", cfg.seed, spec)
-  else:
-    load = {"jsonl": data_lib.load_jsonl, "parquet": data_lib.load_parquet,
-            "tfds": data_lib.load_tfds}[d.source]
-
-    def kwargs(layout):
-      out = {"layout": layout} if layout else {}
-      if d.problem_field:
-        out["problem_field"] = d.problem_field
-      if d.answer_field:
-        out["answer_field"] = d.answer_field
-      return out
-
-    train = load(d.train_path, **kwargs(d.layout))[:d.num_train]
-    test = (load(d.eval_path, **kwargs(d.eval_layout or d.layout))[:d.num_eval]
-            if d.eval_path else [])
-  stats = {}
-  kept = []
-  for name, examples in (("train", train), ("eval", test)):
-    if not examples:
-      kept.append([])
-      continue
-    f = data_lib.filter_by_length(examples, lambda s: text.bos_ids + tuple(text.encode(s)),
-                                  d.max_prompt_tokens, text.template)
-    stats[f"data/{name}_dropped_too_long"] = f.dropped
-    kept.append(f.examples)
-  return kept[0], kept[1], stats
+batch_axes = shd.batch_axes
 
 
 def build_policy(cfg, mesh, rules, text: Text):
@@ -212,24 +137,6 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, kv_sharding), cache)
 
   return sampler_lib.Sampler(graphdef, init_cache, scfg, mesh=mesh, rules=rules)
-
-
-def sft_batch(examples, text: Text, prompt_len: int, response_len: int) -> dict[str, Any]:
-  """Teacher-forcing batch of prompt + solution + EOS (solutions cut to response_len)."""
-  b = len(examples)
-  tokens = np.full((b, prompt_len + response_len), text.pad_id, np.int32)
-  mask = np.zeros((b, prompt_len + response_len), np.float32)
-  for i, ex in enumerate(examples):
-    if ex.solution is None:
-      raise ValueError(f"example {ex.uid!r} has no solution to learn from in the SFT stage")
-    p = text.prompt_ids(ex.problem)
-    r = (text.encode(ex.solution) + [text.eos_ids[0]])[:response_len]
-    tokens[i, prompt_len - len(p):prompt_len] = p
-    mask[i, prompt_len - len(p):prompt_len] = 1
-    tokens[i, prompt_len:prompt_len + len(r)] = r
-    mask[i, prompt_len:prompt_len + len(r)] = 1
-  return {"tokens_BxL": tokens, "mask_BxL": mask,
-          "response_mask_BxR": mask[:, prompt_len:].copy()}
 
 
 def device_count_check(cfg, mesh, rules) -> None:
@@ -377,3 +284,55 @@ def experience(cfg, sampler, text: Text, scorer, logprobs, values=None
       monte_carlo=jax.jit(functools.partial(advantages_lib.compute_advantages, dataclasses.replace(
           ac, use_critic=True, decoupled=True, lam_critic=1.0))),
       temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call)
+
+
+def train_state(cfg, model: str, graphdef, params, mesh, rules):
+  """(TrainState, compiled step, optimizer) of "sft", "policy" or "critic" training."""
+  tx = optimizer(cfg, model)
+  state = update.init_state(params, tx)
+  build_step = {"sft": sft_step, "policy": policy_step, "critic": critic_step}[model]
+  return state, build_step(cfg, graphdef, tx, state, mesh, rules), tx
+
+
+@dataclasses.dataclass
+class RunParts:
+  """What a run is built from (the TrainStates come later, from `train_state`)."""
+  mesh: Any
+  rules: shd.Rules
+  batch_axes: tuple[str, ...]
+  text: Text
+  train_examples: list
+  eval_examples: list
+  data_stats: dict
+  graphdef: Any                 # the policy's
+  policy_params: Any            # its initial parameters
+  model_cfg: model_config.ModelConfig
+  scorer: RewardScorer
+  samplers: Samplers
+  experience: experience_lib.Experience  # steps 1–3 (its `values` join with the critic)
+  take: Callable                # take(batch, idx): the mini-batch of rows idx, on the mesh
+
+
+def build(cfg: config_lib.Config) -> RunParts:
+  """A run's parts, in the order that fails fastest (config vs devices, files, model)."""
+  rules = rules_of(cfg)
+  mesh = build_mesh(cfg)
+  device_count_check(cfg, mesh, rules)
+  text = inputs.build_text(cfg)
+  train, held_out, stats = inputs.build_examples(cfg, text)
+  if not held_out:
+    warnings.warn("no held-out examples (data.eval_path is empty): evaluating on the first "
+                  f"{cfg.eval.num_examples} training examples")
+    held_out = train[:cfg.eval.num_examples]
+  graphdef, params, mcfg = build_policy(cfg, mesh, rules, text)
+  scorer = RewardScorer(cfg.reward.fn, num_workers=cfg.reward.num_workers,
+                        timeout_s=cfg.reward.timeout_s)
+  built = samplers(cfg, graphdef, mcfg, mesh, rules, text)
+  axes = batch_axes(mesh, rules)
+  return RunParts(
+      mesh=mesh, rules=rules, batch_axes=axes, text=text, train_examples=train,
+      eval_examples=held_out, data_stats=stats, graphdef=graphdef, policy_params=params,
+      model_cfg=mcfg, scorer=scorer, samplers=built,
+      experience=experience(cfg, built.rollout, text, scorer,
+                            logprobs_fn(cfg, graphdef, mesh, rules)),
+      take=take_fn(mesh, axes))

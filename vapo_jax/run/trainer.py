@@ -21,27 +21,20 @@ import warnings
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from vapo_jax import critic as critic_lib
 from vapo_jax.data import PromptIterator
-from vapo_jax.rewards import RewardScorer
 from vapo_jax.run import checkpoint as run_checkpoint
 from vapo_jax.run import control as run_control
 from vapo_jax.run import evaluation
+from vapo_jax.run import inputs
 from vapo_jax.run import metrics as metrics_lib
 from vapo_jax.run import parts
-from vapo_jax.rl import update
+from vapo_jax.rl import update as update_lib
 
 CRITIC_DIR = "critic"          # workdir/critic: HF-format critic after value pretraining
 CURVES_PNG = "curves.png"
-
-
-def _mean_metrics(records: list[dict]) -> dict[str, float]:
-  keys = records[0].keys()
-  return {k: float(np.mean([r[k] for r in records])) for k in keys}
 
 
 class Trainer:
@@ -59,29 +52,9 @@ class Trainer:
         perhaps while it trains): no metrics are written and no checkpoint is touched.
     """
     self.cfg, self.workdir, self.progress = cfg, workdir, progress
-    self.rules = parts.rules_of(cfg)
-    self.mesh = parts.build_mesh(cfg)
-    parts.device_count_check(cfg, self.mesh, self.rules)
-    self.text = parts.build_text(cfg)
-    self.train_examples, self.eval_examples, self.data_stats = parts.build_examples(
-        cfg, self.text)
-    if not self.eval_examples:
-      warnings.warn("no held-out examples (data.eval_path is empty): evaluating on the first "
-                    f"{cfg.eval.num_examples} training examples")
-      self.eval_examples = self.train_examples[:cfg.eval.num_examples]
-    self.graphdef, policy_params, self.model_cfg = parts.build_policy(
-        cfg, self.mesh, self.rules, self.text)
+    self.parts = p = parts.build(cfg)
     self.critic_graphdef = None
-    self.scorer = RewardScorer(cfg.reward.fn, num_workers=cfg.reward.num_workers,
-                               timeout_s=cfg.reward.timeout_s)
-    self.samplers = parts.samplers(cfg, self.graphdef, self.model_cfg, self.mesh, self.rules,
-                                   self.text)
-    self.experience_parts = parts.experience(
-        cfg, self.samplers.rollout, self.text, self.scorer,
-        parts.logprobs_fn(cfg, self.graphdef, self.mesh, self.rules))
-    self.batch_axes = parts.batch_axes(self.mesh, self.rules)
-    self.take = parts.take_fn(self.mesh, self.batch_axes)
-    self.steps: dict[str, Any] = {}  # "sft" / "policy" / "critic" -> its compiled step
+    self.steps: dict[str, tuple] = {}  # "sft" / "policy" / "critic" -> (compiled step, tx)
     self.ckpt = run_checkpoint.store(cfg, workdir, read_only=read_only)
     self.ctl = run_control.RunControl(
         stage=run_control.first_stage(cfg), max_in_a_row=cfg.faults.max_consecutive_nonfinite,
@@ -92,34 +65,31 @@ class Trainer:
         cfg=cfg, ckpt=self.ckpt, ctl=self.ctl,
         log=metrics_lib.MetricsWriter(None if read_only else workdir,
                                       tensorboard=cfg.metrics.tensorboard),
-        prompts=PromptIterator(self.train_examples, cfg.prompts_per_step, seed=cfg.seed),
-        key=jax.random.key(cfg.seed), policy_params=policy_params)
+        prompts=PromptIterator(p.train_examples, cfg.prompts_per_step, seed=cfg.seed),
+        key=jax.random.key(cfg.seed), policy_params=p.policy_params)
 
   # -------------------------------------------------------------------------- parts
   def setup(self, group: str):
     """Sets up (once) and returns a checkpoint group's state: "sft", "policy", "critic"
     (each with its optimizer and compiled step) or "policy_params"."""
-    s, cfg = self.state, self.cfg
+    s, p, cfg = self.state, self.parts, self.cfg
     if group == "policy_params":
       return s.policy_params
-    attr = {"sft": "sft_state", "policy": "policy_state", "critic": "critic_state"}[group]
+    attr = f"{group}_state"
     if getattr(s, attr) is None:
-      params = s.policy_params
+      graphdef, params = p.graphdef, s.policy_params
       if group == "critic":
-        self.critic_graphdef, params = parts.build_critic(cfg, self.graphdef, s.policy_params,
-                                                          self.mesh, self.rules)
-        self.experience_parts = dataclasses.replace(self.experience_parts, values=parts.values_fn(
-            cfg, self.critic_graphdef, self.mesh, self.rules))
-      graphdef = self.critic_graphdef if group == "critic" else self.graphdef
-      tx = parts.optimizer(cfg, group)
-      setattr(s, attr, update.init_state(params, tx))
-      build_step = {"sft": parts.sft_step, "policy": parts.policy_step,
-                    "critic": parts.critic_step}[group]
-      self.steps[group] = (build_step(cfg, graphdef, tx, getattr(s, attr), self.mesh,
-                                      self.rules), tx)
+        self.critic_graphdef, params = parts.build_critic(cfg, p.graphdef, s.policy_params,
+                                                          p.mesh, p.rules)
+        graphdef = self.critic_graphdef
+        p.experience = dataclasses.replace(p.experience, values=parts.values_fn(
+            cfg, graphdef, p.mesh, p.rules))
+      state, step, tx = parts.train_state(cfg, group, graphdef, params, p.mesh, p.rules)
+      setattr(s, attr, state)
+      self.steps[group] = (step, tx)
       if group == "sft":
-        s.sft_prompts = PromptIterator(self.train_examples, cfg.sft.batch_size,
-                                       seed=cfg.seed + 1, process_index=jax.process_index(),
+        s.sft_prompts = PromptIterator(p.train_examples, cfg.sft.batch_size, seed=cfg.seed + 1,
+                                       process_index=jax.process_index(),
                                        process_count=jax.process_count())
     return getattr(s, attr)
 
@@ -128,7 +98,7 @@ class Trainer:
     return float(self.steps[group][1].learning_rate(getattr(self.state, f"{group}_state").step))
 
   def policy_model(self):
-    return nnx.merge(self.graphdef, self.state.policy_params)
+    return nnx.merge(self.parts.graphdef, self.state.policy_params)
 
   def critic_model(self):
     return nnx.merge(self.critic_graphdef, self.state.critic_state.params)
@@ -145,10 +115,10 @@ class Trainer:
     bar = self._bar(cfg.sft.steps, "sft", start)
     metrics = {}
     for i in range(start, cfg.sft.steps):
-      batch = parts.sft_batch(next(s.sft_prompts), self.text, cfg.data.max_prompt_tokens,
-                              cfg.sampling.max_new_tokens)
+      batch = inputs.sft_batch(next(s.sft_prompts), self.parts.text, cfg.data.max_prompt_tokens,
+                               cfg.sampling.max_new_tokens)
       s.sft_state, m = self.steps["sft"][0](
-          s.sft_state, update.shard_batch(batch, self.mesh, self.batch_axes))
+          s.sft_state, update_lib.shard_batch(batch, self.parts.mesh, self.parts.batch_axes))
       m = {k: float(v) for k, v in jax.device_get(m).items()}
       m.update(self.ctl.count_skipped([m.pop("sft_skipped") > 0], f"sft step {i + 1}"))
       if (i + 1) % cfg.log_every == 0 or i + 1 == cfg.sft.steps:
@@ -166,25 +136,20 @@ class Trainer:
   def experience(self, examples, *, for_value_pretraining: bool = False) -> tuple[dict, dict]:
     """Steps 1–3 on the step's global prompts: (device batch, metrics); see rl.experience."""
     s = self.state
-    return self.experience_parts(
+    return self.parts.experience(
         s.policy_params, s.critic_state.params if s.critic_state is not None else None,
         examples, s.next_key(), for_value_pretraining=for_value_pretraining)
 
   def update(self, batch: dict, *, stage: str, step: int, policy: bool) -> dict:
     """Step 4: the PPO loop over one batch; skipped non-finite updates are counted here."""
     s = self.state
-    models = {g: (self.steps[g][0], getattr(s, f"{g}_state")) for g in ("policy", "critic")
-              if (g == "critic" or policy) and getattr(s, f"{g}_state") is not None}
-    t0 = time.perf_counter()
-    states, records, skipped = update.ppo_updates(parts.ppo_loop(self.cfg), models, batch,
-                                                  self.take, stage=stage, step=step)
-    dt = time.perf_counter() - t0
+    trained = ["policy"] * policy + ["critic"] * (s.critic_state is not None)
+    models = {g: (self.steps[g][0], getattr(s, f"{g}_state")) for g in trained}
+    states, out, skipped = update_lib.ppo_updates(parts.ppo_loop(self.cfg), models, batch,
+                                                  self.parts.take, stage=stage, step=step)
     for g, st in states.items():
       setattr(s, f"{g}_state", st)
-    out = _mean_metrics(records)
     out.update(self.ctl.count_skipped(skipped, f"{stage} step {step + 1}"))
-    tokens = float(jax.device_get(jnp.sum(batch["mask_BxL"]))) * self.cfg.rl.ppo_epochs
-    out["train_tokens_per_s"] = tokens / max(dt, 1e-9)
     out.update({f"lr/{g}": self._lr(g) for g in states})
     return out
 
@@ -213,11 +178,10 @@ class Trainer:
     return metrics
 
   def evaluate(self, examples=None) -> dict[str, float]:
-    cfg = self.cfg
-    examples = (examples or self.eval_examples)[:cfg.eval.num_examples]
-    return evaluation.evaluate(self.samplers.eval, self.samplers.greedy,
-                               self.state.policy_params, examples, self.text, self.scorer,
-                               jax.random.key(cfg.seed + 7),
+    cfg, p = self.cfg, self.parts
+    examples = (examples or p.eval_examples)[:cfg.eval.num_examples]
+    return evaluation.evaluate(p.samplers.eval, p.samplers.greedy, self.state.policy_params,
+                               examples, p.text, p.scorer, jax.random.key(cfg.seed + 7),
                                batch_prompts=cfg.eval.batch_prompts,
                                threshold=cfg.rl.nll_threshold)
 
@@ -248,14 +212,11 @@ class Trainer:
       history.append(metrics)
       if (i + 1) % cfg.log_every == 0 or i + 1 == rl.steps:
         s.log.write("rl", i + 1, metrics)
-      post = {"reward": f"{metrics['reward/mean']:.3f}",
-              "acc": f"{metrics['reward/accuracy']:.3f}",
-              "len": f"{metrics['response/length_mean']:.1f}", "ent": f"{metrics['entropy']:.3f}"}
-      if rl.use_critic:
-        post.update(vloss=f"{metrics['value_loss']:.4f}",
-                    ev=f"{metrics['value/explained_variance']:.2f}")
+      shown = {"reward": ("reward/mean", 3), "acc": ("reward/accuracy", 3),
+               "len": ("response/length_mean", 1), "ent": ("entropy", 3),
+               "vloss": ("value_loss", 4), "ev": ("value/explained_variance", 2)}
       bar.update(1)
-      bar.set_postfix(post)
+      bar.set_postfix({k: f"{metrics[m]:.{d}f}" for k, (m, d) in shown.items() if m in metrics})
       self._step_end("rl", i + 1, last=i + 1 == rl.steps, score=score)
     bar.close()
     return {"history": history}
@@ -269,7 +230,7 @@ class Trainer:
     """
     cfg = self.cfg
     t0 = time.perf_counter()
-    self.state.summary = {"data": self.data_stats}
+    self.state.summary = {"data": self.parts.data_stats}
     if cfg.checkpoint.resume:
       self.resume()
     elif self.ckpt and self.ckpt.steps():
@@ -313,7 +274,7 @@ class Trainer:
     return summary
 
   def close(self):
-    self.scorer.close()
+    self.parts.scorer.close()
     self.state.log.close()
     if self.ckpt:
       self.ckpt.close()

@@ -13,7 +13,6 @@ command (the arrays are gathered); process 0 writes.
 import json
 import os
 import shutil
-import sys
 
 from absl import app
 from absl import flags
@@ -37,7 +36,7 @@ def export(cfg, workdir: str, out: str, *, what: str = "policy", step: str = "la
   try:
     restored = trainer.resume(run_checkpoint.select_step(trainer.ckpt, step))
     if what == "policy":
-      hf_io.save_pretrained(trainer.policy_model(), trainer.model_cfg, out,
+      hf_io.save_pretrained(trainer.policy_model(), trainer.parts.model_cfg, out,
                             dtype=dtype)
     else:
       if trainer.state.critic_state is None:
@@ -68,10 +67,7 @@ def main(argv):
   f = flags.FLAGS
   if f.config is None or not f.workdir or not f.out:
     raise app.UsageError("--config, --workdir and --out are required")
-  try:
-    cfg = config_lib.from_config_dict(f.config)
-  except config_lib.ConfigError as e:
-    sys.exit(f"Invalid config: {e}")
+  cfg = config_lib.from_command_line(f.config)
   print(json.dumps(export(cfg, f.workdir, f.out, what=f.what, step=f.step, dtype=f.dtype)))
 
 

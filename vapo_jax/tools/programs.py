@@ -2,8 +2,9 @@
 
 Each program is built by the same `run.parts` functions the trainer builds it with (same
 step functions, shardings, micro-batching and donation), from abstract parameters
-(`jax.ShapeDtypeStruct` with the config's shardings), so `jax.jit(...).lower(...)` works for any device set — fake CPU
-devices in tests, or a TPU pod's devices from `jax.experimental.topologies` on a CPU host.
+(`jax.ShapeDtypeStruct` with the config's shardings), so `jax.jit(...).lower(...)` works for
+any device set — fake CPU devices in tests, or a TPU pod's devices from
+`jax.experimental.topologies` on a CPU host.
 
   policy_step   one policy update on a mini-batch (VAPO eq. 5), state donated
   critic_step   one critic update on a mini-batch
@@ -34,7 +35,7 @@ from vapo_jax import critic as critic_lib
 from vapo_jax import sharding as shd
 from vapo_jax.models import transformer
 from vapo_jax.rl import update
-from vapo_jax.run import parts
+from vapo_jax.run import inputs, parts
 from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax.sampler import ops as sampling
 
@@ -124,7 +125,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
             "prompt_len": p_len, "response_len": r_len, "devices": mesh.size}
   if budget is not None and sum(resident.values()) > budget:
     return Plan([], resident, shapes)  # Nothing can run: no programs to build.
-  text = parts.Text(encode=None, decode=None, bos_ids=(), template=None,
+  text = inputs.Text(encode=None, decode=None, bos_ids=(), template=None,
                     eos_ids=(int(mcfg.eos_token_id or 0),), pad_id=0,
                     vocab_size=mcfg.real_vocab_size or mcfg.vocab_size)
   per_call = cfg.sampling.prompts_per_call or cfg.prompts_per_step
@@ -180,7 +181,7 @@ def _abstract_cache(sampler, rows: int):
   shard (the full cache may be too large to compile), then applied to `rows` rows.
   """
   s = sampler.cfg.total_cache_len
-  alloc = lambda r: sampler._constrain(sampler._init_cache(r, s), None)  # pylint: disable=protected-access  # noqa: E731
+  alloc = lambda r: sampler.constrain(sampler.init_cache(r, s), None)  # noqa: E731
   shardings = jax.jit(lambda: alloc(sampler.batch_shards)).lower().compile().output_shardings
   shapes = jax.eval_shape(lambda: alloc(rows))
   return jax.tree.map(lambda a, sh: _sds(a.shape, a.dtype, sh), shapes, shardings)
@@ -188,17 +189,17 @@ def _abstract_cache(sampler, rows: int):
 
 def _prefill(sampler, graphdef, params, cache, bp, p_len, rows_sh, resident_in) -> Program:
   """Steps 1–2 of the sampler: prefill Bp prompts, repeat n times into the donated cache."""
-  n, axes = sampler.cfg.n_per_prompt, sampler._axes  # pylint: disable=protected-access
+  n, axes = sampler.cfg.n_per_prompt, sampler.cache_leaf_axes
 
   def prefill(state, prompt_BxP, mask_BxP, cache):
     model = nnx.merge(graphdef, state)
     m = mask_BxP.astype(jnp.int32)
     positions = jnp.maximum(jnp.cumsum(m, axis=1) - 1, 0)
-    hidden, small = model(prompt_BxP, positions, m, cache=sampler._init_cache(bp, p_len),  # pylint: disable=protected-access
+    hidden, small = model(prompt_BxP, positions, m, cache=sampler.init_cache(bp, p_len),
                           cache_index=0)
     logits = model.logits(hidden[:, -1])
-    cache = sampler._constrain(sampler_lib._write_prefill(cache, small, n, axes), None)  # pylint: disable=protected-access
-    return sampler._constrain(jnp.repeat(logits, n, axis=0), 0), cache  # pylint: disable=protected-access
+    cache = sampler.constrain(sampler_lib.write_prefill(cache, small, n, axes), None)
+    return sampler.constrain(jnp.repeat(logits, n, axis=0), 0), cache
 
   fn = jax.jit(prefill, donate_argnums=(3,))
   args = (params, _sds((bp, p_len), jnp.int32, rows_sh), _sds((bp, p_len), jnp.float32, rows_sh),
@@ -215,7 +216,7 @@ def _decode(name, sampler, graphdef, params, cache, b, rows_sh, rep, resident_in
     hidden, cache = model(tok_B[:, None], positions_B[:, None], kv_mask_BxS, cache=cache,
                           cache_index=slot)
     new_B, logp_B = sampling.sample_step(key, model.logits(hidden[:, -1]), sampler.cfg)
-    return sampler._constrain(new_B, 0), sampler._constrain(logp_B, 0), cache  # pylint: disable=protected-access
+    return sampler.constrain(new_B, 0), sampler.constrain(logp_B, 0), cache
 
   fn = jax.jit(decode, donate_argnums=(4,))
   key = jax.eval_shape(lambda: jax.random.key(0))
