@@ -87,7 +87,7 @@ def resolved(cfg):
     ("no_clip_higher", {"policy.eps_high"}),
     ("no_token_level_loss", {"policy.loss_mode"}),
     ("no_positive_nll", {"policy.nll_coef"}),
-    ("no_group_sampling", {"prompts_per_step", "responses_per_prompt", "adv.group_size"}),
+    ("no_group_sampling", {"prompts_per_step", "responses_per_prompt"}),
 ])
 def test_each_ablation_changes_exactly_what_it_names(preset, changed):
   base = resolved(config_lib.from_config_dict(load_config_file("qwen32b.py")))
@@ -119,16 +119,18 @@ def test_length_adaptive_switch_gives_constant_lambda():
   mask = (jnp.arange(1000)[None] < lengths[:, None]).astype(jnp.float32)
   scores = jnp.array([1.0, 0.0, 1.0, 0.0])
   values = jnp.zeros(mask.shape)
-  on = advantages_lib.compute_advantages(advantage_config(), scores, lengths, mask, values)
+  groups = jnp.arange(4) // 2
+  on = advantages_lib.compute_advantages(advantage_config(), scores, lengths, mask, values,
+                                         groups)
   np.testing.assert_allclose(on.lam_policy_B, [0.0, 0.8, 0.98, 0.0], atol=1e-6)
   off = advantages_lib.compute_advantages(
       advantage_config(length_adaptive=False, lam_policy=0.95), scores, lengths, mask,
-      values)
+      values, groups)
   np.testing.assert_allclose(off.lam_policy_B, 0.95)
   # Decoupled: critic targets are the Monte Carlo returns whatever λ_policy is.
   np.testing.assert_allclose(on.returns_BxR, scores[:, None] * mask, atol=1e-6)
   coupled = advantages_lib.compute_advantages(
-      advantage_config(decoupled=False), scores, lengths, mask, values + 0.5)
+      advantage_config(decoupled=False), scores, lengths, mask, values + 0.5, groups)
   # With λ = 0 (short rows) the coupled target bootstraps: R_t = V_{t+1} (+ r on the last).
   np.testing.assert_allclose(coupled.returns_BxR[0, :9], 0.5, atol=1e-6)
 
@@ -137,8 +139,8 @@ def test_group_relative_without_critic():
   lengths = jnp.array([3, 4, 5, 6])
   mask = (jnp.arange(8)[None] < lengths[:, None]).astype(jnp.float32)
   out = advantages_lib.compute_advantages(
-      advantage_config(use_critic=False, group_size=2, group_std_norm=False),
-      jnp.array([1.0, 0.0, 1.0, 1.0]), lengths, mask, None)
+      advantage_config(use_critic=False, group_std_norm=False),
+      jnp.array([1.0, 0.0, 1.0, 1.0]), lengths, mask, None, jnp.array([0, 0, 1, 1]))
   np.testing.assert_allclose(out.advantages_BxR[:, 0], [0.5, -0.5, 0.0, 0.0])
   np.testing.assert_allclose(out.advantages_BxR * (1 - mask), 0.0)
 

@@ -31,7 +31,6 @@ class AdvantageConfig:
   length_adaptive: bool
   alpha: float
   lam_policy: float
-  group_size: int
   group_std_norm: bool
   whiten: bool
   gae_impl: str
@@ -60,7 +59,8 @@ def policy_lambda(ac: AdvantageConfig, lengths_B: jax.Array) -> jax.Array:
 
 
 def compute_advantages(ac: AdvantageConfig, scores_B: jax.Array, lengths_B: jax.Array,
-                       mask_BxR: jax.Array, values_BxR: jax.Array | None) -> Advantages:
+                       mask_BxR: jax.Array, values_BxR: jax.Array | None,
+                       group_ids_B: jax.Array) -> Advantages:
   """Advantages, critic targets and their statistics for one rollout batch.
 
   Args:
@@ -69,6 +69,8 @@ def compute_advantages(ac: AdvantageConfig, scores_B: jax.Array, lengths_B: jax.
     lengths_B: number of real response tokens.
     mask_BxR: response mask.
     values_BxR: V(s_t) from the critic (ignored, may be None, without a critic).
+    group_ids_B: the prompt each response answers (`Rollout.group_ids_B`): the groups of
+      group-relative advantages.
   """
   mask = mask_BxR.astype(jnp.float32)
   r = mask.shape[1]
@@ -83,7 +85,7 @@ def compute_advantages(ac: AdvantageConfig, scores_B: jax.Array, lengths_B: jax.
     metrics["value/explained_variance"] = losses.explained_variance(values_BxR, ret, mask)
     metrics["value/mean"] = losses.masked_mean(values_BxR, mask)
   else:
-    per_response = losses.group_relative_advantages(scores_B, ac.group_size,
+    per_response = losses.group_relative_advantages(scores_B, group_ids=group_ids_B,
                                                     normalize_std=ac.group_std_norm)
     adv = per_response[:, None] * mask
     ret = jnp.zeros_like(mask)

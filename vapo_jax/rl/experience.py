@@ -40,8 +40,8 @@ class Experience:
     (log-probs, entropies) [B, R].
   values: jitted (critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R]
     (None until the run has a critic).
-  advantages, monte_carlo: jitted (scores_B, lengths_B, mask_BxR, values_BxR) ->
-    `rl.advantages.Advantages`, with the run's settings / with λ_critic = 1 (value
+  advantages, monte_carlo: jitted (scores_B, lengths_B, mask_BxR, values_BxR,
+    group_ids_B) -> `rl.advantages.Advantages`, with the run's settings / with λ_critic = 1 (value
     pretraining).
   temperature: the sampling temperature the old log-probs are taken at.
   prompts_per_call: prompts per sampler call (0: all at once).
@@ -79,7 +79,8 @@ class Experience:
                               [ex.problem for ex in examples], [ex.answer for ex in examples])
     t2 = time.perf_counter()
     fn = self.monte_carlo if for_value_pretraining else self.advantages
-    adv = fn(scored.scores_B, rollout.lengths_B, rollout.response_mask_BxR, values)
+    adv = fn(scored.scores_B, rollout.lengths_B, rollout.response_mask_BxR, values,
+             rollout.group_ids_B)
     resp_mask = rollout.response_mask_BxR
     batch = {"tokens_BxL": tokens, "mask_BxL": mask, "old_logp_BxR": old_logp,
              "advantages_BxR": adv.advantages_BxR, "returns_BxR": adv.returns_BxR,

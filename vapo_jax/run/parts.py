@@ -162,8 +162,8 @@ def advantage_config(cfg: config_lib.Config) -> advantages_lib.AdvantageConfig:
   return advantages_lib.AdvantageConfig(
       use_critic=rl.use_critic, gamma=rl.gamma, decoupled=rl.decoupled_gae,
       lam_critic=rl.lam_critic, length_adaptive=rl.length_adaptive, alpha=rl.alpha,
-      lam_policy=rl.lam_policy, group_size=cfg.responses_per_prompt,
-      group_std_norm=rl.group_std_norm, whiten=rl.whiten_advantages, gae_impl=rl.gae_impl)
+      lam_policy=rl.lam_policy, group_std_norm=rl.group_std_norm,
+      whiten=rl.whiten_advantages, gae_impl=rl.gae_impl)
 
 
 def policy_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.PolicyHParams:
