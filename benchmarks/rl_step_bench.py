@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vapo_jax import config as config_lib
-from vapo_jax import trainer as trainer_lib
+from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.models import config as model_config
 
 import quiet  # benchmarks/quiet.py: load recording, LOADED marking
@@ -51,7 +51,7 @@ def _timed(fn):
 def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   """One RL step, then its forward passes and reward scoring again, each timed alone."""
   cfg = t.cfg
-  examples = next(t.prompts)
+  examples = next(t.state.prompts)
   t0 = time.perf_counter()
   batch, em = t.experience(examples)
   jax.block_until_ready(batch)
@@ -60,22 +60,23 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   tokens, mask = batch["tokens_BxL"], batch["mask_BxL"]
   p = tokens.shape[1] - batch["response_mask_BxR"].shape[1]
   t0 = time.perf_counter()
-  jax.block_until_ready(t._logp_fn(t.policy_params, tokens, mask, prompt_len=p,  # pylint: disable=protected-access
-                                   temperature=cfg.sampling.temperature))
-  if t.critic_state is not None:
-    jax.block_until_ready(t._values_fn(t.critic_state.params, tokens, mask, prompt_len=p))  # pylint: disable=protected-access
+  ex = t.parts.experience
+  jax.block_until_ready(ex.logprobs(t.state.policy_params, tokens, mask, prompt_len=p,
+                                    temperature=cfg.sampling.temperature))
+  if t.state.critic_state is not None:
+    jax.block_until_ready(ex.values(t.state.critic_state.params, tokens, mask, prompt_len=p))
   out["forward"] = time.perf_counter() - t0
   n = cfg.responses_per_prompt
   resp, rmask = np.asarray(tokens)[:, p:], np.asarray(batch["response_mask_BxR"])
-  texts = [t.text.decode(r[m > 0].tolist()) for r, m in zip(resp, rmask)]
+  texts = [t.parts.text.decode(r[m > 0].tolist()) for r, m in zip(resp, rmask)]
   t0 = time.perf_counter()
-  t.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,
+  t.parts.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,
                        [ex.answer for ex in examples for _ in range(n)])
   out["reward"] = time.perf_counter() - t0
   t0 = time.perf_counter()
-  t._updates(batch, policy=True, critic=cfg.rl.use_critic, stage=1, step=i)  # pylint: disable=protected-access
-  t.policy_params = t.policy_state.params
-  jax.block_until_ready(t.policy_params)
+  t.update(batch, stage="rl", step=i, policy=True)
+  t.state.policy_params = t.state.policy_state.params
+  jax.block_until_ready(t.state.policy_params)
   out["updates"] = time.perf_counter() - t0
   out["response_tokens"] = float(rmask.sum())
   out["train_tokens"] = float(np.asarray(mask).sum()) * cfg.rl.ppo_epochs
@@ -107,8 +108,8 @@ def measure(args, load):
   t = trainer_lib.Trainer(cfg, progress=False)
   try:
     if cfg.rl.use_critic:
-      t._ensure_critic()  # pylint: disable=protected-access
-    t._rl_setup()  # pylint: disable=protected-access
+      t.setup("critic")
+    t.setup("policy")
     runs = []
     for i in range(args.steps):
       runs.append(one_step(t, i))

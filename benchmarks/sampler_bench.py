@@ -135,9 +135,9 @@ def run(preset: str, p: dict, args, load: quiet.Load):
   from flax import nnx  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from vapo_jax import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
+  from vapo_jax.sampler import engine as sampler_lib  # pylint: disable=g-import-not-at-top
   from vapo_jax.models import hf_io  # pylint: disable=g-import-not-at-top
-  from vapo_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
+  from vapo_jax.sampler.ops import SamplingConfig  # pylint: disable=g-import-not-at-top
 
   torch.set_num_threads(args.threads)
   torch.manual_seed(0)

@@ -37,10 +37,10 @@ import sys
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.dirname(os.path.abspath(__file__))]
 
-import reward_cases  # pylint: disable=g-import-not-at-top,wrong-import-position
-import reward_corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
-from vapo_jax import rewards  # pylint: disable=g-import-not-at-top,wrong-import-position
-import quiet  # pylint: disable=g-import-not-at-top,wrong-import-position  # benchmarks/quiet.py
+import reward_cases  # noqa: E402
+import reward_corpus  # noqa: E402
+from vapo_jax import rewards  # noqa: E402
+import quiet  # noqa: E402  (benchmarks/quiet.py)
 
 THEIRS = "verifier_bench:math_verify_score"
 PLAIN = "\0"  # prefix of a report line that holds no measured figure
@@ -252,7 +252,8 @@ def _measure(args, load):
   for title, rows in tables.items():
     lines += _table(title, rows)
   lines.append("")
-  lines.append(PLAIN + f"{'checker':<14}{'checks/s':>10}{'worst s':>9}{'batch/s':>9}{'code ran':>9}")
+  lines.append(PLAIN + f"{'checker':<14}{'checks/s':>10}{'worst s':>9}{'batch/s':>9}"
+               f"{'code ran':>9}")
   for name, (cps, worst, batch_rate, ran) in speed.items():
     lines.append(f"{name:<14}{cps:>10.1f}{worst:>9.3f}{batch_rate:>9.1f}{str(ran):>9}")
   theirs = speed["math-verify"]

@@ -20,8 +20,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"),
                 os.path.join(_ROOT, "benchmarks")]
 
-import reward_heldout  # pylint: disable=g-import-not-at-top,wrong-import-position
-import verifier_bench  # pylint: disable=g-import-not-at-top,wrong-import-position
+import reward_heldout  # noqa: E402
+import verifier_bench  # noqa: E402
 
 
 def main():

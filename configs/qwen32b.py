@@ -1,7 +1,8 @@
 """VAPO as in the paper: Qwen2.5-32B base, DAPO-Math-17k, AIME 2024 avg@32, on a TPU pod.
 
   python -m vapo_jax.main --config=configs/qwen32b.py \
-      --config.model.hf_path=/data/Qwen2.5-32B --config.data.train_path=/data/dapo-math-17k.parquet \
+      --config.model.hf_path=/data/Qwen2.5-32B \
+      --config.data.train_path=/data/dapo-math-17k.parquet \
       --config.data.eval_path=/data/aime_2024.jsonl --workdir=gs://bucket/vapo32b
 
 Settings from VAPO (arXiv 2504.05118, §4): 512 prompts × 16 responses per step, mini-batches
@@ -72,7 +73,7 @@ def get_config(preset: str = "vapo"):
   c.eval.every = 50
   c.eval.num_examples = 30
   c.eval.samples_per_problem = 32    # avg@32, the paper's AIME metric
-  c.eval.batch_prompts = 16          # × 32 samples: the eval KV cache, as large as a rollout call's ×2
+  c.eval.batch_prompts = 16          # × 32 samples: an eval KV cache 2× a rollout call's
 
   c.mesh.data = 1
   c.mesh.fsdp = -1

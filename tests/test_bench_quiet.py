@@ -1,4 +1,5 @@
-"""benchmarks/quiet.py: loaded/quiet marking, interleaving order, ratio maths (no benchmark runs)."""
+"""benchmarks/quiet.py: loaded/quiet marking, interleaving order, ratio maths (runs no
+benchmark)."""
 
 import json
 import os
@@ -71,7 +72,10 @@ def test_interleave_alternates_order_and_samples_load():
 
 def test_interleave_times_each_call_or_takes_the_returned_seconds():
   ticks = iter(range(100))
-  clock = lambda: float(next(ticks))
+
+  def clock():
+    return float(next(ticks))
+
   r = quiet.interleave([("a", lambda: None), ("b", lambda: 0.25)], 2, clock=clock)
   assert r.times["a"] == [1.0, 1.0]  # each call spans one clock tick
   assert r.times["b"] == [0.25, 0.25]

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from vapo_jax import builders
-from vapo_jax import checkpointing
-from vapo_jax import metrics as metrics_lib
+from vapo_jax.run import inputs
+from vapo_jax.run import checkpoint_store as checkpointing
+from vapo_jax.run import metrics as metrics_lib
 from vapo_jax import sharding as shd
-from vapo_jax import trainer as trainer_lib
+from vapo_jax.run import trainer as trainer_lib
 from test_trainer import tiny
 
 
@@ -53,7 +53,7 @@ class Recorder:
   def __init__(self, monkeypatch, kill_at=()):
     self.seen = []
     self.kill_at = set(kill_at)
-    experience, sft_batch = trainer_lib.Trainer.experience, builders.sft_batch
+    experience, sft_batch = trainer_lib.Trainer.experience, inputs.sft_batch
     step_end = trainer_lib.Trainer._step_end
 
     def record_experience(trainer, examples, **kw):
@@ -71,12 +71,12 @@ class Recorder:
       return step_end(trainer, stage, done, **kw)
 
     monkeypatch.setattr(trainer_lib.Trainer, "experience", record_experience)
-    monkeypatch.setattr(trainer_lib.builders, "sft_batch", record_sft)
+    monkeypatch.setattr(trainer_lib.inputs, "sft_batch", record_sft)
     monkeypatch.setattr(trainer_lib.Trainer, "_step_end", maybe_kill)
 
 
 def final_state(t):
-  return jax.device_get({"policy": t.policy_state, "critic": t.critic_state})
+  return jax.device_get({"policy": t.state.policy_state, "critic": t.state.critic_state})
 
 
 def run_to_end(cfg, workdir):

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from vapo_jax import checkpointing
+from vapo_jax.run import checkpoint_store as checkpointing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 600

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from vapo_jax import config as config_lib
-from vapo_jax import rl_batch
-from vapo_jax import train_steps as ts
+from vapo_jax.rl import advantages as advantages_lib
+from vapo_jax.run import inputs, parts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,8 +74,8 @@ def test_critic_free_preset_needs_groups():
 
 def resolved(cfg):
   """Everything the trainer derives from the switches, as a flat dict."""
-  out = {f"adv.{k}": v for k, v in dataclasses.asdict(rl_batch.advantage_config(cfg)).items()}
-  out.update({f"policy.{k}": v for k, v in dataclasses.asdict(ts.policy_hparams(cfg)).items()})
+  out = {f"adv.{k}": v for k, v in dataclasses.asdict(parts.advantage_config(cfg)).items()}
+  out.update({f"policy.{k}": v for k, v in dataclasses.asdict(parts.policy_hparams(cfg)).items()})
   out["value_pretrain"] = cfg.value_pretrain.enabled and cfg.rl.use_critic
   out["prompts_per_step"] = cfg.prompts_per_step
   out["responses_per_prompt"] = cfg.responses_per_prompt
@@ -89,7 +89,7 @@ def resolved(cfg):
     ("no_clip_higher", {"policy.eps_high"}),
     ("no_token_level_loss", {"policy.loss_mode"}),
     ("no_positive_nll", {"policy.nll_coef"}),
-    ("no_group_sampling", {"prompts_per_step", "responses_per_prompt", "adv.group_size"}),
+    ("no_group_sampling", {"prompts_per_step", "responses_per_prompt"}),
 ])
 def test_each_ablation_changes_exactly_what_it_names(preset, changed):
   base = resolved(config_lib.from_config_dict(load_config_file("qwen32b.py")))
@@ -110,45 +110,52 @@ def test_paper_settings_in_qwen32b():
   assert cfg.loss_mode == "token" and cfg.value_pretrain.enabled
 
 
+def advantage_config(**changes):
+  """The default config's advantage settings, with `changes`."""
+  cfg = config_lib.from_config_dict(config_lib.default_config_dict())
+  return dataclasses.replace(parts.advantage_config(cfg), **changes)
+
+
 def test_length_adaptive_switch_gives_constant_lambda():
   lengths = jnp.array([10, 100, 1000, 4])
   mask = (jnp.arange(1000)[None] < lengths[:, None]).astype(jnp.float32)
   scores = jnp.array([1.0, 0.0, 1.0, 0.0])
   values = jnp.zeros(mask.shape)
-  on = rl_batch.compute_advantages(rl_batch.AdvantageConfig(), scores, lengths, mask, values)
-  np.testing.assert_allclose(on["lam_policy_B"], [0.0, 0.8, 0.98, 0.0], atol=1e-6)
-  off = rl_batch.compute_advantages(
-      rl_batch.AdvantageConfig(length_adaptive=False, lam_policy=0.95), scores, lengths, mask,
-      values)
-  np.testing.assert_allclose(off["lam_policy_B"], 0.95)
+  groups = jnp.arange(4) // 2
+  on = advantages_lib.compute_advantages(advantage_config(), scores, lengths, mask, values,
+                                         groups)
+  np.testing.assert_allclose(on.lam_policy_B, [0.0, 0.8, 0.98, 0.0], atol=1e-6)
+  off = advantages_lib.compute_advantages(
+      advantage_config(length_adaptive=False, lam_policy=0.95), scores, lengths, mask,
+      values, groups)
+  np.testing.assert_allclose(off.lam_policy_B, 0.95)
   # Decoupled: critic targets are the Monte Carlo returns whatever λ_policy is.
-  np.testing.assert_allclose(on["returns_BxR"], scores[:, None] * mask, atol=1e-6)
-  coupled = rl_batch.compute_advantages(
-      rl_batch.AdvantageConfig(decoupled=False), scores, lengths, mask, values + 0.5)
+  np.testing.assert_allclose(on.returns_BxR, scores[:, None] * mask, atol=1e-6)
+  coupled = advantages_lib.compute_advantages(
+      advantage_config(decoupled=False), scores, lengths, mask, values + 0.5, groups)
   # With λ = 0 (short rows) the coupled target bootstraps: R_t = V_{t+1} (+ r on the last).
-  np.testing.assert_allclose(coupled["returns_BxR"][0, :9], 0.5, atol=1e-6)
+  np.testing.assert_allclose(coupled.returns_BxR[0, :9], 0.5, atol=1e-6)
 
 
 def test_group_relative_without_critic():
   lengths = jnp.array([3, 4, 5, 6])
   mask = (jnp.arange(8)[None] < lengths[:, None]).astype(jnp.float32)
-  out = rl_batch.compute_advantages(
-      rl_batch.AdvantageConfig(use_critic=False, group_size=2, group_std_norm=False),
-      jnp.array([1.0, 0.0, 1.0, 1.0]), lengths, mask, None)
-  np.testing.assert_allclose(out["advantages_BxR"][:, 0], [0.5, -0.5, 0.0, 0.0])
-  np.testing.assert_allclose(out["advantages_BxR"] * (1 - mask), 0.0)
+  out = advantages_lib.compute_advantages(
+      advantage_config(use_critic=False, group_std_norm=False),
+      jnp.array([1.0, 0.0, 1.0, 1.0]), lengths, mask, None, jnp.array([0, 0, 1, 1]))
+  np.testing.assert_allclose(out.advantages_BxR[:, 0], [0.5, -0.5, 0.0, 0.0])
+  np.testing.assert_allclose(out.advantages_BxR * (1 - mask), 0.0)
 
 
 @pytest.mark.parametrize("windows", [1, 3])
 def test_sampling_settings_reach_the_run_sampler(windows):
-  from vapo_jax import builders  # pylint: disable=import-outside-toplevel
   c = load_config_file("tiny.py")
   c.sampling.decode_windows = windows
   cfg = config_lib.from_config_dict(c)
-  mesh, rules = builders.build_mesh(cfg), builders.rules_of(cfg)
-  text = builders.build_text(cfg)
-  mcfg = builders.fresh_model_config(cfg, text)
-  sampler = builders.build_sampler(cfg, None, mcfg, mesh, rules, text, n=2)
+  mesh, rules = parts.build_mesh(cfg), parts.rules_of(cfg)
+  text = inputs.build_text(cfg)
+  mcfg = parts.fresh_model_config(cfg, text)
+  sampler = parts.build_sampler(cfg, None, mcfg, mesh, rules, text, n=2)
   assert sampler.cfg.decode_windows == windows
   assert sampler.cfg.n_per_prompt == 2
   assert sampler.cfg.max_new_tokens == cfg.sampling.max_new_tokens

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import toy_lm
-from vapo_jax import sampler as sampler_lib
-from vapo_jax import sampling
+from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import ops as sampling
 from vapo_jax.models import layers
-from vapo_jax.sampling import SamplingConfig
+from vapo_jax.sampler.ops import SamplingConfig
 
 
 @pytest.mark.parametrize("h,k", [(8, 2), (4, 4), (6, 1)])

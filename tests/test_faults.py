@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vapo_jax import run_control
-from vapo_jax import train_steps as ts
-from vapo_jax import trainer as trainer_lib
+from vapo_jax.run import control as run_control
+from vapo_jax.rl import update as ts
+from vapo_jax.run import trainer as trainer_lib
 from test_checkpoint import compile_cache, small  # noqa: F401 (fixture)
 
 
@@ -60,8 +60,8 @@ def test_nan_gradient_is_skipped_counted_and_training_continues(monkeypatch):
   assert skipped == [2.0, 0.0, 0.0]                 # both mini-batch policy updates of step 1
   assert history[-1]["nonfinite/skipped_total"] == 2.0
   assert not np.isfinite(history[0]["policy_grad_norm"])
-  assert int(t.policy_state.step) == 4 and int(t.critic_state.step) == 2 * 2 + 3 * 2
-  for x in jax.tree.leaves(jax.device_get(t.policy_state)):
+  assert int(t.state.policy_state.step) == 4 and int(t.state.critic_state.step) == 2 * 2 + 3 * 2
+  for x in jax.tree.leaves(jax.device_get(t.state.policy_state)):
     assert np.all(np.isfinite(np.asarray(x)))
 
 

@@ -225,6 +225,13 @@ def test_group_relative_advantages():
   np.testing.assert_allclose(no_std[:4], [0.5, -0.5, -0.5, 0.5])
   with pytest.raises(ValueError, match="n=5"):
     losses.group_relative_advantages(scores, 5)
+  # The same groups given by id, in any row order, give the same advantages.
+  perm = np.random.default_rng(0).permutation(12)
+  for normalize_std in (True, False):
+    by_size = losses.group_relative_advantages(scores, 4, normalize_std=normalize_std)
+    by_id = losses.group_relative_advantages(scores[perm], group_ids=perm // 4,
+                                             normalize_std=normalize_std)
+    np.testing.assert_allclose(by_id, np.asarray(by_size)[perm], rtol=1e-6, atol=1e-6)
 
 
 def test_masked_whiten_and_bad_mode():

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from vapo_jax import config as config_lib
-from vapo_jax import metrics as metrics_lib
-from vapo_jax import run_control
+from vapo_jax.run import metrics as metrics_lib
+from vapo_jax.run import control as run_control
 
 
 def test_jsonl_and_tensorboard_and_truncate(tmp_path):
@@ -39,7 +39,7 @@ def test_no_workdir_writes_nothing(tmp_path):
 
 def test_plot_two_runs(tmp_path):
   pytest.importorskip("matplotlib")
-  from vapo_jax import plotting  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import plotting  # pylint: disable=import-outside-toplevel
   for name, scale in (("a", 1.0), ("b", 2.0)):
     w = metrics_lib.MetricsWriter(str(tmp_path / name), tensorboard=False)
     for step in range(1, 6):

@@ -216,7 +216,7 @@ from vapo_jax import distributed as dist
 dist.initialize("explicit", coordinator=f"127.0.0.1:{{port}}", num_processes=2, process_id=pid)
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from vapo_jax import checkpointing
+from vapo_jax.run import checkpoint_store as checkpointing
 mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
 tree = [jax.device_put(jnp.arange(64.0) + i, NamedSharding(mesh, P("d"))) for i in range(120)]
 sums = checkpointing.checksums(tree)                     # one program, not 120

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import toy_lm
-from vapo_jax import rollout as rollout_lib
-from vapo_jax import sampler as sampler_lib
+from vapo_jax.sampler import types as rollout_lib
+from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax import sharding
-from vapo_jax.sampling import SamplingConfig
+from vapo_jax.sampler.ops import SamplingConfig
 
 V, D = 13, 8
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]]

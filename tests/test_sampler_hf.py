@@ -8,12 +8,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from vapo_jax import rollout as rollout_lib  # noqa: E402
-from vapo_jax import sampler as sampler_lib  # noqa: E402
+from vapo_jax.sampler import types as rollout_lib  # noqa: E402
+from vapo_jax.sampler import engine as sampler_lib  # noqa: E402
 from vapo_jax import sharding  # noqa: E402
 from vapo_jax.models import hf_io  # noqa: E402
 from vapo_jax.models import transformer  # noqa: E402
-from vapo_jax.sampling import SamplingConfig  # noqa: E402
+from vapo_jax.sampler.ops import SamplingConfig  # noqa: E402
 from flax import nnx  # noqa: E402
 import tiny_hf  # noqa: E402
 

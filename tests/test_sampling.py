@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vapo_jax import sampling
-from vapo_jax.sampling import SamplingConfig
+from vapo_jax.sampler import ops as sampling
+from vapo_jax.sampler.ops import SamplingConfig
 
 # 8 logits rows, the last two are embedding padding (vocab_size=6).
 LOGITS = np.array([2.0, 1.0, 0.4, -0.3, 1.6, -1.2, 9.0, 8.0])

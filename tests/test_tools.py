@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vapo_jax import trainer as trainer_lib
+from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.models import forward_logits
 from vapo_jax.tools import evaluate as evaluate_tool
 from vapo_jax.tools import export as export_tool
@@ -54,12 +54,11 @@ def test_export_policy_and_critic_reload_in_transformers(finished_run, tmp_path)
   t = trainer_lib.Trainer(cfg, workdir, progress=False, read_only=True)
   try:
     t.resume()
-    policy = trainer_lib.run_checkpoint.policy_model(t)
-    from flax import nnx  # pylint: disable=import-outside-toplevel
-    critic = nnx.merge(t.critic_graphdef, t.critic_state.params)
+    policy = t.policy_model()
+    critic = t.critic_model()
   finally:
     t.close()
-  tokens = np.random.default_rng(0).integers(3, t.text.vocab_size, (2, 12)).astype(np.int32)
+  tokens = np.random.default_rng(0).integers(3, t.parts.text.vocab_size, (2, 12)).astype(np.int32)
   mask = np.ones_like(tokens, np.float32)
   ours = np.asarray(forward_logits(policy, jnp.asarray(tokens), jnp.asarray(mask)))
   hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "policy",
@@ -74,7 +73,7 @@ def test_export_policy_and_critic_reload_in_transformers(finished_run, tmp_path)
   with torch.no_grad():  # HF scores the whole sequence (its last token)
     score = hf_critic(torch.tensor(tokens, dtype=torch.long)).logits.numpy()[:, 0]
   np.testing.assert_allclose(values[:, -1], score, atol=2e-5, rtol=1e-4)
-  assert np.abs(np.asarray(t.critic_state.params["score"][...])).max() > 0  # trained head
+  assert np.abs(np.asarray(t.state.critic_state.params["score"][...])).max() > 0  # trained head
 
 
 def test_plot_command_draws_runs_side_by_side(finished_run, tmp_path):
@@ -99,8 +98,8 @@ def test_checkpoint_restores_onto_another_mesh(finished_run):
     t = trainer_lib.Trainer(c, workdir, progress=False, read_only=True)
     try:
       t.resume()
-      trees.append(jax.device_get((t.policy_state, t.critic_state)))
-      assert jax.tree.leaves(t.policy_state.params)[0].sharding.mesh.shape == dict(
+      trees.append(jax.device_get((t.state.policy_state, t.state.critic_state)))
+      assert jax.tree.leaves(t.state.policy_state.params)[0].sharding.mesh.shape == dict(
           zip(("data", "fsdp", "tensor"), mesh))
     finally:
       t.close()

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from vapo_jax import config as config_lib
-from vapo_jax import trainer as trainer_lib
+from vapo_jax.run import trainer as trainer_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,8 +37,8 @@ def run_rl_step(cfg):
   try:
     t.value_pretrain()
     history = t.rl()["history"]
-    return (jax.device_get(t.policy_state.params), jax.device_get(t.critic_state.params),
-            history[-1])
+    return (jax.device_get(t.state.policy_state.params),
+            jax.device_get(t.state.critic_state.params), history[-1])
   finally:
     t.close()
 

@@ -14,14 +14,14 @@ import time
 
 import pytest
 
-from vapo_jax import watchdog
+from vapo_jax.run import watchdog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _PRELUDE = """
 import sys, threading, time
 sys.path.insert(0, {root!r})
-from vapo_jax import run_control, watchdog
+from vapo_jax.run import control as run_control, watchdog
 def block_forever():
   print("blocking", flush=True)
   lock = threading.Lock()

@@ -19,6 +19,7 @@ ablation table, and the plain-PPO / GRPO / DAPO baselines):
 """
 
 import dataclasses
+import sys
 import types
 import typing
 from typing import Any
@@ -229,7 +230,9 @@ class Config:
   def prompts_per_step(self) -> int:
     """Without group sampling the same generation budget goes to n× more prompts."""
     rl = self.rl
-    return rl.prompts_per_step if rl.group_sampling else rl.prompts_per_step * rl.responses_per_prompt
+    if rl.group_sampling:
+      return rl.prompts_per_step
+    return rl.prompts_per_step * rl.responses_per_prompt
 
   @property
   def eps_high(self) -> float:
@@ -293,6 +296,14 @@ def from_config_dict(config: ml_collections.ConfigDict | dict) -> Config:
   cfg = _build(Config, config, "config")
   validate(cfg)
   return cfg
+
+
+def from_command_line(config: ml_collections.ConfigDict) -> Config:
+  """`from_config_dict` for a command's --config flag: a bad config exits with the message."""
+  try:
+    return from_config_dict(config)
+  except ConfigError as e:
+    sys.exit(f"Invalid config: {e}")
 
 
 def validate(cfg: Config) -> None:

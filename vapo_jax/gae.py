@@ -42,7 +42,7 @@ IMPLEMENTATIONS = ("scan", "associative", "blocked")
 _BLOCK = 8
 
 
-def length_adaptive_lambda(lengths: Array, alpha: float = 0.05) -> Array:
+def length_adaptive_lambda(lengths: Array, alpha: float) -> Array:
   """VAPO eq. (2): λ_policy = 1 − 1/(α·l), clipped to [0, 1].
 
   Args:
@@ -103,7 +103,7 @@ class DecoupledGAE(NamedTuple):
 
 def decoupled_gae(rewards: Array, values: Array, mask: Array, *, gamma: float = 1.0,
                   lam_policy: float | Array | None = None, lam_critic: float = 1.0,
-                  alpha: float = 0.05, impl: str = "scan") -> DecoupledGAE:
+                  alpha: float | None = None, impl: str = "scan") -> DecoupledGAE:
   """Decoupled GAE in one call: policy advantages and critic targets.
 
   advantages = gae(λ = λ_policy).advantages,  returns = gae(λ = λ_critic).returns.
@@ -117,12 +117,14 @@ def decoupled_gae(rewards: Array, values: Array, mask: Array, *, gamma: float = 
     gamma: discount γ.
     lam_policy: None (length-adaptive), a scalar, or ``[...]``.
     lam_critic: λ for the critic's targets (VAPO: 1.0).
-    alpha: α of the length-adaptive λ.
+    alpha: α of the length-adaptive λ (VAPO: 0.05); needed when ``lam_policy`` is None.
     impl: implementation, as in :func:`gae`.
   """
   mask = jnp.asarray(mask)
   lead = mask.shape[:-1]
   if lam_policy is None:
+    if alpha is None:
+      raise ValueError("a length-adaptive lam_policy needs alpha (VAPO: 0.05)")
     lam_policy = length_adaptive_lambda(jnp.sum(mask.astype(jnp.float32), axis=-1), alpha)
   lam_policy = jnp.broadcast_to(jnp.asarray(lam_policy, jnp.float32), lead)
   advantages, _ = gae(rewards, values, mask, gamma=gamma, lam=lam_policy, impl=impl)
@@ -242,7 +244,10 @@ def _gae_blocked(r, v, m, gamma, lam):
 
   def compacted(r, v, m):
     order = jnp.argsort(m <= 0, axis=-1, stable=True)
-    take = lambda x: jnp.take_along_axis(x, order, axis=-1)
+
+    def take(x):
+      return jnp.take_along_axis(x, order, axis=-1)
+
     adv_sorted = _gae_contiguous(take(r), take(v), take(m), gamma, lam)
     inverse = jnp.argsort(order, axis=-1)
     return jnp.take_along_axis(adv_sorted, inverse, axis=-1)

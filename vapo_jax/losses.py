@@ -235,7 +235,7 @@ def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
 
 
 def entropy_from_logits(logits: Array) -> Array:
-  """H = logsumexp(z) − Σ_v softmax(z)_v·z_v over the last axis, in float32: ``[..., V] → [...]``."""
+  """H = logsumexp(z) − Σ_v softmax(z)_v·z_v over the last axis, float32: ``[..., V] → [...]``."""
   logits = jnp.asarray(logits, jnp.float32)
   lse = jax.nn.logsumexp(logits, axis=-1)
   p = jnp.exp(logits - lse[..., None])
@@ -262,16 +262,19 @@ def kl_k3(logp: Array, ref_logp: Array) -> Array:
 # ---------------------------------------------------------------- group-relative baselines
 
 
-def group_relative_advantages(scores: Array, group_size: int, *, normalize_std: bool = True,
+def group_relative_advantages(scores: Array, group_size: int | None = None, *,
+                              group_ids: Array | None = None, normalize_std: bool = True,
                               eps: float = 1e-6, ddof: int = 1) -> Array:
   """GRPO's advantage: each response's score minus its group's mean, over the group's std.
 
   A_i = (r_i − mean_g(r)) / (std_g(r) + ε), or r_i − mean_g(r) with ``normalize_std=False``
-  (Dr. GRPO). Rows are grouped contiguously: rows ``g·n … g·n + n − 1`` answer prompt g.
+  (Dr. GRPO). Groups are given by ``group_size`` (rows ``g·n … g·n + n − 1`` answer prompt g)
+  or by ``group_ids`` (row b answers prompt ``group_ids[b]``, any order, any group sizes).
 
   Args:
     scores: ``[B]`` per-response scores, B = P·n.
-    group_size: n, responses per prompt.
+    group_size: n, responses per prompt (contiguous groups).
+    group_ids: ``[B]`` int, the group of each row in ``[0, B)`` (instead of group_size).
     normalize_std: divide by the group's standard deviation.
     eps: added to the std.
     ddof: delta degrees of freedom of the std (1: the sample std, as in GRPO).
@@ -280,6 +283,9 @@ def group_relative_advantages(scores: Array, group_size: int, *, normalize_std: 
     float32 ``[B]`` advantages (broadcast them over the response's tokens).
   """
   scores = jnp.asarray(scores, jnp.float32)
+  if group_ids is not None:
+    return _group_relative_by_id(scores, jnp.asarray(group_ids, jnp.int32), normalize_std,
+                                 eps, ddof)
   if scores.ndim != 1 or scores.shape[0] % group_size:
     raise ValueError(f"scores must be [P*n] with n={group_size}, got shape {scores.shape}")
   grouped = scores.reshape(-1, group_size)
@@ -290,6 +296,18 @@ def group_relative_advantages(scores: Array, group_size: int, *, normalize_std: 
     std = jnp.sqrt(jnp.sum(jnp.square(centred), -1, keepdims=True) / (group_size - ddof))
     centred = centred / (std + eps)
   return jax.lax.stop_gradient(centred.reshape(-1))
+
+
+def _group_relative_by_id(scores: Array, ids: Array, normalize_std: bool, eps: float,
+                          ddof: int) -> Array:
+  b = scores.shape[0]
+  total = lambda x: jax.ops.segment_sum(x, ids, num_segments=b)[ids]  # noqa: E731
+  count = total(jnp.ones_like(scores))
+  centred = scores - total(scores) / count
+  if normalize_std:
+    std = jnp.sqrt(total(jnp.square(centred)) / jnp.maximum(count - ddof, 1.0))
+    centred = centred / (std + eps)
+  return jax.lax.stop_gradient(centred)
 
 
 def masked_whiten(x: Array, mask: Array, *, shift_mean: bool = True, eps: float = 1e-8) -> Array:

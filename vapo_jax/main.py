@@ -5,7 +5,6 @@ stages it enables run in order (SFT warm start, value pretraining, RL).
 """
 
 import json
-import sys
 
 from absl import app
 from absl import flags
@@ -32,14 +31,11 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   if _CONFIG.value is None:
     raise app.UsageError("--config=configs/<experiment>.py is required")
-  try:
-    cfg = config_lib.from_config_dict(_CONFIG.value)
-  except config_lib.ConfigError as e:
-    sys.exit(f"Invalid config: {e}")
+  cfg = config_lib.from_command_line(_CONFIG.value)
   from vapo_jax import distributed  # pylint: disable=import-outside-toplevel
   distributed.initialize(_DIST.value, coordinator=_COORD.value,
                          num_processes=_NPROC.value, process_id=_PID.value)
-  from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   trainer = trainer_lib.Trainer(cfg, _WORKDIR.value,
                                 progress=_PROGRESS.value and distributed.is_main())
   try:

@@ -143,6 +143,12 @@ def logical_to_spec(names: Sequence[str | None] | None,
   return PartitionSpec(*spec)
 
 
+def batch_axes(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> tuple[str, ...]:
+  """The mesh axes the logical "batch" axis (rows) is split over, as a tuple."""
+  axes = logical_to_spec(("batch",), rules, mesh)[0]
+  return (axes,) if isinstance(axes, str) else tuple(axes or ())
+
+
 def logical_names(variable: Any) -> tuple[str | None, ...] | None:
   """The logical axis names a Flax NNX variable was created with (or None)."""
   get = getattr(variable, "get_metadata", None)

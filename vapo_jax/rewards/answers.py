@@ -2,12 +2,13 @@
 
 `parse_answer` (from `parse`) turns a normalised answer string into an
 `Answer` tree whose leaves are sympy expressions built by
-`latex.parse_latex` (never `eval`). `equivalent` compares two trees: numbers exactly when both are rational,
-otherwise to a relative tolerance; expressions with free symbols by exact
-cancellation or by evaluating both at fixed sample points; solution lists and
-sets as unordered collections; tuples and intervals in order with their
-brackets; equations up to a nonzero constant factor; inequalities in one
-variable and intervals as unions of intervals (see `intervals`).
+`latex.parse_latex` (never `eval`). `equivalent` compares two trees: numbers
+exactly when both are rational, otherwise to a relative tolerance; expressions
+with free symbols by exact cancellation or by evaluating both at fixed sample
+points; solution lists and sets as unordered collections; tuples and intervals
+in order with their brackets; equations up to a nonzero constant factor;
+inequalities in one variable and intervals as unions of intervals (see
+`intervals`).
 
 Labels: a list item `NAME = value` (`AB = 4`, `x_1 = 2`) keeps its name. Two
 lists whose items all carry distinct names match by name; a named list and

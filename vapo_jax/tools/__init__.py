@@ -1,1 +1,1 @@
-"""Command-line tools built on the trainer's parts (e.g. `python -m vapo_jax.tools.compile_check`)."""
+"""Command-line tools built on a run's parts (`python -m vapo_jax.tools.compile_check`, …)."""

@@ -49,8 +49,8 @@ def _name_of(path: str) -> str | None:
 def model_config(cfg, arch: str | None = None) -> ModelConfig:
   """The policy's ModelConfig for a `config.Config` (see the module docstring)."""
   m = cfg.model
-  from vapo_jax import builders  # pylint: disable=import-outside-toplevel
-  kw = {"param_dtype": m.param_dtype, "dtype": m.dtype, **builders.model_options(cfg)}
+  from vapo_jax.run import inputs, parts  # pylint: disable=import-outside-toplevel
+  kw = {"param_dtype": m.param_dtype, "dtype": m.dtype, **parts.model_options(cfg)}
   hf = None
   if arch:
     if arch.lower() in KNOWN:
@@ -74,4 +74,4 @@ def model_config(cfg, arch: str | None = None) -> ModelConfig:
     if mcfg.real_vocab_size is None and mcfg.model_type == "qwen2":
       mcfg = mcfg.replace(real_vocab_size=min(QWEN25_TOKENS, mcfg.vocab_size))
     return mcfg
-  return builders.fresh_model_config(cfg, builders.build_text(cfg))
+  return parts.fresh_model_config(cfg, inputs.build_text(cfg))

@@ -13,8 +13,9 @@ sampler prefill and decode step) are lowered and compiled for that TPU. Per prog
   peak = resident + (arguments − its resident arguments) + temporaries + outputs − aliased
 
 where `resident` is what stays in HBM while the program runs (both TrainStates and the
-rollout batch; a sampler's KV cache is its own programs' argument, freed after use). It fits when peak ≤ (1 − headroom) · HBM. A program
-that XLA itself cannot fit fails to compile; that is reported as not fitting too.
+rollout batch; a sampler's KV cache is its own programs' argument, freed after use). It fits
+when peak ≤ (1 − headroom) · HBM. A program that XLA itself cannot fit fails to compile; that
+is reported as not fitting too.
 
 The step time is an estimate: per program max(FLOPs / (peak FLOP/s · MFU), bytes accessed /
 (HBM bandwidth · BW efficiency)), from the compiled per-chip cost analysis, summed over one
@@ -238,10 +239,7 @@ def main(argv):
     raise app.UsageError("--config=configs/<experiment>.py and --topology=v5p-128 are needed")
   if not tpu_specs.libtpu_available():
     sys.exit('libtpu is not installed: pip install "jax[tpu]==<jax version>" (no TPU needed)')
-  try:
-    cfg = config_lib.from_config_dict(_CONFIG.value)
-  except config_lib.ConfigError as e:
-    sys.exit(f"Invalid config: {e}")
+  cfg = config_lib.from_command_line(_CONFIG.value)
   mcfg = archs.model_config(cfg, _ARCH.value)
   print(f"model: {mcfg.num_layers} layers, d={mcfg.hidden_size}, "
         f"{mcfg.num_params / 1e9:.2f} B parameters")

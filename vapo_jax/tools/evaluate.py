@@ -13,7 +13,6 @@ problems). Prints a JSON line and, with a workdir, writes `workdir/eval/step_<N>
 
 import json
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -24,16 +23,16 @@ from vapo_jax import config as config_lib
 
 def evaluate_checkpoint(cfg, workdir: str | None, step: str = "latest") -> dict:
   """Restores a checkpoint of `workdir` (or none: the config's model) and evaluates it."""
-  from vapo_jax import run_checkpoint  # pylint: disable=import-outside-toplevel
-  from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import checkpoint as run_checkpoint  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   trainer = trainer_lib.Trainer(cfg, workdir, progress=False, read_only=True)
   try:
     out = {}
     if workdir:
-      out["step"] = trainer.resume(run_checkpoint.select_step(trainer, step))
+      out["step"] = trainer.resume(run_checkpoint.select_step(trainer.ckpt, step))
       out["stage"] = trainer.ctl.stage
     out.update(trainer.evaluate())
-    out["num_problems"] = min(len(trainer.eval_examples), cfg.eval.num_examples)
+    out["num_problems"] = min(len(trainer.parts.eval_examples), cfg.eval.num_examples)
     out["k"] = cfg.eval.samples_per_problem
   finally:
     trainer.close()
@@ -56,10 +55,7 @@ def main(argv):
   f = flags.FLAGS
   if f.config is None:
     raise app.UsageError("--config=configs/<experiment>.py is required")
-  try:
-    cfg = config_lib.from_config_dict(f.config)
-  except config_lib.ConfigError as e:
-    sys.exit(f"Invalid config: {e}")
+  cfg = config_lib.from_command_line(f.config)
   print(json.dumps(evaluate_checkpoint(cfg, f.workdir, f.step)))
 
 

@@ -13,7 +13,6 @@ command (the arrays are gathered); process 0 writes.
 import json
 import os
 import shutil
-import sys
 
 from absl import app
 from absl import flags
@@ -29,22 +28,20 @@ def export(cfg, workdir: str, out: str, *, what: str = "policy", step: str = "la
            dtype: str | None = None) -> dict:
   """Restores checkpoint `step` of `workdir` and writes its policy or critic to `out`."""
   import jax  # pylint: disable=import-outside-toplevel
-  from flax import nnx  # pylint: disable=import-outside-toplevel
   from vapo_jax import critic as critic_lib  # pylint: disable=import-outside-toplevel
-  from vapo_jax import run_checkpoint  # pylint: disable=import-outside-toplevel
-  from vapo_jax import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import checkpoint as run_checkpoint  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   from vapo_jax.models import hf_io  # pylint: disable=import-outside-toplevel
   trainer = trainer_lib.Trainer(cfg, workdir, progress=False, read_only=True)
   try:
-    restored = trainer.resume(run_checkpoint.select_step(trainer, step))
+    restored = trainer.resume(run_checkpoint.select_step(trainer.ckpt, step))
     if what == "policy":
-      hf_io.save_pretrained(run_checkpoint.policy_model(trainer), trainer.model_cfg, out,
+      hf_io.save_pretrained(trainer.policy_model(), trainer.parts.model_cfg, out,
                             dtype=dtype)
     else:
-      if trainer.critic_state is None:
+      if trainer.state.critic_state is None:
         raise ValueError(f"checkpoint {restored} has no critic (stage {trainer.ctl.stage})")
-      critic = nnx.merge(trainer.critic_graphdef, trainer.critic_state.params)
-      critic_lib.save_pretrained(critic, out, dtype=dtype)
+      critic_lib.save_pretrained(trainer.critic_model(), out, dtype=dtype)
   finally:
     trainer.close()
   if cfg.model.hf_path and jax.process_index() == 0:
@@ -70,10 +67,7 @@ def main(argv):
   f = flags.FLAGS
   if f.config is None or not f.workdir or not f.out:
     raise app.UsageError("--config, --workdir and --out are required")
-  try:
-    cfg = config_lib.from_config_dict(f.config)
-  except config_lib.ConfigError as e:
-    sys.exit(f"Invalid config: {e}")
+  cfg = config_lib.from_command_line(f.config)
   print(json.dumps(export(cfg, f.workdir, f.out, what=f.what, step=f.step, dtype=f.dtype)))
 
 

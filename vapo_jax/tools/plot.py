@@ -21,7 +21,7 @@ def main(argv):
     raise app.UsageError("give one or more run directories")
   if _LABELS.value and len(_LABELS.value) != len(runs):
     raise app.UsageError(f"--labels has {len(_LABELS.value)} names for {len(runs)} runs")
-  from vapo_jax import plotting  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import plotting  # pylint: disable=import-outside-toplevel
   out = _OUT.value or os.path.join(runs[0] if os.path.isdir(runs[0])
                                    else os.path.dirname(runs[0]), "curves.png")
   print(plotting.plot_runs(runs, out, labels=_LABELS.value))

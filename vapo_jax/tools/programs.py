@@ -1,9 +1,10 @@
 """The run's compiled programs, lowered from shapes alone (no weights, no devices needed).
 
-Each program is built exactly as the trainer builds it (same step functions, shardings,
-micro-batching and donation), from abstract parameters (`jax.ShapeDtypeStruct` with the
-config's shardings), so `jax.jit(...).lower(...)` works for any device set — fake CPU
-devices in tests, or a TPU pod's devices from `jax.experimental.topologies` on a CPU host.
+Each program is built by the same `run.parts` functions the trainer builds it with (same
+step functions, shardings, micro-batching and donation), from abstract parameters
+(`jax.ShapeDtypeStruct` with the config's shardings), so `jax.jit(...).lower(...)` works for
+any device set — fake CPU devices in tests, or a TPU pod's devices from
+`jax.experimental.topologies` on a CPU host.
 
   policy_step   one policy update on a mini-batch (VAPO eq. 5), state donated
   critic_step   one critic update on a mini-batch
@@ -15,14 +16,13 @@ devices in tests, or a TPU pod's devices from `jax.experimental.topologies` on a
 
 Also the bytes that stay in device memory while each program runs (`resident`): both
 TrainStates and the last rollout batch. The samplers' KV caches are freed after each use
-(trainer.experience, evaluation), so a cache counts only in its own sampler's programs,
+(rl.experience, run.evaluation), so a cache counts only in its own sampler's programs,
 as their (donated) argument.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 from flax import nnx
@@ -31,13 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from vapo_jax import builders
 from vapo_jax import critic as critic_lib
-from vapo_jax import sampler as sampler_lib
-from vapo_jax import sampling
 from vapo_jax import sharding as shd
-from vapo_jax import train_steps as ts
 from vapo_jax.models import transformer
+from vapo_jax.rl import update
+from vapo_jax.run import inputs, parts
+from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import ops as sampling
 
 PROGRAMS = ("policy_step", "critic_step", "logprobs", "values", "prefill", "decode_step",
             "eval_decode_step")
@@ -54,12 +54,12 @@ def abstract_model(build: Callable[[nnx.Rngs], nnx.Module], mesh, rules):
   return graphdef, jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), abs_state, shardings)
 
 
-def abstract_train_state(params, tx, mesh) -> ts.TrainState:
-  """The TrainState `ts.init_state` would create, as shapes with shardings."""
-  opt_sh = ts.opt_state_shardings(params, tx)
+def abstract_train_state(params, tx, mesh) -> update.TrainState:
+  """The TrainState `update.init_state` would create, as shapes with shardings."""
+  opt_sh = update.opt_state_shardings(params, tx)
   opt = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), jax.eval_shape(tx.init, params),
                      opt_sh)
-  return ts.TrainState(params, opt, _sds((), jnp.int32, NamedSharding(mesh, PartitionSpec())))
+  return update.TrainState(params, opt, _sds((), jnp.int32, NamedSharding(mesh, PartitionSpec())))
 
 
 def per_device_bytes(tree) -> int:
@@ -97,86 +97,62 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
 
   With a per-chip `budget` that the resident state alone exceeds, no programs are built.
   """
-  rules = builders.rules_of(cfg)
-  batch_axes = builders.batch_axes(mesh, rules)
-  builders.device_count_check(cfg, mesh, rules)
-  rows_sh = ts.batch_sharding(mesh, batch_axes)
+  rules = parts.rules_of(cfg)
+  batch_axes = parts.batch_axes(mesh, rules)
+  parts.device_count_check(cfg, mesh, rules)
+  rows_sh = update.batch_sharding(mesh, batch_axes)
   rep = NamedSharding(mesh, PartitionSpec())
   graphdef, params = abstract_model(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
   c_graphdef, c_params = abstract_model(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, rules)
-  o = cfg.optim
-  opt = functools.partial(ts.make_optimizer, warmup_steps=o.warmup_steps,
-                          weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps,
-                          grad_clip=o.grad_clip)
-  p_tx, c_tx = opt(o.policy_lr), opt(o.critic_lr)
+  p_tx, c_tx = parts.optimizer(cfg, "policy"), parts.optimizer(cfg, "critic")
   p_state = abstract_train_state(params, p_tx, mesh)
   c_state = abstract_train_state(c_params, c_tx, mesh)
 
   n = cfg.responses_per_prompt
-  rows = cfg.prompts_per_step * n
-  mini = rows // cfg.rl.num_minibatches
-  mb = cfg.rl.micro_batch_size
-  micro = mini // mb if mb else 1
-  chunks = rows // mb if mb else 1
+  rows = parts.rows_of(cfg)
   p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
-  l_len = p_len + r_len
 
   def batch(b):
-    f32 = lambda *s: _sds(s, jnp.float32, rows_sh)  # noqa: E731
-    return {"tokens_BxL": _sds((b, l_len), jnp.int32, rows_sh), "mask_BxL": f32(b, l_len),
-            "old_logp_BxR": f32(b, r_len), "advantages_BxR": f32(b, r_len),
-            "returns_BxR": f32(b, r_len), "old_values_BxR": f32(b, r_len),
-            "response_mask_BxR": f32(b, r_len), "scores_B": f32(b)}
+    return {k: _sds(shape, dtype, rows_sh)
+            for k, (shape, dtype) in update.batch_shapes(b, p_len, r_len).items()}
 
-  rollout_batch = batch(rows)
-  parts = {"policy_state": per_device_bytes(p_state),
-           "critic_state": per_device_bytes(c_state) if cfg.rl.use_critic else 0,
-           "rollout_batch": per_device_bytes(rollout_batch)}
-  shapes = {"rows": rows, "minibatch_rows": mini, "micro_batches": micro,
-            "forward_chunks": chunks, "prompt_len": p_len, "response_len": r_len,
-            "devices": mesh.size}
-  if budget is not None and sum(parts.values()) > budget:
-    return Plan([], parts, shapes)  # Nothing can run: no programs to build.
-  text = builders.Text(encode=None, decode=None, bos_ids=(), template=None,
-                       eos_ids=(int(mcfg.eos_token_id or 0),), pad_id=0,
-                       vocab_size=mcfg.real_vocab_size or mcfg.vocab_size)
+  rollout_batch = batch(rows.rollout)
+  resident = {"policy_state": per_device_bytes(p_state),
+              "critic_state": per_device_bytes(c_state) if cfg.rl.use_critic else 0,
+              "rollout_batch": per_device_bytes(rollout_batch)}
+  shapes = {"rows": rows.rollout, "minibatch_rows": rows.minibatch,
+            "micro_batches": rows.micro_batches, "forward_chunks": rows.forward_chunks,
+            "prompt_len": p_len, "response_len": r_len, "devices": mesh.size}
+  if budget is not None and sum(resident.values()) > budget:
+    return Plan([], resident, shapes)  # Nothing can run: no programs to build.
+  text = inputs.Text(encode=None, decode=None, bos_ids=(), template=None,
+                    eos_ids=(int(mcfg.eos_token_id or 0),), pad_id=0,
+                    vocab_size=mcfg.real_vocab_size or mcfg.vocab_size)
   per_call = cfg.sampling.prompts_per_call or cfg.prompts_per_step
-  samplers = {
-      "rollout": (builders.build_sampler(cfg, graphdef, mcfg, mesh, rules, text, n=n),
-                  per_call),
-      "eval": (builders.build_sampler(cfg, graphdef, mcfg, mesh, rules, text,
-                                      n=cfg.eval.samples_per_problem), cfg.eval.batch_prompts),
-      "greedy": (builders.build_sampler(cfg, graphdef, mcfg, mesh, rules, text, n=1,
-                                        greedy=True), cfg.eval.batch_prompts),
-  }
+  built = parts.samplers(cfg, graphdef, mcfg, mesh, rules, text)
+  samplers = {"rollout": (built.rollout, per_call), "eval": (built.eval, cfg.eval.batch_prompts),
+              "greedy": (built.greedy, cfg.eval.batch_prompts)}
   caches = {k: _abstract_cache(s, bp * s.cfg.n_per_prompt) for k, (s, bp) in samplers.items()}
 
   progs = []
+  micro, chunks = rows.micro_batches, rows.forward_chunks
   if "policy_step" in names:
-    hp = ts.policy_hparams(cfg, micro)
-    fn = ts.compile_step(functools.partial(ts.policy_step, graphdef, p_tx, hp), p_state, mesh,
-                         batch_axes, rules)
-    progs.append(Program("policy_step", fn, (p_state, batch(mini)), {},
-                         parts["policy_state"], trips=micro))
+    fn = parts.policy_step(cfg, graphdef, p_tx, p_state, mesh, rules)
+    progs.append(Program("policy_step", fn, (p_state, batch(rows.minibatch)), {},
+                         resident["policy_state"], trips=micro))
   if "critic_step" in names and cfg.rl.use_critic:
-    hp = ts.critic_hparams(cfg, micro)
-    fn = ts.compile_step(functools.partial(ts.critic_step, c_graphdef, c_tx, hp), c_state,
-                         mesh, batch_axes, rules)
-    progs.append(Program("critic_step", fn, (c_state, batch(mini)), {},
-                         parts["critic_state"], trips=micro))
+    fn = parts.critic_step(cfg, c_graphdef, c_tx, c_state, mesh, rules)
+    progs.append(Program("critic_step", fn, (c_state, batch(rows.minibatch)), {},
+                         resident["critic_state"], trips=micro))
   tokens, mask = rollout_batch["tokens_BxL"], rollout_batch["mask_BxL"]
   in_rollout = per_device_bytes((tokens, mask))
   if "logprobs" in names:
-    fn = jax.jit(ts.in_micro_batches(functools.partial(ts.policy_logprobs, graphdef), chunks, mesh,
-                                       rules),
-                 static_argnames=("prompt_len", "temperature"))
+    fn = parts.logprobs_fn(cfg, graphdef, mesh, rules)
     progs.append(Program("logprobs", fn, (params, tokens, mask),
                          {"prompt_len": p_len, "temperature": cfg.sampling.temperature},
                          per_device_bytes(params) + in_rollout, trips=chunks))
   if "values" in names and cfg.rl.use_critic:
-    fn = jax.jit(ts.in_micro_batches(functools.partial(ts.critic_values, c_graphdef), chunks, mesh,
-                                       rules),
-                 static_argnames=("prompt_len",))
+    fn = parts.values_fn(cfg, c_graphdef, mesh, rules)
     progs.append(Program("values", fn, (c_params, tokens, mask), {"prompt_len": p_len},
                          per_device_bytes(c_params) + in_rollout, trips=chunks))
   sampler, bp = samplers["rollout"]
@@ -195,7 +171,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
   shapes.update({"prompts_per_call": per_call, "sampler_rows": per_call * n,
                  "cache_len": sampler.cfg.total_cache_len})
   shapes.update({f"kv_cache_{k}_per_chip": per_device_bytes(v) for k, v in caches.items()})
-  return Plan(progs, parts, shapes)
+  return Plan(progs, resident, shapes)
 
 
 def _abstract_cache(sampler, rows: int):
@@ -205,7 +181,7 @@ def _abstract_cache(sampler, rows: int):
   shard (the full cache may be too large to compile), then applied to `rows` rows.
   """
   s = sampler.cfg.total_cache_len
-  alloc = lambda r: sampler._constrain(sampler._init_cache(r, s), None)  # pylint: disable=protected-access  # noqa: E731
+  alloc = lambda r: sampler.constrain(sampler.init_cache(r, s), None)  # noqa: E731
   shardings = jax.jit(lambda: alloc(sampler.batch_shards)).lower().compile().output_shardings
   shapes = jax.eval_shape(lambda: alloc(rows))
   return jax.tree.map(lambda a, sh: _sds(a.shape, a.dtype, sh), shapes, shardings)
@@ -213,17 +189,17 @@ def _abstract_cache(sampler, rows: int):
 
 def _prefill(sampler, graphdef, params, cache, bp, p_len, rows_sh, resident_in) -> Program:
   """Steps 1–2 of the sampler: prefill Bp prompts, repeat n times into the donated cache."""
-  n, axes = sampler.cfg.n_per_prompt, sampler._axes  # pylint: disable=protected-access
+  n, axes = sampler.cfg.n_per_prompt, sampler.cache_leaf_axes
 
   def prefill(state, prompt_BxP, mask_BxP, cache):
     model = nnx.merge(graphdef, state)
     m = mask_BxP.astype(jnp.int32)
     positions = jnp.maximum(jnp.cumsum(m, axis=1) - 1, 0)
-    hidden, small = model(prompt_BxP, positions, m, cache=sampler._init_cache(bp, p_len),  # pylint: disable=protected-access
+    hidden, small = model(prompt_BxP, positions, m, cache=sampler.init_cache(bp, p_len),
                           cache_index=0)
     logits = model.logits(hidden[:, -1])
-    cache = sampler._constrain(sampler_lib._write_prefill(cache, small, n, axes), None)  # pylint: disable=protected-access
-    return sampler._constrain(jnp.repeat(logits, n, axis=0), 0), cache  # pylint: disable=protected-access
+    cache = sampler.constrain(sampler_lib.write_prefill(cache, small, n, axes), None)
+    return sampler.constrain(jnp.repeat(logits, n, axis=0), 0), cache
 
   fn = jax.jit(prefill, donate_argnums=(3,))
   args = (params, _sds((bp, p_len), jnp.int32, rows_sh), _sds((bp, p_len), jnp.float32, rows_sh),
@@ -240,7 +216,7 @@ def _decode(name, sampler, graphdef, params, cache, b, rows_sh, rep, resident_in
     hidden, cache = model(tok_B[:, None], positions_B[:, None], kv_mask_BxS, cache=cache,
                           cache_index=slot)
     new_B, logp_B = sampling.sample_step(key, model.logits(hidden[:, -1]), sampler.cfg)
-    return sampler._constrain(new_B, 0), sampler._constrain(logp_B, 0), cache  # pylint: disable=protected-access
+    return sampler.constrain(new_B, 0), sampler.constrain(logp_B, 0), cache
 
   fn = jax.jit(decode, donate_argnums=(4,))
   key = jax.eval_shape(lambda: jax.random.key(0))

@@ -1,6 +1,6 @@
 """Sampling options and per-step sampling math: temperature, top-k/p, greedy.
 
-Pure jax; no model, no flax. The sampler (`vapo_jax.sampler`) calls
+Pure jax; no model, no flax. The sampler (`vapo_jax.sampler.engine`) calls
 `sample_step` once per generated token.
 
 Conventions, with logits `z_BxV` of the full (padded) embedding vocabulary:

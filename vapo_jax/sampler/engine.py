@@ -46,8 +46,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
-from vapo_jax import rollout as rollout_lib
-from vapo_jax import sampling
+from vapo_jax.sampler import types as rollout_lib
+from vapo_jax.sampler import ops as sampling
 from vapo_jax import sharding as shd
 from vapo_jax.models import platform
 from vapo_jax.models import transformer
@@ -80,7 +80,7 @@ def cache_axes(init_cache: InitCacheFn) -> list[tuple[int, int]]:
   return axes
 
 
-def _write_prefill(cache: Any, small: Any, n: int, axes) -> Any:
+def write_prefill(cache: Any, small: Any, n: int, axes) -> Any:
   """Writes each prefill leaf, repeated n times, into slots [0, P) of cache."""
   leaves, treedef = jax.tree.flatten(cache)
   out = []
@@ -157,7 +157,7 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
   logits_BpxV, small = model_apply(prompt_BxP, positions_BpxP, mask_BpxP,
                                    init_cache(bp, p), 0)
   # 2. Group repeat into the persistent cache.
-  cache = constrain(_write_prefill(cache, small, n, axes), None)
+  cache = constrain(write_prefill(cache, small, n, axes), None)
   logits_BxV = constrain(jnp.repeat(logits_BpxV, n, axis=0), 0)
   prompt_len_B = constrain(jnp.repeat(jnp.sum(mask_BpxP, axis=1), n), 0)
   kv_mask_BxS = jnp.zeros((b, s), jnp.int32)
@@ -252,17 +252,14 @@ class Sampler:
                rules: shd.Rules = shd.DEFAULT_RULES):
     self.cfg = cfg
     self.mesh = mesh
-    self._init_cache = init_cache
-    self._axes = cache_axes(init_cache)
-    self.batch_axes = ()
-    if mesh is not None:
-      axes = shd.logical_to_spec(("batch",), rules, mesh)[0]
-      self.batch_axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    self.init_cache = init_cache
+    self.cache_leaf_axes = cache_axes(init_cache)
+    self.batch_axes = shd.batch_axes(mesh, rules) if mesh is not None else ()
     self.batch_shards = int(np.prod([mesh.shape[a] for a in self.batch_axes
                                     ])) if mesh else 1
     self._caches: dict[int, Any] = {}
-    fn = functools.partial(_generate, graphdef, init_cache, cfg, self._axes,
-                           self._constrain)
+    fn = functools.partial(_generate, graphdef, init_cache, cfg, self.cache_leaf_axes,
+                           self.constrain)
     self._generate = jax.jit(fn, donate_argnums=(3,))
 
   @classmethod
@@ -283,7 +280,7 @@ class Sampler:
     return cls(graphdef, lambda batch, max_len: init(batch, max_len), cfg,
                mesh=mesh, rules=rules)
 
-  def _constrain(self, x, batch_axis: int | None):
+  def constrain(self, x, batch_axis: int | None):
     """Batch-shards an array (batch_axis=0) or each cache leaf (None)."""
     if self.mesh is None or not self.batch_axes:
       return x
@@ -292,7 +289,7 @@ class Sampler:
           x, NamedSharding(self.mesh, P(self.batch_axes)))
     leaves, treedef = jax.tree.flatten(x)
     out = []
-    for leaf, (b_ax, _) in zip(leaves, self._axes):
+    for leaf, (b_ax, _) in zip(leaves, self.cache_leaf_axes):
       spec = [P.UNCONSTRAINED] * leaf.ndim
       spec[b_ax] = self.batch_axes
       out.append(
@@ -316,7 +313,7 @@ class Sampler:
         leaf = next(iter(jax.tree.leaves(state)), None)
         if isinstance(getattr(leaf, "sharding", None), NamedSharding):
           out_shardings = NamedSharding(leaf.sharding.mesh, P())
-      alloc = jax.jit(lambda: self._constrain(self._init_cache(rows, s), None),
+      alloc = jax.jit(lambda: self.constrain(self.init_cache(rows, s), None),
                       out_shardings=out_shardings)
       self._caches[rows] = alloc()
     return self._caches.pop(rows)

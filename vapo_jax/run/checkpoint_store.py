@@ -133,8 +133,9 @@ class CheckpointStore:
     Returns once the arrays are safe to donate: orbax copies them to host memory before
     handing the write to a background thread.
     """
-    meta = dict(meta, score=score, groups={name: {"paths": key_paths(tree), "checksums": checksums(tree)}
-                              for name, tree in groups.items()})
+    meta = dict(meta, score=score,
+                groups={name: {"paths": key_paths(tree), "checksums": checksums(tree)}
+                        for name, tree in groups.items()})
     arrays = {name: _flat(tree) for name, tree in groups.items()}
     self._manager.save(step, args=ocp.args.Composite(**{
         ARRAYS: ocp.args.StandardSave(arrays), META: ocp.args.JsonSave(meta)}),

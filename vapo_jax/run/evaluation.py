@@ -5,15 +5,16 @@
   greedy = accuracy of the argmax decode (one sample)
 
 Multi-host: every host walks the same examples; each samples and scores only the rows its
-devices hold (`host_data`), and the per-row scores are all-gathered, so every host returns
-the same metrics.
+devices hold (`rl.rollout`, `rl.reward`), and the per-row scores are all-gathered, so every
+host returns the same metrics.
 """
 
 import jax
 import numpy as np
 
 from vapo_jax import distributed as dist
-from vapo_jax import host_data
+from vapo_jax.rl import reward as reward_lib
+from vapo_jax.rl import rollout as rollout_lib
 
 
 def sample_and_score(sampler, params, examples, text, scorer, key, batch_prompts: int):
@@ -30,11 +31,11 @@ def sample_and_score(sampler, params, examples, text, scorer, key, batch_prompts
     real = len(chunk)
     chunk += [chunk[-1]] * (batch_prompts - real)  # keep one compiled shape
     key, sub = jax.random.split(key)
-    out = host_data.sample(sampler, params, lambda i, c=chunk: text.prompt_ids(c[i].problem),
-                           len(chunk), sub)
-    scored = host_data.score(scorer, out, text.decode, [ex.problem for ex in chunk],
-                             [ex.answer for ex in chunk], n)
-    rows, resp = host_data.local_responses(out)
+    out = rollout_lib.sample(sampler, params,
+                             lambda i, c=chunk: text.prompt_ids(c[i].problem), len(chunk), sub)
+    scored = reward_lib.score(scorer, out, text.decode, [ex.problem for ex in chunk],
+                              [ex.answer for ex in chunk])
+    rows, resp = reward_lib.local_responses(out)
     responses += [text.decode(r) for row, r in zip(rows, resp) if row < real * n]
     lens, trunc = dist.to_host((out.lengths_B, out.truncated_B))
     scores.append(scored.all_scores.rewards[:real * n].reshape(real, n))

@@ -23,7 +23,7 @@ import warnings
 from typing import Any, Iterator
 
 from vapo_jax import distributed as dist
-from vapo_jax import watchdog as watchdog_lib
+from vapo_jax.run import watchdog as watchdog_lib
 
 STAGES = ("sft", "value_pretrain", "rl", "done")
 

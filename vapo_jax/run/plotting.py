@@ -17,7 +17,7 @@ import math
 import os
 from typing import Sequence
 
-from vapo_jax import metrics as metrics_lib
+from vapo_jax.run import metrics as metrics_lib
 
 # (title, stage, [metric keys]); a key ending in "@" matches avg@k / pass@k for any k.
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (

@@ -1,4 +1,5 @@
-"""The jitted update steps: policy (VAPO eq. 5), critic (value loss), and SFT.
+"""Step 4 of an RL step, the update: jitted policy (VAPO eq. 5), critic and SFT steps, and
+the PPO loop of mini-batch updates over one rollout batch (`Updates`).
 
 Each step is a pure function `(TrainState, batch) -> (TrainState, metrics)` over a mini-batch,
 compiled once with `jax.jit` with input/output shardings and the state donated. A mini-batch
@@ -12,7 +13,8 @@ Shapes: B rows (responses), P prompt columns (left-padded), R response columns, 
 """
 
 import dataclasses
-from typing import Any, Callable
+import time
+from typing import Any, Callable, NamedTuple
 
 from flax import nnx
 import jax
@@ -22,6 +24,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from vapo_jax import critic as critic_lib
+from vapo_jax import distributed as dist
 from vapo_jax import losses
 from vapo_jax import policy as policy_lib
 from vapo_jax import sharding as shd
@@ -37,47 +40,43 @@ class TrainState:
 
 @dataclasses.dataclass(frozen=True)
 class PolicyHParams:
-  temperature: float = 1.0
-  eps_low: float = 0.2
-  eps_high: float = 0.28
-  dual_clip: float | None = None
-  loss_mode: str = "token"
-  nll_coef: float = 0.1
-  nll_threshold: float = 1.0
-  micro_batches: int = 1
-  vocab_chunk: int = 128
+  """The policy step's settings (from the run's config: `run.parts.policy_hparams`)."""
+  temperature: float
+  eps_low: float
+  eps_high: float
+  dual_clip: float | None
+  loss_mode: str
+  nll_coef: float
+  nll_threshold: float
+  micro_batches: int
+  vocab_chunk: int = 128  # not a config setting: the policy's memory bound over the vocab
 
 
 @dataclasses.dataclass(frozen=True)
 class CriticHParams:
-  value_clip: float | None = None
-  loss_mode: str = "token"
-  micro_batches: int = 1
+  """The critic step's settings (from the run's config: `run.parts.critic_hparams`)."""
+  value_clip: float | None
+  loss_mode: str
+  micro_batches: int
 
 
-def policy_hparams(cfg, micro_batches: int = 1) -> PolicyHParams:
-  """The PolicyHParams of a run's `config.Config` (its VAPO switches resolved)."""
-  rl = cfg.rl
-  return PolicyHParams(temperature=cfg.sampling.temperature, eps_low=rl.eps_low,
-                       eps_high=cfg.eps_high, dual_clip=rl.dual_clip or None,
-                       loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
-                       nll_threshold=rl.nll_threshold, micro_batches=micro_batches)
-
-
-def critic_hparams(cfg, micro_batches: int = 1) -> CriticHParams:
-  return CriticHParams(value_clip=cfg.rl.value_clip or None, loss_mode="token",
-                       micro_batches=micro_batches)
+class Optimizer(NamedTuple):
+  """An optax GradientTransformation (init, update) that also tells its learning rate."""
+  init: Callable
+  update: Callable
+  learning_rate: optax.Schedule  # update count -> the rate that update applies
 
 
 def make_optimizer(lr: float, *, warmup_steps: int = 0, weight_decay: float = 0.01,
                    b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8,
-                   grad_clip: float = 1.0) -> optax.GradientTransformation:
+                   grad_clip: float = 1.0) -> Optimizer:
   """AdamW with linear warm-up to a constant rate, after global-norm clipping."""
   schedule = (optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps
               else optax.constant_schedule(lr))
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
   parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
-  return optax.chain(*parts)
+  tx = optax.chain(*parts)
+  return Optimizer(tx.init, tx.update, schedule)
 
 
 def opt_state_shardings(params, tx: optax.GradientTransformation):
@@ -156,7 +155,10 @@ def _apply(tx, state: TrainState, grads, loss) -> tuple[TrainState, jax.Array, j
   ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jnp.where(ok, new, old)
+
+  def keep(new, old):
+    return jnp.where(ok, new, old)
+
   new_state = TrainState(jax.tree.map(keep, params, state.params),
                          jax.tree.map(keep, opt_state, state.opt_state),
                          state.step + ok.astype(state.step.dtype))
@@ -329,3 +331,74 @@ def shard_batch(batch: dict, mesh, batch_axes) -> dict:
   sh = batch_sharding(mesh, batch_axes)
   return {k: jax.make_array_from_callback(np.shape(v), sh, lambda idx, v=np.asarray(v): v[idx])
           for k, v in batch.items()}
+
+
+
+# --------------------------------------------------------------------------- the PPO loop
+
+# The batch every train step takes: key -> (shape in B, L = P + R, R; dtype).
+BATCH_SPEC = {"tokens_BxL": (("B", "L"), jnp.int32), "mask_BxL": (("B", "L"), jnp.float32),
+              "old_logp_BxR": (("B", "R"), jnp.float32),
+              "advantages_BxR": (("B", "R"), jnp.float32),
+              "returns_BxR": (("B", "R"), jnp.float32),
+              "old_values_BxR": (("B", "R"), jnp.float32),
+              "response_mask_BxR": (("B", "R"), jnp.float32), "scores_B": (("B",), jnp.float32)}
+
+# Mini-batch shuffles are seeded by (seed, stage, step, epoch); these numbers name the
+# stages there (fixed: resumed runs and existing checkpoints depend on them).
+SHUFFLE_STAGE = {"value_pretrain": 0, "rl": 1}
+
+
+def batch_shapes(rows: int, prompt_len: int, response_len: int) -> dict[str, tuple]:
+  """{key: (shape, dtype)} of a train-step batch of `rows` rows (see BATCH_SPEC)."""
+  dims = {"B": rows, "L": prompt_len + response_len, "R": response_len}
+  return {k: (tuple(dims[d] for d in axes), dtype) for k, (axes, dtype) in BATCH_SPEC.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOLoop:
+  """ppo_epochs passes of num_minibatches mini-batches of minibatch_rows rows each."""
+  epochs: int
+  num_minibatches: int
+  minibatch_rows: int
+  seed: int
+
+
+def ppo_updates(loop: PPOLoop, models: dict[str, tuple[Callable, TrainState]], batch: dict,
+                take: Callable, *, stage: str, step: int):
+  """The update: every mini-batch of every epoch goes through each model's step, in order.
+
+  Args:
+    loop: the loop's sizes and seed.
+    models: name -> (compiled step, its TrainState), e.g. {"policy": …, "critic": …}.
+    batch: the rollout batch (BATCH_SPEC).
+    take: take(batch, idx) -> the mini-batch of rows idx, on the mesh.
+    stage, step: where the run is (they seed the mini-batch shuffle).
+
+  Returns:
+    (name -> new TrainState, the updates' mean metrics and train_tokens_per_s, per-update
+    "skipped" flags: a step dropped a non-finite update).
+  """
+  states = {name: state for name, (_, state) in models.items()}
+  rows = batch["scores_B"].shape[0]
+  records = []
+  t0 = time.perf_counter()
+  for epoch in range(loop.epochs):
+    perm = np.random.default_rng([loop.seed, SHUFFLE_STAGE[stage], step, epoch]
+                                 ).permutation(rows)
+    for k in range(loop.num_minibatches):
+      idx = jnp.asarray(perm[k * loop.minibatch_rows:(k + 1) * loop.minibatch_rows])
+      minibatch = take(batch, idx)
+      m = {}
+      for name, (step_fn, _) in models.items():
+        states[name], sm = step_fn(states[name], minibatch)
+        m.update(sm)
+      records.append(dist.pace(m))
+  records = jax.device_get(records)
+  dt = time.perf_counter() - t0
+  skipped = [max(float(r.pop("policy_skipped", 0)), float(r.pop("critic_skipped", 0))) > 0
+             for r in records]
+  metrics = {k: float(np.mean([r[k] for r in records])) for k in records[0]}
+  tokens = float(jax.device_get(jnp.sum(batch["mask_BxL"]))) * loop.epochs
+  metrics["train_tokens_per_s"] = tokens / max(dt, 1e-9)
+  return states, metrics, skipped

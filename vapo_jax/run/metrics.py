@@ -126,3 +126,26 @@ class MetricsWriter:
                                       flush_secs=30)
     return self._tb[stage]
 
+
+
+class _NoBar:
+  """A progress bar that shows nothing."""
+
+  def update(self, n: int = 1) -> None:
+    del n
+
+  def set_postfix(self, *args, **kwargs) -> None:
+    del args, kwargs
+
+  def close(self) -> None:
+    pass
+
+
+def progress_bar(total: int, desc: str, *, enabled: bool, start: int = 0):
+  """A tqdm bar at `start` of `total` steps, or one that shows nothing."""
+  if not enabled:
+    return _NoBar()
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+  bar = tqdm(total=total, desc=desc, dynamic_ncols=True, leave=True)
+  bar.update(start)
+  return bar

@@ -1,0 +1,1 @@
+"""One RL step as named parts: rollout → reward → advantages (the experience), then update."""

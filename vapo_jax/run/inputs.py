@@ -1,0 +1,106 @@
+"""What a run reads: the tokenizer and prompt template (`Text`), the train and held-out
+examples, and the SFT stage's teacher-forcing batches.
+
+Everything that reads files happens here or in `run.parts`, before any train step is
+compiled, so a missing file or a bad data row fails the run at once with a message naming it.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from vapo_jax import data as data_lib
+from vapo_jax.models import hf_io
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+  """How text becomes tokens and back for one run."""
+  encode: Callable[[str], list[int]]    # text -> ids, no special tokens
+  decode: Callable[[list[int]], str]
+  bos_ids: tuple[int, ...]              # put before every prompt
+  template: data_lib.PromptTemplate
+  eos_ids: tuple[int, ...]
+  pad_id: int
+  vocab_size: int                       # tokens the tokenizer knows (≤ embedding rows)
+
+  def prompt_ids(self, problem: str) -> list[int]:
+    return list(self.bos_ids) + self.encode(self.template.apply(problem))
+
+
+def build_text(cfg) -> Text:
+  """The tokenizer and prompt template named by the config."""
+  fmt = cfg.data.template
+  if cfg.model.tokenizer == "char":
+    tok = data_lib.CharTokenizer()
+    template = data_lib.PromptTemplate(format=fmt)
+    return Text(encode=tok.encode, decode=tok.decode, bos_ids=(tok.bos_id,),
+                template=template, eos_ids=(tok.eos_id,), pad_id=tok.pad_id,
+                vocab_size=tok.vocab_size)
+  tok = hf_io.load_tokenizer(cfg.model.hf_path)
+  template = (data_lib.PromptTemplate.from_chat_template(tok, fmt) if cfg.data.chat_template
+              else data_lib.PromptTemplate(format=fmt))
+  eos = tok.eos_token_id
+  eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+  pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+  return Text(encode=lambda s: tok.encode(s, add_special_tokens=False),
+              decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+              bos_ids=(() if tok.bos_token_id is None or cfg.data.chat_template
+                       else (int(tok.bos_token_id),)),
+              template=template, eos_ids=eos_ids, pad_id=int(pad), vocab_size=len(tok))
+
+
+def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
+  """Train and held-out examples whose prompts fit the budget, and what was dropped."""
+  d = cfg.data
+  if d.source == "synthetic":
+    spec = data_lib.synthetic.ArithmeticSpec(
+        min_steps=d.synthetic_min_steps, max_steps=d.synthetic_max_steps,
+        max_operand=d.synthetic_max_operand, ops=d.synthetic_ops)
+    train = data_lib.synthetic.arithmetic(d.num_train, "train", cfg.seed, spec)
+    test = data_lib.synthetic.arithmetic(d.num_eval, "test", cfg.seed, spec)
+  else:
+    load = {"jsonl": data_lib.load_jsonl, "parquet": data_lib.load_parquet,
+            "tfds": data_lib.load_tfds}[d.source]
+
+    def kwargs(layout):
+      out = {"layout": layout} if layout else {}
+      if d.problem_field:
+        out["problem_field"] = d.problem_field
+      if d.answer_field:
+        out["answer_field"] = d.answer_field
+      return out
+
+    train = load(d.train_path, **kwargs(d.layout))[:d.num_train]
+    test = (load(d.eval_path, **kwargs(d.eval_layout or d.layout))[:d.num_eval]
+            if d.eval_path else [])
+  stats = {}
+  kept = []
+  for name, examples in (("train", train), ("eval", test)):
+    if not examples:
+      kept.append([])
+      continue
+    f = data_lib.filter_by_length(examples, lambda s: text.bos_ids + tuple(text.encode(s)),
+                                  d.max_prompt_tokens, text.template)
+    stats[f"data/{name}_dropped_too_long"] = f.dropped
+    kept.append(f.examples)
+  return kept[0], kept[1], stats
+
+
+def sft_batch(examples, text: Text, prompt_len: int, response_len: int) -> dict[str, Any]:
+  """Teacher-forcing batch of prompt + solution + EOS (solutions cut to response_len)."""
+  b = len(examples)
+  tokens = np.full((b, prompt_len + response_len), text.pad_id, np.int32)
+  mask = np.zeros((b, prompt_len + response_len), np.float32)
+  for i, ex in enumerate(examples):
+    if ex.solution is None:
+      raise ValueError(f"example {ex.uid!r} has no solution to learn from in the SFT stage")
+    p = text.prompt_ids(ex.problem)
+    r = (text.encode(ex.solution) + [text.eos_ids[0]])[:response_len]
+    tokens[i, prompt_len - len(p):prompt_len] = p
+    mask[i, prompt_len - len(p):prompt_len] = 1
+    tokens[i, prompt_len:prompt_len + len(r)] = r
+    mask[i, prompt_len:prompt_len + len(r)] = 1
+  return {"tokens_BxL": tokens, "mask_BxL": mask,
+          "response_mask_BxR": mask[:, prompt_len:].copy()}

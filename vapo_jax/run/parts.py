@@ -1,0 +1,342 @@
+"""The one place that builds a run's parts from a `config.Config`.
+
+Mesh, policy and critic (the tokenizer and examples: `run.inputs`); the samplers; the
+settings of each RL step (every Config → dataclass adapter); the optimizers and the jitted
+programs. The trainer builds its run with `build` and `train_state`, and `tools/programs`
+(the compile check) builds the same programs from abstract parameters with the same
+functions, so the check compiles exactly what a run runs.
+"""
+
+import dataclasses
+import functools
+import warnings
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from vapo_jax import config as config_lib
+from vapo_jax import critic as critic_lib
+from vapo_jax import distributed as dist
+from vapo_jax import sharding as shd
+from vapo_jax.models import config as model_config
+from vapo_jax.models import hf_io, transformer
+from vapo_jax.rewards import fn_for_mode
+from vapo_jax.rewards import RewardScorer
+from vapo_jax.rl import advantages as advantages_lib
+from vapo_jax.rl import experience as experience_lib
+from vapo_jax.rl import update
+from vapo_jax.run import inputs
+from vapo_jax.run.inputs import Text
+from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import ops as sampling
+
+
+def rules_of(cfg) -> shd.Rules:
+  return tuple((str(k), v if v is None or isinstance(v, str) else tuple(v))
+               for k, v in cfg.mesh.rules) if cfg.mesh.rules else shd.DEFAULT_RULES
+
+
+def build_mesh(cfg):
+  """The config's (data, fsdp, tensor) mesh; with no -1 size it uses the first devices."""
+  sizes = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+  devices = None
+  if -1 not in sizes:
+    need = int(np.prod(sizes))
+    if need > jax.device_count():
+      raise ValueError(f"config.mesh {sizes} needs {need} devices, "
+                       f"only {jax.device_count()} are present")
+    if jax.process_count() > 1 and need != jax.device_count():
+      raise ValueError(f"config.mesh {sizes} uses {need} of the {jax.device_count()} devices "
+                       f"of {jax.process_count()} processes; a multi-process mesh must use "
+                       "every device (set one size to -1)")
+    devices = jax.devices()[:need]
+  return shd.make_mesh(*sizes, devices=devices)
+
+
+batch_axes = shd.batch_axes
+
+
+def build_policy(cfg, mesh, rules, text: Text):
+  """(graphdef, params, ModelConfig) of the policy: an HF checkpoint or a fresh small model."""
+  m = cfg.model
+  if m.hf_path:
+    model, mcfg = hf_io.from_pretrained(m.hf_path, mesh=mesh, rules=rules,
+                                        param_dtype=m.param_dtype, dtype=m.dtype,
+                                        **model_options(cfg))
+    if mcfg.real_vocab_size is None:
+      mcfg = mcfg.replace(real_vocab_size=min(text.vocab_size, mcfg.vocab_size))
+      model.cfg = mcfg
+  else:
+    mcfg = fresh_model_config(cfg, text)
+    model = transformer.init_sharded(lambda r: transformer.Transformer(mcfg, rngs=r), mesh,
+                                     rules, seed=cfg.seed)
+  graphdef, params = nnx.split(model)
+  return graphdef, params, mcfg
+
+
+def model_options(cfg) -> dict:
+  """ModelConfig fields set by the run config whatever the architecture."""
+  m = cfg.model
+  return {"remat": m.remat, "attention_impl": m.attention_impl,
+          "attention_block": m.attention_block}
+
+
+def fresh_model_config(cfg, text: Text) -> model_config.ModelConfig:
+  """The ModelConfig of a config's freshly initialised model (no model.hf_path)."""
+  m = cfg.model
+  padded_vocab = -(-text.vocab_size // 64) * 64  # padded rows are never sampled
+  return model_config.ModelConfig(
+      vocab_size=padded_vocab, real_vocab_size=text.vocab_size, hidden_size=m.hidden_size,
+      intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+      num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+      rope_theta=m.rope_theta, tie_word_embeddings=m.tie_word_embeddings,
+      qkv_bias=m.model_type == "qwen2", qk_norm=m.model_type == "qwen3",
+      model_type=m.model_type, param_dtype=m.param_dtype, dtype=m.dtype,
+      **model_options(cfg), eos_token_id=text.eos_ids[0], pad_token_id=text.pad_id)
+
+
+def build_critic(cfg, policy_graphdef, policy_params, mesh, rules):
+  """(graphdef, params) of the critic: from model.critic_path, else the policy + a new head."""
+  if cfg.model.critic_path:
+    critic, _ = critic_lib.Critic.from_pretrained(
+        cfg.model.critic_path, mesh=mesh, rules=rules, param_dtype=cfg.model.param_dtype,
+        dtype=cfg.model.dtype, **model_options(cfg))
+  else:
+    policy = nnx.merge(policy_graphdef, policy_params)
+    critic = critic_lib.Critic.from_policy(policy)
+  graphdef, params = nnx.split(critic)
+  # from_policy shares the policy's buffers; the critic's train step donates its own.
+  return graphdef, jax.jit(lambda t: jax.tree.map(jnp.copy, t))(params)
+
+
+def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
+                  temperature: float | None = None, greedy: bool = False):
+  """A compiled group sampler with the run's sampling settings."""
+  s = cfg.sampling
+  scfg = sampling.SamplingConfig(
+      max_new_tokens=s.max_new_tokens, temperature=temperature or s.temperature,
+      top_p=s.top_p, top_k=s.top_k, greedy=greedy, stop_token_ids=text.eos_ids,
+      pad_id=text.pad_id, vocab_size=text.vocab_size, n_per_prompt=n,
+      max_prompt_len=cfg.data.max_prompt_tokens,
+      prompt_buckets=(cfg.data.max_prompt_tokens,), decode_windows=s.decode_windows)
+  # The KV cache's kv_heads axis is split like the k/v projections (over `tensor`), not
+  # only its rows over the batch axes: at 32B × 20k tokens a row's cache is 5.6 GB, and
+  # replicating it over a 4-way tensor axis is what keeps it off any v5p slice.
+  init = functools.partial(transformer.init_cache, mcfg)
+  spec = shd.logical_to_spec((None, None, "kv_heads", "head_dim"), rules, mesh,
+                             (1, 1, mcfg.num_kv_heads, mcfg.head_dim))
+  kv_sharding = NamedSharding(mesh, spec)
+
+  def init_cache(batch, max_len):
+    cache = init(batch, max_len)
+    if not any(spec):
+      return cache
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, kv_sharding), cache)
+
+  return sampler_lib.Sampler(graphdef, init_cache, scfg, mesh=mesh, rules=rules)
+
+
+def device_count_check(cfg, mesh, rules) -> None:
+  """The rollout batch must split evenly over the batch shards of the mesh."""
+  axes = batch_axes(mesh, rules)
+  shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+  for what, rows in (("rl.prompts_per_step", cfg.prompts_per_step),
+                     ("eval.batch_prompts", cfg.eval.batch_prompts),
+                     ("sft.batch_size", cfg.sft.batch_size),
+                     ("sampling.prompts_per_call", cfg.sampling.prompts_per_call)):
+    if rows % shards:
+      raise ValueError(f"config.{what}={rows} must be a multiple of the {shards} batch "
+                       f"shards of the mesh {dict(mesh.shape)}")
+
+
+
+# ---------------------------------------------------------------- config -> step settings
+
+
+def advantage_config(cfg: config_lib.Config) -> advantages_lib.AdvantageConfig:
+  """The advantage settings of step 3 (`rl.alpha` reaches `gae` only through here)."""
+  rl = cfg.rl
+  return advantages_lib.AdvantageConfig(
+      use_critic=rl.use_critic, gamma=rl.gamma, decoupled=rl.decoupled_gae,
+      lam_critic=rl.lam_critic, length_adaptive=rl.length_adaptive, alpha=rl.alpha,
+      lam_policy=rl.lam_policy, group_std_norm=rl.group_std_norm,
+      whiten=rl.whiten_advantages, gae_impl=rl.gae_impl)
+
+
+def policy_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.PolicyHParams:
+  """The policy step's settings (the config's VAPO switches resolved)."""
+  rl = cfg.rl
+  return update.PolicyHParams(
+      temperature=cfg.sampling.temperature, eps_low=rl.eps_low, eps_high=cfg.eps_high,
+      dual_clip=rl.dual_clip or None, loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
+      nll_threshold=rl.nll_threshold, micro_batches=micro_batches)
+
+
+def critic_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.CriticHParams:
+  return update.CriticHParams(value_clip=cfg.rl.value_clip or None, loss_mode="token",
+                              micro_batches=micro_batches)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+  """Row counts of one RL step."""
+  rollout: int         # B = prompts_per_step × responses_per_prompt
+  minibatch: int       # rows of one mini-batch (one optimizer update)
+  micro_batches: int   # gradient-accumulation micro-batches per mini-batch
+  forward_chunks: int  # micro-batches of the old-log-prob and value passes over B rows
+
+
+def rows_of(cfg: config_lib.Config) -> Rows:
+  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  minibatch = rows // cfg.rl.num_minibatches
+  micro = cfg.rl.micro_batch_size
+  # The old-log-prob and value passes over the whole rollout run in train-sized
+  # micro-batches: at 32B × 20k tokens the whole batch at once would not fit any pod.
+  return Rows(rows, minibatch, minibatch // micro if micro else 1, rows // micro if micro else 1)
+
+
+def ppo_loop(cfg: config_lib.Config) -> update.PPOLoop:
+  return update.PPOLoop(epochs=cfg.rl.ppo_epochs, num_minibatches=cfg.rl.num_minibatches,
+                        minibatch_rows=rows_of(cfg).minibatch, seed=cfg.seed)
+
+
+def sft_warmup(cfg: config_lib.Config) -> int:
+  return min(cfg.optim.warmup_steps, cfg.sft.steps // 10)
+
+
+def optimizer(cfg: config_lib.Config, model: str) -> update.Optimizer:
+  """The AdamW of "sft", "policy" or "critic" training."""
+  o = cfg.optim
+  lr, warmup = {"sft": (o.sft_lr, sft_warmup(cfg)), "policy": (o.policy_lr, o.warmup_steps),
+                "critic": (o.critic_lr, o.warmup_steps)}[model]
+  return update.make_optimizer(lr, warmup_steps=warmup, weight_decay=o.weight_decay, b1=o.b1,
+                               b2=o.b2, eps=o.eps, grad_clip=o.grad_clip)
+
+
+# ------------------------------------------------------------------------------ programs
+# Each takes parameters or a TrainState, concrete or abstract (`jax.ShapeDtypeStruct`s with
+# shardings): only their structure and shardings are read.
+
+
+def sft_step(cfg, graphdef, tx, state, mesh, rules):
+  del cfg
+  return update.compile_step(functools.partial(update.sft_step, graphdef, tx), state, mesh,
+                             batch_axes(mesh, rules), rules)
+
+
+def policy_step(cfg, graphdef, tx, state, mesh, rules):
+  hp = policy_hparams(cfg, rows_of(cfg).micro_batches)
+  return update.compile_step(functools.partial(update.policy_step, graphdef, tx, hp), state,
+                             mesh, batch_axes(mesh, rules), rules)
+
+
+def critic_step(cfg, graphdef, tx, state, mesh, rules):
+  hp = critic_hparams(cfg, rows_of(cfg).micro_batches)
+  return update.compile_step(functools.partial(update.critic_step, graphdef, tx, hp), state,
+                             mesh, batch_axes(mesh, rules), rules)
+
+
+def logprobs_fn(cfg, graphdef, mesh, rules):
+  """(params, tokens_BxL, mask_BxL, *, prompt_len, temperature) -> old log-probs, entropy."""
+  return jax.jit(update.in_micro_batches(functools.partial(update.policy_logprobs, graphdef),
+                                         rows_of(cfg).forward_chunks, mesh, rules),
+                 static_argnames=("prompt_len", "temperature"))
+
+
+def values_fn(cfg, graphdef, mesh, rules):
+  """(critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R]."""
+  return jax.jit(update.in_micro_batches(functools.partial(update.critic_values, graphdef),
+                                         rows_of(cfg).forward_chunks, mesh, rules),
+                 static_argnames=("prompt_len",))
+
+
+def take_fn(mesh, batch_axes_):
+  """take(batch, idx): rows idx of a batch, sharded like a batch."""
+  take = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, 0), batch),
+                 out_shardings=update.batch_sharding(mesh, batch_axes_))
+  # idx is the same on every host; as a replicated global array it also works multi-host.
+  return lambda batch, idx: take(batch, dist.replicated(np.asarray(idx), mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class Samplers:
+  rollout: sampler_lib.Sampler  # n = responses_per_prompt
+  eval: sampler_lib.Sampler     # n = eval.samples_per_problem
+  greedy: sampler_lib.Sampler   # n = 1, argmax
+
+
+def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text) -> Samplers:
+  build = functools.partial(build_sampler, cfg, graphdef, mcfg, mesh, rules, text)
+  return Samplers(build(n=cfg.responses_per_prompt), build(n=cfg.eval.samples_per_problem),
+                  build(n=1, greedy=True))
+
+
+def experience(cfg, sampler, text: Text, scorer, logprobs, values=None
+               ) -> experience_lib.Experience:
+  """Steps 1–3 of the RL step with the run's settings (`values` is added with the critic)."""
+  ac = advantage_config(cfg)
+  return experience_lib.Experience(
+      sampler=sampler, text=text, scorer=scorer, logprobs=logprobs, values=values,
+      advantages=jax.jit(functools.partial(advantages_lib.compute_advantages, ac)),
+      monte_carlo=jax.jit(functools.partial(advantages_lib.compute_advantages, dataclasses.replace(
+          ac, use_critic=True, decoupled=True, lam_critic=1.0))),
+      temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call)
+
+
+def train_state(cfg, model: str, graphdef, params, mesh, rules):
+  """(TrainState, compiled step, optimizer) of "sft", "policy" or "critic" training."""
+  tx = optimizer(cfg, model)
+  state = update.init_state(params, tx)
+  build_step = {"sft": sft_step, "policy": policy_step, "critic": critic_step}[model]
+  return state, build_step(cfg, graphdef, tx, state, mesh, rules), tx
+
+
+@dataclasses.dataclass
+class RunParts:
+  """What a run is built from (the TrainStates come later, from `train_state`)."""
+  mesh: Any
+  rules: shd.Rules
+  batch_axes: tuple[str, ...]
+  text: Text
+  train_examples: list
+  eval_examples: list
+  data_stats: dict
+  graphdef: Any                 # the policy's
+  policy_params: Any            # its initial parameters
+  model_cfg: model_config.ModelConfig
+  scorer: RewardScorer          # training rewards (reward.mode)
+  eval_scorer: Any              # the same pool, checking in eval.reward_mode
+  samplers: Samplers
+  experience: experience_lib.Experience  # steps 1–3 (its `values` join with the critic)
+  take: Callable                # take(batch, idx): the mini-batch of rows idx, on the mesh
+
+
+def build(cfg: config_lib.Config) -> RunParts:
+  """A run's parts, in the order that fails fastest (config vs devices, files, model)."""
+  rules = rules_of(cfg)
+  mesh = build_mesh(cfg)
+  device_count_check(cfg, mesh, rules)
+  text = inputs.build_text(cfg)
+  train, held_out, stats = inputs.build_examples(cfg, text)
+  if not held_out:
+    warnings.warn("no held-out examples (data.eval_path is empty): evaluating on the first "
+                  f"{cfg.eval.num_examples} training examples")
+    held_out = train[:cfg.eval.num_examples]
+  graphdef, params, mcfg = build_policy(cfg, mesh, rules, text)
+  scorer = RewardScorer(fn_for_mode(cfg.reward.fn, cfg.reward.mode),
+                        num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s)
+  built = samplers(cfg, graphdef, mcfg, mesh, rules, text)
+  axes = batch_axes(mesh, rules)
+  return RunParts(
+      mesh=mesh, rules=rules, batch_axes=axes, text=text, train_examples=train,
+      eval_examples=held_out, data_stats=stats, graphdef=graphdef, policy_params=params,
+      model_cfg=mcfg, scorer=scorer,
+      eval_scorer=scorer.using(fn_for_mode(cfg.reward.fn, cfg.eval.reward_mode)),
+      samplers=built,
+      experience=experience(cfg, built.rollout, text, scorer,
+                            logprobs_fn(cfg, graphdef, mesh, rules)),
+      take=take_fn(mesh, axes))

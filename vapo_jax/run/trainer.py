@@ -1,0 +1,330 @@
+"""The VAPO pipeline: SFT warm start → value pretraining → RL, on a device mesh.
+
+    Trainer(cfg, workdir).run()
+
+One RL step reads as its parts, in order:
+
+    experience (rollout → reward → advantages)   [rl.experience]
+      → update (ppo_epochs × num_minibatches × (policy step, critic step))   [rl.update]
+      → checkpoint (periodic / best / on SIGTERM)   [run.checkpoint]
+
+Value pretraining is the same loop with the policy frozen: the critic learns the Monte Carlo
+returns (λ = 1) of the starting policy's samples until a stopping rule holds. The trainer
+only orders the stages; their parts are built by `run.parts`, and everything a checkpoint
+holds is the trainer's `RunState` (`run.checkpoint`).
+"""
+
+import dataclasses
+import os
+import time
+import warnings
+from typing import Any
+
+import jax
+from flax import nnx
+
+from vapo_jax import critic as critic_lib
+from vapo_jax.data import PromptIterator
+from vapo_jax.run import checkpoint as run_checkpoint
+from vapo_jax.run import control as run_control
+from vapo_jax.run import evaluation
+from vapo_jax.run import inputs
+from vapo_jax.run import metrics as metrics_lib
+from vapo_jax.run import parts
+from vapo_jax.rl import update as update_lib
+
+CRITIC_DIR = "critic"          # workdir/critic: HF-format critic after value pretraining
+CURVES_PNG = "curves.png"
+
+
+class Trainer:
+  """Holds the run's parts and state and runs its stages in order."""
+
+  def __init__(self, cfg, workdir: str | None = None, *, progress: bool = True,
+               read_only: bool = False):
+    """Builds the run's parts.
+
+    Args:
+      cfg: the run's `config.Config`.
+      workdir: where metrics, checkpoints and the plot go (None: nowhere).
+      progress: show progress bars.
+      read_only: only read the workdir's checkpoints (tools that evaluate or export a run,
+        perhaps while it trains): no metrics are written and no checkpoint is touched.
+    """
+    self.cfg, self.workdir, self.progress = cfg, workdir, progress
+    self.parts = p = parts.build(cfg)
+    self.critic_graphdef = None
+    self.steps: dict[str, tuple] = {}  # "sft" / "policy" / "critic" -> (compiled step, tx)
+    self.ckpt = run_checkpoint.store(cfg, workdir, read_only=read_only)
+    self.ctl = run_control.RunControl(
+        stage=run_control.first_stage(cfg), max_in_a_row=cfg.faults.max_consecutive_nonfinite,
+        save_every=cfg.checkpoint.every, collective_timeout_s=cfg.faults.collective_timeout_s,
+        step_timeout_s=cfg.faults.step_timeout_s, sigterm_grace_s=cfg.faults.sigterm_grace_s)
+    # The global batch of prompts, identical on every host; each host then feeds only the
+    # rows its devices hold (see rl.experience).
+    self.state = run_checkpoint.RunState(
+        cfg=cfg, ckpt=self.ckpt, ctl=self.ctl,
+        log=metrics_lib.MetricsWriter(None if read_only else workdir,
+                                      tensorboard=cfg.metrics.tensorboard),
+        prompts=PromptIterator(p.train_examples, cfg.prompts_per_step, seed=cfg.seed),
+        key=jax.random.key(cfg.seed), policy_params=p.policy_params)
+
+  # -------------------------------------------------------------------------- parts
+  def setup(self, group: str):
+    """Sets up (once) and returns a checkpoint group's state: "sft", "policy", "critic"
+    (each with its optimizer and compiled step) or "policy_params"."""
+    s, p, cfg = self.state, self.parts, self.cfg
+    if group == "policy_params":
+      return s.policy_params
+    attr = f"{group}_state"
+    if getattr(s, attr) is None:
+      graphdef, params = p.graphdef, s.policy_params
+      if group == "critic":
+        self.critic_graphdef, params = parts.build_critic(cfg, p.graphdef, s.policy_params,
+                                                          p.mesh, p.rules)
+        graphdef = self.critic_graphdef
+        p.experience = dataclasses.replace(p.experience, values=parts.values_fn(
+            cfg, graphdef, p.mesh, p.rules))
+      state, step, tx = parts.train_state(cfg, group, graphdef, params, p.mesh, p.rules)
+      setattr(s, attr, state)
+      self.steps[group] = (step, tx)
+      if group == "sft":
+        # The global batch, identical on every host (like the RL prompts): SFT is the same
+        # for any number of processes, and resumes on a different number.
+        s.sft_prompts = PromptIterator(p.train_examples, cfg.sft.batch_size, seed=cfg.seed + 1)
+    return getattr(s, attr)
+
+  def _lr(self, group: str) -> float:
+    """The rate the optimizer of `group` applies at its next update (its own schedule)."""
+    return float(self.steps[group][1].learning_rate(getattr(self.state, f"{group}_state").step))
+
+  def policy_model(self):
+    return nnx.merge(self.parts.graphdef, self.state.policy_params)
+
+  def critic_model(self):
+    return nnx.merge(self.critic_graphdef, self.state.critic_state.params)
+
+  def _bar(self, total: int, desc: str, start: int = 0):
+    return metrics_lib.progress_bar(total, desc, enabled=self.progress, start=start)
+
+  # ------------------------------------------------------------------------- stages
+  def sft(self) -> dict[str, float]:
+    """Supervised warm start on the examples' worked solutions."""
+    cfg, s = self.cfg, self.state
+    self.setup("sft")
+    start = self.ctl.enter("sft")
+    bar = self._bar(cfg.sft.steps, "sft", start)
+    metrics = {}
+    for i in range(start, cfg.sft.steps):
+      batch = inputs.sft_batch(next(s.sft_prompts), self.parts.text, cfg.data.max_prompt_tokens,
+                               cfg.sampling.max_new_tokens)
+      s.sft_state, m = self.steps["sft"][0](
+          s.sft_state, update_lib.shard_batch(batch, self.parts.mesh, self.parts.batch_axes))
+      m = {k: float(v) for k, v in jax.device_get(m).items()}
+      m.update(self.ctl.count_skipped([m.pop("sft_skipped") > 0], f"sft step {i + 1}"))
+      if (i + 1) % cfg.log_every == 0 or i + 1 == cfg.sft.steps:
+        m["lr/sft"] = self._lr("sft")
+        metrics = m
+        s.log.write("sft", i + 1, metrics)
+        bar.set_postfix(loss=f"{metrics['sft_loss']:.3f}")
+      bar.update(1)
+      self._step_end("sft", i + 1, last=i + 1 == cfg.sft.steps)
+    bar.close()
+    s.policy_params = s.sft_state.params
+    s.sft_state = None  # frees the SFT optimizer's moments before the critic is built
+    return metrics
+
+  def experience(self, examples, *, for_value_pretraining: bool = False) -> tuple[dict, dict]:
+    """Steps 1–3 on the step's global prompts: (device batch, metrics); see rl.experience."""
+    s = self.state
+    return self.parts.experience(
+        s.policy_params, s.critic_state.params if s.critic_state is not None else None,
+        examples, s.next_key(), for_value_pretraining=for_value_pretraining)
+
+  def update(self, batch: dict, *, stage: str, step: int, policy: bool) -> dict:
+    """Step 4: the PPO loop over one batch; skipped non-finite updates are counted here."""
+    s = self.state
+    trained = ["policy"] * policy + ["critic"] * (s.critic_state is not None)
+    models = {g: (self.steps[g][0], getattr(s, f"{g}_state")) for g in trained}
+    states, out, skipped = update_lib.ppo_updates(parts.ppo_loop(self.cfg), models, batch,
+                                                  self.parts.take, stage=stage, step=step)
+    for g, st in states.items():
+      setattr(s, f"{g}_state", st)
+    out.update(self.ctl.count_skipped(skipped, f"{stage} step {step + 1}"))
+    out.update({f"lr/{g}": self._lr(g) for g in states})
+    return out
+
+  def value_pretrain(self) -> dict[str, float]:
+    """Trains the critic on Monte Carlo returns of the frozen policy until the rule holds."""
+    vp = self.cfg.value_pretrain
+    self.setup("critic")
+    start = self.ctl.enter("value_pretrain")
+    bar = self._bar(vp.max_steps, "value pretraining", start)
+    metrics = {}
+    for i in range(start, vp.max_steps):
+      batch, em = self.experience(next(self.state.prompts), for_value_pretraining=True)
+      um = self.update(batch, stage="value_pretrain", step=i, policy=False)
+      metrics = {**em, **um}
+      self.state.log.write("value_pretrain", i + 1, metrics)
+      bar.update(1)
+      bar.set_postfix(vloss=f"{um['value_loss']:.4f}",
+                      ev=f"{em['value/explained_variance']:.3f}")
+      done_loss = vp.stop_value_loss > 0 and um["value_loss"] < vp.stop_value_loss
+      done_ev = em["value/explained_variance"] >= vp.stop_explained_variance
+      stop = i + 1 >= vp.min_steps and (done_loss or done_ev)
+      self._step_end("value_pretrain", i + 1, last=stop or i + 1 == vp.max_steps)
+      if stop:
+        break
+    bar.close()
+    return metrics
+
+  def evaluate(self, examples=None) -> dict[str, float]:
+    cfg, p = self.cfg, self.parts
+    examples = (examples or p.eval_examples)[:cfg.eval.num_examples]
+    return evaluation.evaluate(p.samplers.eval, p.samplers.greedy, self.state.policy_params,
+                               examples, p.text, p.eval_scorer, jax.random.key(cfg.seed + 7),
+                               batch_prompts=cfg.eval.batch_prompts,
+                               threshold=cfg.rl.nll_threshold)
+
+  def rl(self) -> dict[str, Any]:
+    """VAPO RL (or the preset's variant) for rl.steps steps (continuing a resumed run)."""
+    cfg, rl, s = self.cfg, self.cfg.rl, self.state
+    if rl.use_critic:
+      self.setup("critic")
+    self.setup("policy")
+    start = self.ctl.enter("rl")
+    bar = self._bar(rl.steps, "rl", start)
+    history = []
+    for i in range(start, rl.steps):
+      t0 = time.perf_counter()
+      batch, em = self.experience(next(s.prompts))
+      t1 = time.perf_counter()
+      um = self.update(batch, stage="rl", step=i, policy=True)
+      s.policy_params = s.policy_state.params
+      t2 = time.perf_counter()
+      metrics = {**em, **um, "time/update_s": t2 - t1, "time/step_s": t2 - t0}
+      score = None
+      if cfg.eval.every and (i + 1) % cfg.eval.every == 0 and i + 1 < rl.steps:
+        ev = self.evaluate()
+        metrics.update({f"eval/{k}": v for k, v in ev.items()})
+        metrics["time/eval_s"] = time.perf_counter() - t2
+        s.log.write("eval", i + 1, ev)
+        score = ev[f"avg@{cfg.eval.samples_per_problem}"]
+      history.append(metrics)
+      if (i + 1) % cfg.log_every == 0 or i + 1 == rl.steps:
+        s.log.write("rl", i + 1, metrics)
+      shown = {"reward": ("reward/mean", 3), "acc": ("reward/accuracy", 3),
+               "len": ("response/length_mean", 1), "ent": ("entropy", 3),
+               "vloss": ("value_loss", 4), "ev": ("value/explained_variance", 2)}
+      bar.update(1)
+      bar.set_postfix({k: f"{metrics[m]:.{d}f}" for k, (m, d) in shown.items() if m in metrics})
+      self._step_end("rl", i + 1, last=i + 1 == rl.steps, score=score)
+    bar.close()
+    return {"history": history}
+
+  def run(self) -> dict[str, Any]:
+    """All stages in order, resuming from the workdir's newest good checkpoint.
+
+    Returns the evaluation before and after RL (and the stages' last metrics). On SIGTERM
+    the run saves at the next step boundary and returns early with `summary["preempted"]`;
+    running the same command again continues exactly where it stopped.
+    """
+    cfg = self.cfg
+    t0 = time.perf_counter()
+    self.state.summary = {"data": self.parts.data_stats}
+    if cfg.checkpoint.resume:
+      self.resume()
+    elif self.ckpt and self.ckpt.steps():
+      raise ValueError(f"{self.ckpt.directory} holds checkpoints {self.ckpt.steps()} and "
+                       "config.checkpoint.resume is False: use a fresh --workdir (a new run "
+                       "would not be able to save over them)")
+    summary, log = self.state.summary, self.state.log
+    if cfg.faults.handle_sigterm:
+      self.ctl.install_sigterm()
+    try:
+      if self.ctl.stage == "sft":
+        summary["sft"] = self.sft()
+        self._finish_stage("sft")
+      if self.ctl.stage == "value_pretrain":
+        summary["value_pretrain"] = self.value_pretrain()
+        self._save_critic()
+        self._finish_stage("value_pretrain")
+      if self.ctl.stage == "rl":
+        if self.ctl.step == 0:
+          summary["eval_before_rl"] = self.evaluate()
+          log.write("eval", 0, summary["eval_before_rl"])
+        score = None
+        if cfg.rl.steps:
+          history = self.rl()["history"]
+          if history:
+            summary["rl_last"] = history[-1]
+          summary["eval_after_rl"] = self.evaluate()
+          log.write("eval", cfg.rl.steps, summary["eval_after_rl"])
+          score = summary["eval_after_rl"][f"avg@{cfg.eval.samples_per_problem}"]
+        self._finish_stage("rl", score=score)
+    except run_control.Preempted as e:
+      summary["preempted"] = str(e)
+    finally:
+      if self.ckpt:
+        with self.ctl.guard("checkpoint write"):
+          self.ckpt.wait()
+      self.ctl.close()
+      log.flush()
+    if "preempted" not in summary:
+      self._plot()
+    summary["wall_s"] = time.perf_counter() - t0
+    return summary
+
+  def close(self):
+    self.ctl.close()
+    self.parts.scorer.close()
+    self.state.log.close()
+    if self.ckpt:
+      self.ckpt.close()
+
+  # -------------------------------------------------------------------- checkpoints
+  def _step_end(self, stage: str, done: int, *, last: bool, score: float | None = None):
+    """Step boundary: periodic / best / preemption saves; raises Preempted on SIGTERM."""
+    self.ctl.advance(stage, done)
+    stop = self.ctl.stop_requested()
+    if stop or (not last and self.ctl.periodic_save_due()) or (
+        score is not None and self.cfg.checkpoint.keep_best):
+      self.save(score=score)
+    if stop:
+      if self.ckpt:
+        with self.ctl.guard("checkpoint write"):
+          self.ckpt.wait()
+      raise run_control.Preempted(
+          f"stopped by SIGTERM after {stage} step {done} (global step "
+          f"{self.ctl.global_step}); " + (f"checkpoint saved in {self.ckpt.directory}, "
+                                          "run the same command to resume" if self.ckpt
+                                          else "no workdir, nothing saved"))
+
+  def _finish_stage(self, stage: str, score: float | None = None):
+    self.ctl.stage, self.ctl.step = run_control.next_stage(self.cfg, stage), 0
+    self.save(score=score)
+
+  def save(self, score: float | None = None) -> None:
+    """Checkpoints the current position (no-op without a workdir or if already saved)."""
+    with self.ctl.guard(f"checkpoint save {self.ctl.global_step}"):
+      run_checkpoint.save(self.state, score=score)
+
+  def resume(self, step: int | None = None) -> int | None:
+    """Restores checkpoint `step` (None: the newest good one); returns its step or None."""
+    with self.ctl.guard("checkpoint restore"):
+      return run_checkpoint.restore(self.state, self.setup, step)
+
+  def _save_critic(self):
+    """The value-pretrained critic as an HF directory other runs load via model.critic_path."""
+    if not (self.workdir and self.cfg.checkpoint.save_critic and self.state.critic_state):
+      return
+    critic_lib.save_pretrained(self.critic_model(), os.path.join(self.workdir, CRITIC_DIR))
+
+  def _plot(self):
+    if not (self.workdir and self.cfg.metrics.plot and self.state.log.path):
+      return
+    try:
+      from vapo_jax.run import plotting  # pylint: disable=import-outside-toplevel
+      plotting.plot_runs([self.workdir], os.path.join(self.workdir, CURVES_PNG))
+    except ImportError as e:
+      warnings.warn(f"no {CURVES_PNG}: {e}")
