@@ -84,6 +84,19 @@ def test_small_config_fits_a_small_slice(tmp_path):
   report = json.load(open(tmp_path / "r.json", encoding="utf-8"))[0]
   assert report["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
   assert report["programs"]["policy_step"]["flops"] > 0 and report["step_time_s"] > 0
+  # By hand: TINY's policy (vocab 97 padded to 128, d 32, one layer: q/o 32x32, k/v 32x16
+  # with biases, MLP 3 x 32x64, three RMSNorm scales) has P parameters; its TrainState is
+  # params + Adam's two moments, float32, split over fsdp = 4 chips. The small 1-D leaves
+  # (biases, norm scales) and the int32 step counters may stay replicated.
+  d, f, hd = 32, 64, 16
+  vectors = 2 * hd + hd + hd + 3 * d          # q, k, v biases; two layer norms + final norm
+  matrices = 128 * d + d * 2 * hd + 2 * d * hd + 2 * hd * d + 3 * d * f
+  sharded = 3 * 4 * (matrices + vectors) / 4
+  replicated_extra = 3 * 4 * vectors * 3 / 4 + 4 * 4
+  got = report["resident"]["policy_state"]
+  assert sharded <= got <= sharded + replicated_extra, (got, sharded)
+  p = report["programs"]["policy_step"]
+  assert p["peak"] >= got and p["arguments"] >= got
 
 
 @NEEDS_LIBTPU
@@ -92,3 +105,18 @@ def test_qwen32b_on_a_too_small_slice_fails_clearly():
   assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
   assert "v5p-8: DOES NOT FIT — the training state alone needs" in out.stdout
   assert "GB per chip" in out.stdout and "use a slice with more chips" in out.stdout
+
+
+@NEEDS_LIBTPU
+def test_a_program_that_compiles_but_exceeds_the_budget_does_not_fit(tmp_path):
+  # The step compiles (XLA fits it in HBM), but the run's budget, HBM less the headroom, is
+  # below its peak: the check must say so and exit 1, not report a fit.
+  out = _check(*TINY, "--topology=v5e-4", "--programs=policy_step", "--headroom=0.99999",
+               f"--json={tmp_path}/r.json")
+  assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+  import json  # pylint: disable=import-outside-toplevel
+  report = json.load(open(tmp_path / "r.json", encoding="utf-8"))[0]
+  step = report["programs"]["policy_step"]
+  assert not step["error"] and step["peak"] > report["budget_per_chip"]
+  assert not step["fits"] and not report["fits"]
+  assert "v5e-4: DOES NOT FIT — policy_step needs" in out.stdout
