@@ -134,7 +134,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
   ckpt = state.ckpt
   if not ckpt:
     return None
-  initial = (state.policy_params, state.key)
+  initial = (state.policy_params, state.key, state.prompts.get_state())
   current = dataclasses.asdict(state.cfg)
   weights_ok = state.cfg.checkpoint.restore == "weights"
 
@@ -143,11 +143,15 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
       raise checkpointing.CheckpointError(f"unknown checkpoint group {name!r}")
     return build(name)
 
-  def attempt(s, meta):
-    # Undo what a failed earlier attempt built, so states match a run that never stopped.
-    state.policy_params, state.key = initial
+  def reset():
+    # Undo what a failed attempt built or set, so states match a run that never stopped.
+    state.policy_params, state.key = initial[:2]
+    state.prompts.set_state(initial[2])
     state.sft_state = state.sft_prompts = state.policy_state = None
     state.critic_state = None
+
+  def attempt(s, meta):
+    reset()
     changes = _config_changes(meta.get("config", {}), current)
 
     def mismatch(what: str, weights_hint: bool):
@@ -183,6 +187,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
   if step is None:
     found = ckpt.restore_latest(attempt)
     if found is None:
+      reset()
       return None
   else:
     if step not in ckpt.steps():

@@ -2,8 +2,9 @@
 
     workdir/checkpoints/<step>/arrays   named groups of jax arrays (orbax StandardSave, OCDBT)
     workdir/checkpoints/<step>/meta     JSON: where the run was, iterator states, PRNG key,
-                                        counters, config, and a checksum per array
-    workdir/checkpoints_corrupt/<step>  checkpoints that failed to restore, moved aside
+                                        counters, config, and each array's checksum, shape, dtype
+    workdir/checkpoints_corrupt/<step>  damaged checkpoints (unreadable, or checksums that
+                                        disagree), moved aside
 
 A checkpoint is `groups` — {"policy": TrainState, "critic": TrainState, ...}, any pytrees of
 jax arrays — plus a JSON `meta` dict. Trees are stored as their flat list of leaves, with the
