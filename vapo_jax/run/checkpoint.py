@@ -171,13 +171,15 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     try:
       arrays = ckpt.restore(s, likes)
     except checkpointing.CheckpointMismatch as e:
-      if not weights_ok:
-        raise mismatch(f"{e} (the checkpoint does not fit this run)", True) from e
+      weights = {n: _weights(n, t) for n, t in likes.items()}
+      subtrees = {n: WEIGHTS[n] for n in likes}
       try:
-        params = ckpt.restore(s, {n: _weights(n, t) for n, t in likes.items()},
-                              subtrees={n: WEIGHTS[n] for n in likes})
+        ckpt.check(s, weights, subtrees=subtrees)
       except checkpointing.CheckpointMismatch as e2:
-        raise mismatch(f"{e2} (not even the weights fit this run)", False) from e2
+        raise mismatch(f"{e2} (its model weights do not fit this run)", False) from e2
+      if not weights_ok:  # (only the optimizer state does not fit)
+        raise mismatch(f"{e} (the checkpoint does not fit this run)", True) from e
+      params = ckpt.restore(s, weights, subtrees=subtrees)
       arrays = {n: p if WEIGHTS[n] == "" else dataclasses.replace(likes[n], params=p)
                 for n, p in params.items()}
       note = (f"checkpoint.restore=weights: restored only the weights of checkpoint {s}; "

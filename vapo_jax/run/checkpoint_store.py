@@ -228,6 +228,19 @@ class CheckpointStore:
                                    f"{have} in this run")
     return indices
 
+  def check(self, step: int, like: dict[str, Any], *,
+            subtrees: dict[str, str] | None = None) -> dict[str, list[int]]:
+    """Raises CheckpointMismatch unless `like` fits checkpoint `step` (see `restore`); reads
+    only its meta. Returns, per group, the saved leaf numbers that `like`'s leaves are."""
+    subtrees = subtrees or {}
+    saved = self.read_meta(step).get("groups", {})
+    indices = {}
+    for name, tree in like.items():
+      if name not in saved:
+        raise CheckpointMismatch(f"checkpoint {step} has no {name!r} (it has {sorted(saved)})")
+      indices[name] = self._select(step, name, saved[name], tree, subtrees.get(name))
+    return indices
+
   def restore(self, step: int, like: dict[str, Any], *,
               subtrees: dict[str, str] | None = None) -> dict[str, Any]:
     """Restores groups of checkpoint `step` into the structure and shardings of `like`.
@@ -245,13 +258,8 @@ class CheckpointStore:
       CheckpointDamaged: the arrays cannot be read, or a checksum does not match.
     """
     subtrees = subtrees or {}
-    meta = self.read_meta(step)
-    saved = meta.get("groups", {})
-    indices = {}
-    for name, tree in like.items():
-      if name not in saved:
-        raise CheckpointMismatch(f"checkpoint {step} has no {name!r} (it has {sorted(saved)})")
-      indices[name] = self._select(step, name, saved[name], tree, subtrees.get(name))
+    saved = self.read_meta(step).get("groups", {})
+    indices = self.check(step, like, subtrees=subtrees)
     target = {name: _abstract(jax.tree.leaves(tree), indices[name])
               for name, tree in like.items()}
     try:
