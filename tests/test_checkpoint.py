@@ -3,11 +3,13 @@ a damaged newest checkpoint falls back to the previous one; restoring onto anoth
 
 import glob
 import os
+import shutil
 import signal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -166,6 +168,146 @@ def test_restore_onto_another_mesh_and_checksums(tmp_path):
   assert checkpointing.checksums(tree) == checkpointing.checksums(out)
   flipped = dict(tree, w=tree["w"].at[3, 1].add(1e-3))
   assert checkpointing.checksums(flipped) != checkpointing.checksums(tree)
-  with pytest.raises(checkpointing.CheckpointError, match="does not match"):
+  with pytest.raises(checkpointing.CheckpointMismatch, match="'s' has other leaves"):
     store.restore(4, {"s": {"w": like["s"]["w"]}})
+  with pytest.raises(checkpointing.CheckpointMismatch,
+                     match=r"s\['w'\] is float32\[16,4\] there but float32\[16,2\] in this run"):
+    store.restore(4, {"s": dict(like["s"], w=jnp.zeros((16, 2)))})
+  with pytest.raises(checkpointing.CheckpointMismatch, match="has no 'x'"):
+    store.restore(4, {"x": like["s"]})
+  store.close()
+
+
+# ------------------------------------------------- a checkpoint that does not fit the run
+def rl_only(**overrides):
+  """Straight to RL (no SFT, no value pretraining): two steps, the critic trained too."""
+  return small(**{"sft.enabled": False, "value_pretrain.enabled": False, "rl.steps": 2,
+                  **overrides})
+
+
+@pytest.fixture(scope="module")
+def stopped_in_rl(tmp_path_factory):
+  """A run stopped by SIGTERM after RL step 1: checkpoints 0 (start of RL) and 1."""
+  workdir = tmp_path_factory.mktemp("stopped_in_rl") / "run"
+  with pytest.MonkeyPatch.context() as mp:
+    Recorder(mp, kill_at=[("rl", 1)])
+    t = trainer_lib.Trainer(rl_only(), str(workdir), progress=False)
+    try:
+      assert "preempted" in t.run()
+      saved = jax.device_get({"policy": t.state.policy_state, "critic": t.state.critic_state,
+                              "key": jax.random.key_data(t.state.key)})
+      saved["prompts"] = t.state.prompts.get_state()
+    finally:
+      t.close()
+  return workdir, saved
+
+
+def copy_of(run, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(run, workdir)
+  return workdir
+
+
+def listing(workdir):
+  return sorted(os.path.relpath(os.path.join(d, f), workdir)
+                for d, _, files in os.walk(workdir) for f in files)
+
+
+def test_changed_optimizer_chain_stops_with_one_line_and_keeps_checkpoints(
+    stopped_in_rl, tmp_path):
+  workdir = copy_of(stopped_in_rl[0], tmp_path)
+  before = listing(workdir)
+  t = trainer_lib.Trainer(rl_only(**{"optim.grad_clip": 0.0}), str(workdir), progress=False)
+  try:
+    with pytest.raises(checkpointing.CheckpointMismatch) as e:
+      t.run()
+  finally:
+    t.close()
+  msg = str(e.value)
+  assert "\n" not in msg
+  assert "checkpoint 1" in msg and "'policy'" in msg and ".opt_state" in msg  # what differs
+  assert "optim.grad_clip=0.0 (was 1.0)" in msg                               # why
+  assert "fresh --workdir" in msg and "checkpoint.restore=weights" in msg      # what to do
+  assert not os.path.exists(tmp_path / "run" / "checkpoints_corrupt")
+  assert listing(workdir) == before  # nothing moved, deleted or written
+
+
+def test_weights_only_restore_continues_with_a_fresh_optimizer(stopped_in_rl, tmp_path):
+  run, saved = stopped_in_rl
+  workdir = copy_of(run, tmp_path)
+  cfg = rl_only(**{"optim.grad_clip": 0.0, "checkpoint.restore": "weights"})
+  t = trainer_lib.Trainer(cfg, str(workdir), progress=False)
+  try:
+    with pytest.warns(UserWarning, match="restored only the weights of checkpoint 1"):
+      assert t.resume() == 1
+    assert (t.ctl.stage, t.ctl.step, t.ctl.global_step) == ("rl", 1, 1)
+    s = t.state
+    assert_bitwise_equal(s.policy_state.params, saved["policy"].params)
+    assert_bitwise_equal(s.critic_state.params, saved["critic"].params)
+    assert_bitwise_equal(s.policy_params, saved["policy"].params)
+    np.testing.assert_array_equal(jax.random.key_data(s.key), saved["key"])
+    for st in (s.policy_state, s.critic_state):  # fresh AdamW: no updates, zero moments
+      assert int(st.step) == 0
+      assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(st.opt_state))
+    assert s.prompts.get_state() == saved["prompts"]
+    summary = t.run()  # the remaining RL step with the new optimizer, then eval
+    assert "preempted" not in summary and summary["eval_after_rl"]
+    assert int(t.state.policy_state.step) > 0
+  finally:
+    t.close()
+  assert not os.path.exists(tmp_path / "run" / "checkpoints_corrupt")
+
+
+def test_weights_only_restore_still_refuses_other_weights(stopped_in_rl, tmp_path):
+  workdir = copy_of(stopped_in_rl[0], tmp_path)
+  cfg = rl_only(**{"model.intermediate_size": 32, "checkpoint.restore": "weights"})
+  t = trainer_lib.Trainer(cfg, str(workdir), progress=False)
+  try:
+    with pytest.raises(checkpointing.CheckpointMismatch,
+                       match=r"mlp.*float32\[64,32\] there but float32\[32,32\] in this run.*"
+                             r"model.intermediate_size=32 \(was 64\)") as e:
+      t.resume()
+    assert "restore only the model weights" not in str(e.value)  # (that would not help)
+  finally:
+    t.close()
+  assert not os.path.exists(tmp_path / "run" / "checkpoints_corrupt")
+
+
+def test_iterator_settings_that_do_not_fit_are_a_mismatch(stopped_in_rl, tmp_path):
+  workdir = copy_of(stopped_in_rl[0], tmp_path)
+  before = listing(workdir)
+  t = trainer_lib.Trainer(rl_only(**{"rl.prompts_per_step": 4}), str(workdir), progress=False)
+  try:
+    with pytest.raises(checkpointing.CheckpointMismatch,
+                       match=r"batch_size=8 but this iterator has 4.*"
+                             r"rl.prompts_per_step=4 \(was 8\)") as e:
+      t.resume()
+  finally:
+    t.close()
+  assert "\n" not in str(e.value)
+  assert listing(workdir) == before
+
+
+def test_flipped_value_is_caught_by_its_checksum_and_set_aside(tmp_path):
+  tree = {"w": jnp.arange(12.0).reshape(3, 4), "n": jnp.arange(5, dtype=jnp.int32)}
+  store = checkpointing.CheckpointStore(str(tmp_path / "ck"), keep=5, async_save=False)
+  store.save(1, {"s": tree}, {"note": 1})
+  store.save(2, {"s": tree}, {"note": 2})
+  # Checkpoint 3: readable files whose one value differs from what its checksums say.
+  flipped = dict(tree, w=tree["w"].at[1, 2].set(-7.0))
+  arrays = ocp.args.StandardSave({"s": checkpointing._flat(flipped)})  # pylint: disable=protected-access
+  meta = ocp.args.JsonSave(store.read_meta(2))
+  store._manager.save(3, args=ocp.args.Composite(  # pylint: disable=protected-access
+      **{checkpointing.ARRAYS: arrays, checkpointing.META: meta}))
+  store.wait()
+  like = {"s": jax.tree.map(jnp.zeros_like, tree)}
+  with pytest.raises(checkpointing.CheckpointDamaged, match=r"\['w'\] does not match its "
+                     "stored checksums"):
+    store.restore(3, like)
+  with pytest.warns(UserWarning, match="checkpoint 3 .* cannot be restored .*checksums"):
+    step, out = store.restore_latest(lambda s, meta: (s, store.restore(s, like)))
+  assert step == 2
+  assert_bitwise_equal(out["s"], tree)
+  assert store.steps() == [1, 2]
+  assert os.path.isdir(tmp_path / "ck_corrupt" / "3")
   store.close()

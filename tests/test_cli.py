@@ -11,6 +11,7 @@ middle of a write.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,3 +142,20 @@ def test_evaluate_and_export_run_as_commands(uninterrupted, tmp_path):
     want = {"float32": "F32", "bfloat16": "BF16"}[dtype]
     assert dtypes == {want}, dtypes
     assert config["model_type"] in ("qwen2", "qwen3", "llama")
+
+
+def test_resume_with_another_optimizer_chain_stops_with_one_line(uninterrupted, tmp_path):
+  """A config change that the checkpoint's arrays do not fit is not damage: the command
+  exits with one line saying what differs and what to do, and moves no checkpoint."""
+  workdir = tmp_path / "run"
+  shutil.copytree(uninterrupted[0], workdir)
+  ckdir = workdir / "checkpoints"
+  before = sorted(os.listdir(ckdir))
+  proc = _start(workdir, "--config.optim.grad_clip=0")
+  out = proc.communicate(timeout=TIMEOUT)[0]
+  assert proc.returncode == 1, out[-4000:]
+  last = out.strip().splitlines()[-1]
+  assert last.startswith("Cannot resume: checkpoint "), out[-4000:]
+  assert "optim.grad_clip=0.0 (was 1.0)" in last and "checkpoint.restore=weights" in last
+  assert sorted(os.listdir(ckdir)) == before
+  assert not os.path.exists(workdir / "checkpoints_corrupt")

@@ -181,6 +181,13 @@ class CheckpointSection:
   keep_best: bool = True                # also keep the one with the best eval avg@k
   async_save: bool = True               # write in the background while training goes on
   resume: bool = True                   # continue from the newest good checkpoint in workdir
+  # What a resume restores: "all" (everything; a checkpoint that does not fit this run's
+  # config stops the run with what differs, and every checkpoint stays where it is) or
+  # "weights" (the same, except that when only the optimizer state does not fit — e.g.
+  # after optim.grad_clip changed — the model weights alone are restored into freshly
+  # built states: the optimizer, its step count and its schedule start over, while the
+  # position, prompt iterators, PRNG key and summary are the checkpoint's).
+  restore: str = "all"
   save_critic: bool = True              # HF-format critic in workdir/critic after value pretraining
 
 
@@ -407,6 +414,7 @@ def validate(cfg: Config) -> None:
   ck = cfg.checkpoint
   need(ck.every >= 0, "checkpoint.every", ck.every, ">= 0 (0: at stage ends only)")
   need(ck.keep >= 1, "checkpoint.keep", ck.keep, ">= 1")
+  need(ck.restore in ("all", "weights"), "checkpoint.restore", ck.restore, '"all" or "weights"')
   need(cfg.faults.max_consecutive_nonfinite >= 1, "faults.max_consecutive_nonfinite",
        cfg.faults.max_consecutive_nonfinite, ">= 1")
   for name in ("collective_timeout_s", "step_timeout_s", "sigterm_grace_s"):

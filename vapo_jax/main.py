@@ -5,6 +5,7 @@ stages it enables run in order (SFT warm start, value pretraining, RL).
 """
 
 import json
+import sys
 
 from absl import app
 from absl import flags
@@ -35,11 +36,14 @@ def main(argv):
   from vapo_jax import distributed  # pylint: disable=import-outside-toplevel
   distributed.initialize(_DIST.value, coordinator=_COORD.value,
                          num_processes=_NPROC.value, process_id=_PID.value)
-  from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from vapo_jax.run import checkpoint_store, trainer as trainer_lib
   trainer = trainer_lib.Trainer(cfg, _WORKDIR.value,
                                 progress=_PROGRESS.value and distributed.is_main())
   try:
     summary = trainer.run()
+  except checkpoint_store.CheckpointMismatch as e:  # one line: what differs, what to do
+    sys.exit(f"Cannot resume: {e}")
   finally:
     trainer.close()
   summary.pop("rl_last", None)

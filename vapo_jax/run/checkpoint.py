@@ -108,15 +108,21 @@ def save(state: RunState, score: float | None = None) -> None:
 
 
 GROUPS = ("sft", "policy", "critic", "policy_params")
+WEIGHTS = {"sft": ".params", "policy": ".params", "critic": ".params", "policy_params": ""}
 
 
 def restore(state: RunState, build: Callable[[str], Any], step: int | None = None
             ) -> int | None:
   """Puts checkpoint `step` (None: the newest that restores) back into the run's state.
 
-  With step=None, checkpoints that fail to restore are moved aside with a warning and the
-  next older one is tried; an explicit step that fails raises. Returns the restored step,
-  or None when there is no checkpoint.
+  With step=None, damaged checkpoints are moved aside with a warning and the next older one
+  is tried; an explicit step that fails raises. A checkpoint that does not fit this run
+  (other trees, shapes or iterator settings, from a changed config) raises
+  CheckpointMismatch, one line naming the first difference and the config fields changed
+  since it was saved, and leaves every checkpoint in place. With
+  `config.checkpoint.restore="weights"`, a checkpoint whose weights fit but whose optimizer
+  state does not gives its weights to freshly built states instead. Returns the restored
+  step, or None when there is no checkpoint.
 
   Args:
     state: the run's state (written in place).
@@ -128,31 +134,73 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
   ckpt = state.ckpt
   if not ckpt:
     return None
-  initial = (state.policy_params, state.key)
+  initial = (state.policy_params, state.key, state.prompts.get_state())
+  current = dataclasses.asdict(state.cfg)
+  weights_ok = state.cfg.checkpoint.restore == "weights"
 
   def like(name: str):
     if name not in GROUPS:
       raise checkpointing.CheckpointError(f"unknown checkpoint group {name!r}")
     return build(name)
 
-  def attempt(s, meta):
-    # Undo what a failed earlier attempt built, so states match a run that never stopped.
-    state.policy_params, state.key = initial
+  def reset():
+    # Undo what a failed attempt built or set, so states match a run that never stopped.
+    state.policy_params, state.key = initial[:2]
+    state.prompts.set_state(initial[2])
     state.sft_state = state.sft_prompts = state.policy_state = None
     state.critic_state = None
-    _warn_config_changes(meta.get("config", {}), dataclasses.asdict(state.cfg))
-    return s, meta, ckpt.restore(s, {n: like(n) for n in meta["groups"]})
+
+  def attempt(s, meta):
+    reset()
+    changes = _config_changes(meta.get("config", {}), current)
+
+    def mismatch(what: str, weights_hint: bool):
+      how = ("rerun with the checkpoint's config, start over with a fresh --workdir"
+             + (", or set --config.checkpoint.restore=weights to restore only the model "
+                "weights (fresh optimizer state)" if weights_hint else ""))
+      return checkpointing.CheckpointMismatch(
+          f"{what}; config changed since it was saved: {', '.join(changes) or 'nothing'}; "
+          f"every checkpoint was left in place; to go on, {how}")
+
+    likes = {n: like(n) for n in meta["groups"]}
+    try:
+      _set_iterators(state, meta, build)
+    except ValueError as e:
+      raise mismatch(f"checkpoint {s} does not fit this run: {e}", False) from e
+    note = None
+    try:
+      arrays = ckpt.restore(s, likes)
+    except checkpointing.CheckpointMismatch as e:
+      weights = {n: _weights(n, t) for n, t in likes.items()}
+      subtrees = {n: WEIGHTS[n] for n in likes}
+      try:
+        ckpt.check(s, weights, subtrees=subtrees)
+      except checkpointing.CheckpointMismatch as e2:
+        raise mismatch(f"{e2} (its model weights do not fit this run)", False) from e2
+      if not weights_ok:  # (only the optimizer state does not fit)
+        raise mismatch(f"{e} (the checkpoint does not fit this run)", True) from e
+      params = ckpt.restore(s, weights, subtrees=subtrees)
+      arrays = {n: p if WEIGHTS[n] == "" else dataclasses.replace(likes[n], params=p)
+                for n, p in params.items()}
+      note = (f"checkpoint.restore=weights: restored only the weights of checkpoint {s}; "
+              f"the optimizer state starts fresh ({e})")
+    return s, meta, arrays, changes, note
 
   if step is None:
     found = ckpt.restore_latest(attempt)
     if found is None:
+      reset()
       return None
   else:
     if step not in ckpt.steps():
       raise checkpointing.CheckpointError(f"no checkpoint {step} in {ckpt.directory} "
                                           f"(there are {ckpt.steps()})")
     found = attempt(step, ckpt.read_meta(step))
-  step, meta, arrays = found
+  step, meta, arrays, changes, note = found
+  for change in changes:
+    warnings.warn(f"resuming with config.{change} (changed since checkpoint {step})")
+  if note:
+    warnings.warn(note)
   if "sft" in arrays:
     state.sft_state = arrays["sft"]
     state.policy_params = state.sft_state.params
@@ -163,13 +211,9 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     state.policy_params = arrays["policy_params"]
   if "critic" in arrays:
     state.critic_state = arrays["critic"]
-  state.prompts.set_state(meta["iterators"]["rl"])
   state.key = jax.random.wrap_key_data(jnp.asarray(meta["key"], jnp.uint32))
   pos = state.ctl
   pos.load(meta["position"])
-  if pos.stage == "sft":  # (the SFT iterator is only needed while SFT runs)
-    build("sft")
-    state.sft_prompts.set_state(meta["iterators"]["sft"])
   state.summary = meta["summary"]
   # Records written after this checkpoint will be written again: drop them.
   purge = {s: 0 for s in run_control.STAGES}
@@ -179,6 +223,20 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
   print(f"Restored checkpoint {step}: {pos.stage} step {pos.step} "
         f"(global step {pos.global_step})", flush=True)
   return step
+
+
+def _weights(group: str, tree: Any) -> Any:
+  """The model parameters in a group's tree (a TrainState's params, or the tree itself)."""
+  return tree if WEIGHTS[group] == "" else tree.params
+
+
+def _set_iterators(state: RunState, meta: dict, build: Callable[[str], Any]) -> None:
+  """The prompt iterators continue from the checkpoint's; ValueError if they do not fit
+  (other data, batch size, seed or process count)."""
+  state.prompts.set_state(meta["iterators"]["rl"])
+  if meta["position"]["stage"] == "sft":  # (the SFT iterator is only needed while SFT runs)
+    build("sft")
+    state.sft_prompts.set_state(meta["iterators"]["sft"])
 
 
 def select_step(ckpt: checkpointing.CheckpointStore | None, which: str) -> int:
@@ -198,11 +256,13 @@ def select_step(ckpt: checkpointing.CheckpointStore | None, which: str) -> int:
   return int(which)
 
 
-def _warn_config_changes(saved: dict, current: dict, prefix: str = "") -> None:
-  """Warns about config fields that differ from the checkpoint's (resuming is allowed)."""
+def _config_changes(saved: dict, current: dict, prefix: str = "") -> list[str]:
+  """Config fields that differ from the checkpoint's: ["optim.grad_clip=0.0 (was 1.0)", ...]."""
+  out = []
   for k in sorted(set(saved) | set(current)):
     a, b = saved.get(k), current.get(k)
     if isinstance(a, dict) and isinstance(b, dict):
-      _warn_config_changes(a, b, f"{prefix}{k}.")
+      out += _config_changes(a, b, f"{prefix}{k}.")
     elif json.loads(json.dumps(b)) != a:  # tuples were saved as lists
-      warnings.warn(f"resuming with config.{prefix}{k}={b!r}; the checkpoint had {a!r}")
+      out.append(f"{prefix}{k}={b!r} (was {a!r})")
+  return out

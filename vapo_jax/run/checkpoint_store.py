@@ -2,8 +2,9 @@
 
     workdir/checkpoints/<step>/arrays   named groups of jax arrays (orbax StandardSave, OCDBT)
     workdir/checkpoints/<step>/meta     JSON: where the run was, iterator states, PRNG key,
-                                        counters, config, and a checksum per array
-    workdir/checkpoints_corrupt/<step>  checkpoints that failed to restore, moved aside
+                                        counters, config, and each array's checksum, shape, dtype
+    workdir/checkpoints_corrupt/<step>  damaged checkpoints (unreadable, or checksums that
+                                        disagree), moved aside
 
 A checkpoint is `groups` — {"policy": TrainState, "critic": TrainState, ...}, any pytrees of
 jax arrays — plus a JSON `meta` dict. Trees are stored as their flat list of leaves, with the
@@ -12,11 +13,19 @@ built state): its structure gives the tree back, and its leaves' shapes, dtypes 
 shardings say where each array goes. A run restarted on a different mesh therefore gets its
 arrays in its own shardings; orbax reads just the slices each device owns.
 
-Integrity: each leaf's checksum is the wrapping uint32 sum of its bits, an exact integer that
-does not depend on how the array is sharded or in which order the sum runs. A checkpoint that
-does not restore, or whose checksums disagree, is reported with a warning, moved aside, and
-the next older one is tried. Orbax writes into a temporary directory and renames it when the
-save is complete, so a save cut short by a kill is never mistaken for a checkpoint.
+Two ways a checkpoint can fail to restore, told apart because they call for opposite actions:
+
+  CheckpointMismatch  it does not fit this run (a group is missing, the trees' key paths or a
+                      leaf's shape or dtype differ — typically the config changed): the run
+                      stops with the difference and every checkpoint stays where it is.
+  CheckpointDamaged   its files are damaged: they cannot be read, or a leaf's checksum (the
+                      wrapping uint32 sum of its bits, an exact integer that does not depend
+                      on how the array is sharded or in which order the sum runs) disagrees
+                      with the one saved. It is reported with a warning, moved aside, and the
+                      next older one is tried.
+
+Orbax writes into a temporary directory and renames it when the save is complete, so a save
+cut short by a kill is never mistaken for a checkpoint.
 
 Retention: the newest `keep` checkpoints, plus (with `keep_best`) the one with the highest
 `score` (eval avg@k) among those saved with one.
@@ -40,6 +49,14 @@ META = "meta"
 
 class CheckpointError(RuntimeError):
   """No checkpoint could be restored, or one does not fit the run that restores it."""
+
+
+class CheckpointMismatch(CheckpointError):
+  """The checkpoint is intact but does not fit this run (its trees, shapes or settings)."""
+
+
+class CheckpointDamaged(CheckpointError):
+  """The checkpoint's files cannot be read, or what was read disagrees with its checksums."""
 
 
 def _bits_u32(x: jax.Array) -> jax.Array:
@@ -81,6 +98,11 @@ def checksums(tree: Any) -> list[int]:
   return sums
 
 
+def _first_line(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  return lines[0][:300] if lines else ""
+
+
 def key_paths(tree: Any) -> list[str]:
   return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(tree)]
 
@@ -89,9 +111,19 @@ def _flat(tree: Any) -> dict[str, Any]:
   return {f"{i:05d}": x for i, x in enumerate(jax.tree.leaves(tree))}
 
 
-def _abstract(tree: Any) -> dict[str, jax.ShapeDtypeStruct]:
+def _abstract(leaves: list[Any], indices: list[int]) -> dict[str, jax.ShapeDtypeStruct]:
+  """Restore targets: leaf k of `leaves` is the saved leaf number indices[k]."""
   return {f"{i:05d}": jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-          for i, x in enumerate(jax.tree.leaves(tree))}
+          for i, x in zip(indices, leaves)}
+
+
+def _under(path: str, prefix: str) -> bool:
+  """Whether key path `path` lies in the subtree at `prefix` ("" is the whole tree)."""
+  return path.startswith(prefix) and (len(path) == len(prefix) or path[len(prefix)] in ".[")
+
+
+def _describe(shape, dtype) -> str:
+  return f"{dtype}[{','.join(str(int(d)) for d in shape)}]"
 
 
 class CheckpointStore:
@@ -134,7 +166,9 @@ class CheckpointStore:
     handing the write to a background thread.
     """
     meta = dict(meta, score=score,
-                groups={name: {"paths": key_paths(tree), "checksums": checksums(tree)}
+                groups={name: {"paths": key_paths(tree), "checksums": checksums(tree),
+                               "shapes": [list(x.shape) for x in jax.tree.leaves(tree)],
+                               "dtypes": [str(x.dtype) for x in jax.tree.leaves(tree)]}
                         for name, tree in groups.items()})
     arrays = {name: _flat(tree) for name, tree in groups.items()}
     self._manager.save(step, args=ocp.args.Composite(**{
@@ -160,44 +194,112 @@ class CheckpointStore:
     return max(scored)[1] if scored else None
 
   def read_meta(self, step: int) -> dict[str, Any]:
-    out = self._manager.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+    """The JSON meta of checkpoint `step`; CheckpointDamaged if it cannot be read."""
+    try:
+      out = self._manager.restore(step, args=ocp.args.Composite(**{
+          META: ocp.args.JsonRestore()}))
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointDamaged(f"checkpoint {step}: its meta cannot be read "
+                              f"({type(e).__name__}: {_first_line(e)})") from e
     return out[META]
 
-  def restore(self, step: int, like: dict[str, Any]) -> dict[str, Any]:
-    """Restores groups of checkpoint `step` into the structure and shardings of `like`.
+  def _select(self, step: int, name: str, saved: dict[str, Any], tree: Any,
+              prefix: str | None) -> list[int]:
+    """The saved leaf numbers `tree`'s leaves restore from; CheckpointMismatch if they don't
+    fit. prefix: `tree` is the saved group's subtree at that key path (None: all of it)."""
+    paths = saved["paths"]
+    indices = list(range(len(paths))) if prefix is None else [
+        i for i, p in enumerate(paths) if _under(p, prefix)]
+    theirs = [paths[i][len(prefix or ""):] for i in indices]
+    mine = key_paths(tree)
+    where = f"{name}{prefix or ''}"
+    if mine != theirs:
+      diff = next(((a, b) for a, b in zip(theirs, mine) if a != b), None)
+      raise CheckpointMismatch(
+          f"checkpoint {step}: {where!r} has other leaves than this run's (first difference: "
+          + (f"saved {where}{diff[0]}, this run {where}{diff[1]})" if diff else
+             f"{len(theirs)} leaves saved, {len(mine)} in this run)"))
+    if "shapes" in saved and "dtypes" in saved:  # (checkpoints since they were stored)
+      for i, path, x in zip(indices, theirs, jax.tree.leaves(tree)):
+        want = _describe(saved["shapes"][i], saved["dtypes"][i])
+        have = _describe(x.shape, x.dtype)
+        if want != have:
+          raise CheckpointMismatch(f"checkpoint {step}: {where}{path} is {want} there but "
+                                   f"{have} in this run")
+    return indices
 
-    Raises:
-      CheckpointError: a group is missing, its tree differs from `like`'s, or a checksum
-        does not match (the files were damaged).
-    """
-    meta = self.read_meta(step)
-    saved = meta.get("groups", {})
+  def check(self, step: int, like: dict[str, Any], *,
+            subtrees: dict[str, str] | None = None) -> dict[str, list[int]]:
+    """Raises CheckpointMismatch unless `like` fits checkpoint `step` (see `restore`); reads
+    only its meta. Returns, per group, the saved leaf numbers that `like`'s leaves are."""
+    subtrees = subtrees or {}
+    saved = self.read_meta(step).get("groups", {})
+    indices = {}
     for name, tree in like.items():
       if name not in saved:
-        raise CheckpointError(f"checkpoint {step} has no {name!r} (it has {sorted(saved)})")
-      mine, theirs = key_paths(tree), saved[name]["paths"]
-      if mine != theirs:
-        diff = next((f"{a} vs {b}" for a, b in zip(mine, theirs) if a != b),
-                    f"{len(mine)} leaves vs {len(theirs)}")
-        raise CheckpointError(f"checkpoint {step}: {name!r} does not match this run's model "
-                              f"or optimizer (first difference: {diff})")
-    target = {name: _abstract(tree) for name, tree in like.items()}
-    out = self._manager.restore(step, args=ocp.args.Composite(**{
-        ARRAYS: ocp.args.StandardRestore(target)}))[ARRAYS]
+        raise CheckpointMismatch(f"checkpoint {step} has no {name!r} (it has {sorted(saved)})")
+      indices[name] = self._select(step, name, saved[name], tree, subtrees.get(name))
+    return indices
+
+  def restore(self, step: int, like: dict[str, Any], *,
+              subtrees: dict[str, str] | None = None) -> dict[str, Any]:
+    """Restores groups of checkpoint `step` into the structure and shardings of `like`.
+
+    Args:
+      step: the checkpoint.
+      like: {group: the new run's tree}; only those groups are read.
+      subtrees: {group: key path} (e.g. ".params") for groups of which only that subtree is
+        restored; like[group] is then that subtree of the new run's tree. The other leaves
+        are not read at all.
+
+    Raises:
+      CheckpointMismatch: a group is missing, or its key paths, shapes or dtypes differ from
+        `like`'s (checked on the meta, before any array is read).
+      CheckpointDamaged: the arrays cannot be read, or a checksum does not match.
+    """
+    subtrees = subtrees or {}
+    saved = self.read_meta(step).get("groups", {})
+    indices = self.check(step, like, subtrees=subtrees)
+    target = {name: _abstract(jax.tree.leaves(tree), indices[name])
+              for name, tree in like.items()}
+    try:
+      if not subtrees:
+        out = self._manager.restore(step, args=ocp.args.Composite(**{
+            ARRAYS: ocp.args.StandardRestore(target)}))[ARRAYS]
+      else:  # StandardRestore reads every saved leaf; PyTreeRestore can read a subset
+        restore_args = jax.tree.map(
+            lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape,
+                                           dtype=x.dtype), target)
+        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as reader:
+          out = reader.restore(os.path.join(self.directory, str(step), ARRAYS),
+                               args=ocp.args.PyTreeRestore(target, restore_args=restore_args,
+                                                           partial_restore=True))
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointDamaged(f"checkpoint {step}: its arrays cannot be read "
+                              f"({type(e).__name__}: {_first_line(e)})") from e
     groups = {}
     for name, tree in like.items():
-      leaves = [out[name][f"{i:05d}"] for i in range(len(jax.tree.leaves(tree)))]
+      leaves = [out[name][f"{i:05d}"] for i in indices[name]]
       groups[name] = jax.tree.unflatten(jax.tree.structure(tree), leaves)
-      if checksums(groups[name]) != saved[name]["checksums"]:
-        raise CheckpointError(f"checkpoint {step}: {name!r} restored with wrong checksums "
-                              "(damaged files)")
+      want = [saved[name]["checksums"][i] for i in indices[name]]
+      got = checksums(groups[name])
+      if got != want:
+        bad = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+        path = saved[name]["paths"][indices[name][bad]]
+        raise CheckpointDamaged(f"checkpoint {step}: {name}{path} does not match its stored "
+                                f"checksums (read {got[bad]}, saved {want[bad]}): damaged "
+                                "files")
     return groups
 
   def restore_latest(self, restore_fn: Callable[[int, dict[str, Any]], Any]) -> Any:
     """Newest checkpoint that restores: `restore_fn(step, meta)`; damaged ones moved aside.
 
-    `restore_fn` builds the like-trees that `meta` calls for and calls `self.restore`; any
-    exception it raises marks the checkpoint as bad. Returns None when there is none.
+    `restore_fn` builds the like-trees that `meta` calls for and calls `self.restore`. A
+    CheckpointDamaged from it (or from reading the meta) sets that checkpoint aside and the
+    next older one is tried. Anything else stops the restore and is raised, with every
+    checkpoint left where it is: a CheckpointMismatch (the checkpoint is fine, this run's
+    config does not fit it) or an unexpected error (a bug is not damage either). All hosts
+    take the same branch. Returns None when there is no checkpoint.
     """
     for step in reversed(self.steps()):
       error = None
@@ -207,11 +309,16 @@ class CheckpointStore:
         error = e
       # Every host takes the same branch: a checkpoint damaged in one host's slices only is
       # set aside by all (otherwise the hosts would go on with different states and meet
-      # in different collectives).
+      # in different collectives), and one that does not fit on any host stops all.
       if not dist.any_process(error is not None):
         return found
+      if dist.any_process(error is not None and not isinstance(error, CheckpointDamaged)):
+        if error is not None and not isinstance(error, CheckpointDamaged):
+          raise error
+        raise CheckpointMismatch(f"checkpoint {step} failed to restore on another host (see "
+                                 "its error); every checkpoint was left in place")
       reason = (f"{type(error).__name__}: {str(error)[:300]}" if error is not None
-                else "it failed to restore on another host")
+                else "it is damaged on another host")
       where = "leaving it" if self.read_only else f"moving it to {self._quarantine_dir()}"
       warnings.warn(f"checkpoint {step} in {self.directory} cannot be restored ({reason}); "
                     f"{where} and trying the previous one")
