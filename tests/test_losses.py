@@ -8,6 +8,15 @@ import pytest
 from vapo_jax import losses
 
 
+# Written out, not read from losses.MODES: a renamed mode must fail here, not silently be
+# tested under its new name against a reference that then takes its other branch.
+MODES = ("token", "seq_mean_token_mean", "seq_mean_token_sum")
+
+
+def test_modes_are_the_documented_three():
+  assert tuple(losses.MODES) == MODES
+
+
 def batch(seed=0, b=6, t=11):
   rng = np.random.default_rng(seed)
   logp = -rng.random((b, t)) * 3
@@ -40,7 +49,7 @@ def ref_aggregate(per_token, mask, mode):
   return np.mean([(per_token[i] * m[i]).sum() for i in rows])
 
 
-@pytest.mark.parametrize("mode", losses.MODES)
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dual", [None, 3.0])
 def test_policy_loss_matches_formula(mode, dual):
   logp, old, adv, mask = batch()
@@ -85,7 +94,7 @@ def test_masked_positions_are_ignored_even_if_not_finite():
   assert np.all(np.isfinite(g)) and np.all(np.asarray(g)[mask == 0] == 0)
 
 
-@pytest.mark.parametrize("mode", losses.MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_accumulation_over_microbatches_is_exact(mode):
   """Σ micro-batch (total, grad total) / whole-batch count == whole-batch loss and gradient."""
   logp, old, adv, mask = batch(2, b=8, t=13)
