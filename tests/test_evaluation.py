@@ -43,19 +43,19 @@ def test_malformed_score_matrix_raises(bad):
 
 
 def test_padded_prompts_do_not_count():
-  """6 problems in batches of 4: the last batch is padded with copies of the last problem."""
-  cfg = tiny(**{"reward.fn": "trainer_plugins:problem_parity", "eval.num_examples": 6,
+  """5 problems in batches of 4: the last batch, one real prompt, is padded with 3 copies."""
+  cfg = tiny(**{"reward.fn": "trainer_plugins:problem_parity", "eval.num_examples": 5,
                 "eval.batch_prompts": 4, "eval.samples_per_problem": 2,
                 "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1})
   t = trainer_lib.Trainer(cfg, progress=False)
   try:
-    examples = t.parts.eval_examples[:6]
+    examples = t.parts.eval_examples[:5]
     out = t.evaluate(examples)
   finally:
     t.close()
   right = np.array([trainer_plugins.problem_parity(ex.problem, "", ex.answer)
                     for ex in examples])
-  padded = np.concatenate([right, [right[-1]] * 2])  # what counting the padding would give
+  padded = np.concatenate([right, [right[-1]] * 3])  # what counting the padding would give
   assert padded.mean() != right.mean()  # so this data tells the two apart
   assert out["avg@2"] == pytest.approx(right.mean())
   assert out["pass@2"] == pytest.approx(right.mean())
