@@ -7,7 +7,13 @@ import pytest
 
 from vapo_jax import gae as gae_lib
 
-IMPLS = gae_lib.IMPLEMENTATIONS
+# Written out, not read from gae_lib: a renamed or dropped implementation must fail here,
+# not silently shrink the parametrisations below.
+IMPLS = ("scan", "associative", "blocked")
+
+
+def test_implementations_are_the_documented_three():
+  assert tuple(gae_lib.IMPLEMENTATIONS) == IMPLS
 
 
 def reference_gae(rewards, values, mask, gamma, lam):

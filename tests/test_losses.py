@@ -8,6 +8,15 @@ import pytest
 from vapo_jax import losses
 
 
+# Written out, not read from losses.MODES: a renamed mode must fail here, not silently be
+# tested under its new name against a reference that then takes its other branch.
+MODES = ("token", "seq_mean_token_mean", "seq_mean_token_sum")
+
+
+def test_modes_are_the_documented_three():
+  assert tuple(losses.MODES) == MODES
+
+
 def batch(seed=0, b=6, t=11):
   rng = np.random.default_rng(seed)
   logp = -rng.random((b, t)) * 3
@@ -40,7 +49,7 @@ def ref_aggregate(per_token, mask, mode):
   return np.mean([(per_token[i] * m[i]).sum() for i in rows])
 
 
-@pytest.mark.parametrize("mode", losses.MODES)
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dual", [None, 3.0])
 def test_policy_loss_matches_formula(mode, dual):
   logp, old, adv, mask = batch()
@@ -85,7 +94,7 @@ def test_masked_positions_are_ignored_even_if_not_finite():
   assert np.all(np.isfinite(g)) and np.all(np.asarray(g)[mask == 0] == 0)
 
 
-@pytest.mark.parametrize("mode", losses.MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_accumulation_over_microbatches_is_exact(mode):
   """Σ micro-batch (total, grad total) / whole-batch count == whole-batch loss and gradient."""
   logp, old, adv, mask = batch(2, b=8, t=13)
@@ -242,3 +251,30 @@ def test_masked_whiten_and_bad_mode():
   assert np.all(w[mask == 0] == 0)
   with pytest.raises(ValueError, match="aggregation mode"):
     losses.ppo_policy_loss(logp, logp, adv, mask, mode="sequence")
+
+
+def test_masked_whiten_matches_formula_with_and_without_mean_shift():
+  _, _, adv, mask = batch(10)
+  x, m = adv.astype(np.float64), mask > 0
+  mean, var = x[m].mean(), x[m].var()
+  for shift_mean, want in ((True, (x - mean) / np.sqrt(var + 1e-8)),
+                           (False, (x - mean) / np.sqrt(var + 1e-8) + mean)):
+    got = np.asarray(losses.masked_whiten(adv, mask, shift_mean=shift_mean))
+    np.testing.assert_allclose(got[m], want[m], rtol=1e-5, atol=1e-6)
+    assert np.all(got[~m] == 0)
+
+
+@pytest.mark.parametrize("normalize_std, ddof", [(True, 1), (True, 0), (False, 1)])
+def test_group_relative_advantages_with_unequal_groups(normalize_std, ddof):
+  """Groups by id of sizes 3, 1, 4 and 2, rows interleaved; float64 reference per group."""
+  scores = np.array([1, 0, 0.5, 1, 0, 0, 1, 1, 0, 1], np.float32)
+  ids = np.array([0, 2, 1, 2, 0, 2, 3, 0, 3, 2])
+  got = np.asarray(losses.group_relative_advantages(scores, group_ids=ids,
+                                                    normalize_std=normalize_std, ddof=ddof,
+                                                    eps=1e-3))
+  for g in np.unique(ids):
+    s = scores[ids == g].astype(np.float64)
+    want = s - s.mean()
+    if normalize_std:
+      want = want / (np.sqrt(np.sum(want ** 2) / max(len(s) - ddof, 1)) + 1e-3)
+    np.testing.assert_allclose(got[ids == g], want, rtol=1e-5, atol=1e-6, err_msg=f"group {g}")

@@ -48,7 +48,11 @@ def sample_and_score(sampler, params, examples, text, scorer, key, batch_prompts
 
 
 def accuracy_metrics(scores_Nxk: np.ndarray, threshold: float = 1.0) -> dict[str, float]:
-  """avg@k and pass@k from a [problems, k] score matrix."""
+  """avg@k and pass@k from a [problems, k] score matrix (k = every sample of a problem)."""
+  scores_Nxk = np.asarray(scores_Nxk)
+  if scores_Nxk.ndim != 2 or 0 in scores_Nxk.shape:
+    raise ValueError(f"scores must be a [problems, k] matrix with both >= 1, got shape "
+                     f"{scores_Nxk.shape}")
   correct = scores_Nxk >= threshold
   k = correct.shape[1]
   return {f"avg@{k}": float(correct.mean()), f"pass@{k}": float(correct.any(axis=1).mean())}
