@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the numerical core with mutmut 2 (`pip install "mutmut>=2.5,<3"`).
 #
-#   tools/mutation.sh [MINUTES_PER_FILE] [FILE ...]     (default: 10 minutes, every file below)
+#   .ci/mutation.sh [MINUTES_PER_FILE] [FILE ...]     (default: 10 minutes, every file below)
 #
 # Each file is mutated in its own scratch copy of the working tree (the tree itself is never
 # touched), and each mutant runs that file's fast tests in a fresh Python process, stopping at
