@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import itertools
 import os
 import signal
 import sys
@@ -76,6 +77,7 @@ class Watchdog:
     self._poll_s = poll_s
     self._lock = threading.Lock()
     self._deadlines: dict[str, tuple[float, str, int]] = {}
+    self._guards = itertools.count()  # a slot of its own for each guard, nested or not
     self._grace_s = 0.0
     self._thread: threading.Thread | None = None
     self._stop = threading.Event()
@@ -115,7 +117,7 @@ class Watchdog:
   def guard(self, what: str, stage: str, step: int, timeout_s: float,
             setting: str = "") -> Iterator[None]:
     """Runs the body under a deadline of its own (nested guards each have theirs)."""
-    slot = f"guard:{what}:{id(object())}"
+    slot = f"guard:{what}:{next(self._guards)}"
     self.arm(slot, what, stage, step, timeout_s, setting)
     try:
       _maybe_stall(what)
