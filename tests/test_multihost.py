@@ -199,12 +199,18 @@ def test_a_host_that_never_arrives_ends_every_process_within_the_deadline(tmp_pa
   assert proc.returncode != 0
   logs = _logs(w)
   # Both hosts stop at the first step boundary: process 1 never arrives at the agreement,
-  # process 0 waits in it; each names the stage, the step and the operation.
+  # process 0 waits in it. Each deadline ends its process with the line naming the stage,
+  # the step and the operation; a process whose peer exited a moment earlier may instead be
+  # ended by JAX's coordination service, which says so. At least one names the operation.
+  named = 0
   for i in (0, 1):
     with open(os.path.join(w, f"process_{i}.log"), encoding="utf-8") as f:
       text = f.read()
-    assert f"process {i} of 2: {operation} (stage sft, step 1) did not finish within " \
-           f"{deadline} s (faults.collective_timeout_s)" in text, logs
+    ours = (f"process {i} of 2: {operation} (stage sft, step 1) did not finish within "
+            f"{deadline} s (faults.collective_timeout_s)") in text
+    named += ours
+    assert ours or "distributed service detected fatal errors" in text, logs
+  assert named >= 1, logs
   assert time.monotonic() - t0 < TIMEOUT
 
 
