@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from vapo_jax.models.matmul import matmul
 from vapo_jax.models.transformer import Transformer, positions_from_mask
 
 
@@ -61,8 +62,7 @@ def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
 
   @jax.checkpoint
   def one(h_BxCxD, y_BxC):
-    z = jnp.einsum("bcd,dv->bcv", h_BxCxD.astype(dtype), w,
-                   preferred_element_type=jnp.float32) * inv_t
+    z = matmul(h_BxCxD.astype(dtype), w, 1, jnp.float32) * inv_t
     if real_V is not None:
       # A finite floor, not -inf: exp gives exactly 0 and p * z stays 0 in the
       # backward pass (0 * -inf would be NaN).

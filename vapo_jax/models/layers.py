@@ -21,6 +21,7 @@ from vapo_jax import sharding as shd
 from vapo_jax.models import attention
 from vapo_jax.models import platform
 from vapo_jax.models.config import ModelConfig
+from vapo_jax.models.matmul import matmul
 
 _INIT_STD = 0.02
 # Activations [B, T, D]: rows over the batch axes, the rest replicated (see
@@ -112,8 +113,9 @@ def _bias(x: jax.Array, b: jax.Array) -> jax.Array:
   return x + b.reshape((1,) * (x.ndim - b.ndim) + b.shape)
 
 
-def _dense(x: jax.Array, w: jax.Array, spec: str, dtype: Any) -> jax.Array:
-  return jnp.einsum(spec, x.astype(dtype), w.astype(dtype))
+def _dense(x: jax.Array, w: jax.Array, n_in: int, dtype: Any) -> jax.Array:
+  """x [..., *in] @ w [*in, *out] in `dtype`, over the last n_in axes of x."""
+  return matmul(x.astype(dtype), w.astype(dtype), n_in)
 
 
 def decode_attention(q_Bx1xHxDh: jax.Array, k_BxSxKxDh: jax.Array,
@@ -183,9 +185,9 @@ class Attention(nnx.Module):
     slot (see `attention.blocked_attention`).
     """
     cfg, dt = self.cfg, self.cfg.dtype
-    q = _dense(x_BxTxD, self.q[...], "btd,dhk->bthk", dt)
-    k = _dense(x_BxTxD, self.k[...], "btd,dhk->bthk", dt)
-    v = _dense(x_BxTxD, self.v[...], "btd,dhk->bthk", dt)
+    q = _dense(x_BxTxD, self.q[...], 1, dt)
+    k = _dense(x_BxTxD, self.k[...], 1, dt)
+    v = _dense(x_BxTxD, self.v[...], 1, dt)
     if cfg.qkv_bias:
       q = _bias(q, self.q_bias[...])
       k = _bias(k, self.k_bias[...])
@@ -206,14 +208,14 @@ class Attention(nnx.Module):
       if q.shape[1] == 1 and platform.target() == "cpu":
         # One decode step on CPU: no transposed copy of the cache.
         out = decode_attention(q, k, v, mask_Bx1xTxS)
-        y = _dense(out, self.o[...], "bthk,hkd->btd", dt)
+        y = _dense(out, self.o[...], 2, dt)
         return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), kv
     if mask_Bx1xTxS.ndim == 2:
       out = attention.blocked_attention(q, k, v, mask_Bx1xTxS, cache_index,
                                         cfg.attention_block)
     else:
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask_Bx1xTxS)
-    y = _dense(out, self.o[...], "bthk,hkd->btd", dt)
+      out = attention.dense_attention(q, k, v, mask_Bx1xTxS)
+    y = _dense(out, self.o[...], 2, dt)
     if cfg.o_bias:
       y = _bias(y, self.o_bias[...])
     return y, kv
@@ -235,13 +237,13 @@ class MLP(nnx.Module):
 
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
     dt = self.cfg.dtype
-    g = _dense(x_BxTxD, self.gate[...], "btd,df->btf", dt)
-    u = _dense(x_BxTxD, self.up[...], "btd,df->btf", dt)
+    g = _dense(x_BxTxD, self.gate[...], 1, dt)
+    u = _dense(x_BxTxD, self.up[...], 1, dt)
     if self.cfg.mlp_bias:
       g, u = _bias(g, self.gate_bias[...]), _bias(u, self.up_bias[...])
     g = shd.constrain(g, ("batch", None, "mlp"))
     u = shd.constrain(u, ("batch", None, "mlp"))
-    y = _dense(jax.nn.silu(g) * u, self.down[...], "btf,fd->btd", dt)
+    y = _dense(jax.nn.silu(g) * u, self.down[...], 1, dt)
     if self.cfg.mlp_bias:
       y = _bias(y, self.down_bias[...])
     return y

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from vapo_jax import sharding as shd
 from vapo_jax.models import layers
 from vapo_jax.models.config import ModelConfig
+from vapo_jax.models.matmul import matmul
 
 KVCache = tuple[dict[str, jax.Array], ...]
 
@@ -155,9 +156,8 @@ class Transformer(nnx.Module):
   def logits(self, hidden_BxTxD: jax.Array) -> jax.Array:
     """float32 logits [..., V]; matmul in compute dtype, float32 accumulate."""
     dt = self.cfg.dtype
-    return jnp.einsum("...d,dv->...v", hidden_BxTxD.astype(dt),
-                      self.head_weight().astype(dt),
-                      preferred_element_type=jnp.float32)
+    return matmul(hidden_BxTxD.astype(dt), self.head_weight().astype(dt), 1,
+                  jnp.float32)
 
 
 def init_cache(cfg_or_model: ModelConfig | Transformer, batch: int,
