@@ -1,11 +1,20 @@
 """Benchmark discipline shared by every script in benchmarks/ (issue #17).
 
-A figure is a result only if the machine was quiet while it was measured: the 1-minute load
-average at most QUIET_LOAD (1.0) at the start, at the end and at every sample taken during the
-run. Anything else is printed and written as "LOADED — not a result" (`"quiet": false` in
-JSON), so that nobody copies it into the README.
+A figure is a result only if the machine was quiet while it was measured:
 
-  load = quiet.Load()                       # samples os.getloadavg() in the background
+  * the 1-minute load average is at most QUIET_LOAD (1.0) when the benchmark starts;
+  * while it runs, other processes use at most FOREIGN_CORES (0.25) cores on average and at
+    most twice that in any sampling interval: the machine's busy CPU time from /proc/stat
+    minus this process's own (threads and waited-for children). The load average cannot
+    judge this part: on a 2-core machine a benchmark's own two threads lift it to ~2;
+  * at the end, once the benchmark's own work has stopped, the load average falls back to
+    at most QUIET_LOAD within SETTLE_S (90 s) of waiting idle.
+
+Anything else is printed and written as "LOADED — not a result" (`"quiet": false` in JSON),
+so that nobody copies it into the README. Without /proc/stat (not Linux) the run-time
+check falls back to the load average samples.
+
+  load = quiet.Load()                       # samples in the background
   with load:
     quiet.print_header(quiet.machine_facts(["torch"]), load)
     rounds = quiet.interleave([("ours", f), ("torch", g)], n, load=load)
@@ -31,6 +40,8 @@ from importlib import metadata
 from typing import Callable, Iterable, Sequence
 
 QUIET_LOAD = 1.0
+FOREIGN_CORES = 0.25
+SETTLE_S = 90.0
 LOADED = "LOADED — not a result"
 
 
@@ -39,32 +50,74 @@ def load1() -> float:
   return os.getloadavg()[0]
 
 
+def cpu_seconds() -> tuple[float, float, float] | None:
+  """(busy CPU seconds of the whole machine, this process's CPU seconds, wall clock).
+
+  Busy = user + nice + system + irq + softirq + steal over all cores (/proc/stat); this
+  process's = its threads plus children it has waited for. None without /proc/stat.
+  """
+  try:
+    with open("/proc/stat", encoding="ascii") as f:
+      fields = f.readline().split()
+  except OSError:
+    return None
+  if not fields or fields[0] != "cpu":
+    return None
+  ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+  busy = sum(ticks) - ticks[3] - ticks[4]
+  t = os.times()
+  own = t.user + t.system + t.children_user + t.children_system
+  return busy / os.sysconf("SC_CLK_TCK"), own, time.monotonic()
+
+
 class Load:
-  """Records the 1-minute load average: at start, at end, between rounds, in the background.
+  """Judges whether the machine was quiet around and during a benchmark (see the module doc).
 
   Use as a context manager. `interval_s=None` turns the background sampler off (the start,
-  the end and explicit `sample()` calls remain). `quiet` is true only if no sample exceeded
-  `limit`.
+  the end and explicit `sample()` calls remain); `settle_s=0` takes the end sample at once.
   """
 
   def __init__(self, load_fn: Callable[[], float] = load1, interval_s: float | None = 5.0,
-               limit: float = QUIET_LOAD):
+               limit: float = QUIET_LOAD,
+               cpu_fn: Callable[[], tuple[float, float, float] | None] = cpu_seconds,
+               foreign_limit: float = FOREIGN_CORES, settle_s: float = SETTLE_S,
+               sleep: Callable[[float], None] = time.sleep):
     self.load_fn, self.interval_s, self.limit = load_fn, interval_s, limit
+    self.cpu_fn, self.foreign_limit, self.settle_s, self._sleep = (
+        cpu_fn, foreign_limit, settle_s, sleep)
     self.samples: list[float] = []
+    self.foreign: list[float] = []   # other processes' cores, per sampling interval
+    self.foreign_mean: float | None = None
     self.start: float | None = None
     self.end: float | None = None
+    self.settled_s = 0.0
+    self._cpu0 = self._cpu_last = None
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
     self._lock = threading.Lock()
 
+  @staticmethod
+  def _cores(a, b) -> float | None:
+    if a is None or b is None or b[2] - a[2] <= 0:
+      return None
+    return max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / (b[2] - a[2]))
+
   def sample(self) -> float:
     value = float(self.load_fn())
+    cpu = self.cpu_fn()
     with self._lock:
       self.samples.append(value)
+      cores = self._cores(self._cpu_last, cpu)
+      if cores is not None:
+        self.foreign.append(cores)
+      if cpu is not None:
+        self._cpu_last = cpu
     return value
 
   def __enter__(self) -> "Load":
-    self.start = self.sample()
+    self.start = float(self.load_fn())
+    self._cpu0 = self._cpu_last = self.cpu_fn()
+    self.samples.append(self.start)
     if self.interval_s:
       self._thread = threading.Thread(target=self._run, daemon=True, name="load-sampler")
       self._thread.start()
@@ -78,7 +131,15 @@ class Load:
     self._stop.set()
     if self._thread is not None:
       self._thread.join()
-    self.end = self.sample()
+    self.sample()
+    self.foreign_mean = self._cores(self._cpu0, self._cpu_last)
+    # Our own threads lifted the load average; wait idle for it to fall back.
+    end, waited = float(self.load_fn()), 0.0
+    while end > self.limit and waited < self.settle_s:
+      self._sleep(1.0)
+      waited += 1.0
+      end = float(self.load_fn())
+    self.end, self.settled_s = end, waited
     return False
 
   @property
@@ -87,9 +148,23 @@ class Load:
       return max(self.samples) if self.samples else float("nan")
 
   @property
-  def quiet(self) -> bool:
+  def peak_foreign(self) -> float | None:
     with self._lock:
-      return bool(self.samples) and max(self.samples) <= self.limit
+      return max(self.foreign) if self.foreign else None
+
+  @property
+  def quiet(self) -> bool:
+    if self.start is None or self.start > self.limit:
+      return False
+    if self.end is not None and self.end > self.limit:
+      return False
+    if self.foreign_mean is None and not self.foreign:
+      # No CPU accounting: only the load average can judge the run.
+      return bool(self.samples) and self.peak <= self.limit
+    mean = self.foreign_mean if self.foreign_mean is not None else (
+        sum(self.foreign) / len(self.foreign))
+    peak = self.peak_foreign or 0.0
+    return mean <= self.foreign_limit and peak <= 2 * self.foreign_limit
 
   def tag(self, line: str) -> str:
     """`line`, marked as not a result when the run was loaded."""
@@ -97,15 +172,26 @@ class Load:
 
   def verdict(self) -> str:
     end = "running" if self.end is None else f"{self.end:.2f}"
-    state = (f"quiet (<= {self.limit:g} throughout)" if self.quiet
-             else f"{LOADED} (above {self.limit:g}); rerun on a quiet machine")
-    return (f"load average (1 min): start {self.start:.2f}, end {end}, max "
-            f"{self.peak:.2f} over {len(self.samples)} samples -> {state}")
+    if self.settled_s:
+      end += f" (after {self.settled_s:.0f} s idle)"
+    other = ""
+    if self.foreign_mean is not None:
+      other = (f"; other processes used {self.foreign_mean:.2f} cores on average, "
+               f"{self.peak_foreign or 0.0:.2f} at most")
+    state = ("quiet" if self.quiet
+             else f"{LOADED}; rerun on a quiet machine")
+    return (f"load average (1 min): start {self.start:.2f}, end {end}, max during "
+            f"{self.peak:.2f} (this benchmark's own threads included){other} -> {state} "
+            f"(limits: load {self.limit:g} at start and end, other processes "
+            f"{self.foreign_limit:g} cores)")
 
   def to_json(self) -> dict:
     return {"quiet": self.quiet, "verdict": "quiet" if self.quiet else LOADED,
             "load_1min": {"start": self.start, "end": self.end, "max": self.peak,
-                          "samples": len(self.samples), "limit": self.limit}}
+                          "samples": len(self.samples), "limit": self.limit,
+                          "settled_s": self.settled_s},
+            "other_processes_cores": {"mean": self.foreign_mean, "max": self.peak_foreign,
+                                      "limit": self.foreign_limit}}
 
 
 def versions(packages: Iterable[str]) -> dict[str, str]:

@@ -18,8 +18,12 @@ def fake_load(values):
   return lambda: next(it)
 
 
-def run_load(values, samples_between=0):
-  load = quiet.Load(fake_load(values), interval_s=None)
+def run_load(values, samples_between=0, cpu=None, settle_s=0.0):
+  """A Load fed with `values` (start, samples, end...) and optional (busy, own, t) ticks."""
+  ticks = iter(cpu) if cpu else None
+  load = quiet.Load(fake_load(values), interval_s=None, settle_s=settle_s,
+                    cpu_fn=(lambda: next(ticks)) if ticks else (lambda: None),
+                    sleep=lambda s: None)
   with load:
     for _ in range(samples_between):
       load.sample()
@@ -27,16 +31,16 @@ def run_load(values, samples_between=0):
 
 
 def test_quiet_when_every_sample_at_most_the_limit():
-  load = run_load([0.2, 1.0, 0.5], samples_between=1)
+  load = run_load([0.2, 1.0, 0.5, 0.5], samples_between=1)
   assert load.quiet and (load.start, load.end, load.peak) == (0.2, 0.5, 1.0)
   assert load.tag("x 1.0 s") == "x 1.0 s"
   assert quiet.LOADED not in load.verdict()
   assert load.to_json()["quiet"] is True
 
 
-@pytest.mark.parametrize("values", [[1.3, 0.2], [0.2, 1.01], [0.1, 4.0, 0.1]])
-def test_loaded_at_start_end_or_during(values):
-  load = run_load(values, samples_between=len(values) - 2)
+@pytest.mark.parametrize("values", [[1.3, 0.2, 0.2], [0.2, 1.01, 1.01], [0.1, 4.0, 0.1, 0.1]])
+def test_loaded_at_start_end_or_during_without_cpu_accounting(values):
+  load = run_load(values, samples_between=len(values) - 3)
   assert not load.quiet
   assert load.tag("x 1.0 s") == f"x 1.0 s   [{quiet.LOADED}]"
   assert quiet.LOADED in load.verdict()
@@ -45,19 +49,63 @@ def test_loaded_at_start_end_or_during(values):
   assert j["load_1min"]["max"] == max(values)
 
 
-def test_background_sampler_takes_the_max():
+def test_own_threads_lifting_the_load_do_not_count_other_processes_do():
+  # (machine busy s, own s, wall s): 10 s of wall, we use 19.8 core-s of the 20 busy.
+  ours_only = [(0, 0, 0), (10, 9.9, 5), (20, 19.8, 10)]
+  load = run_load([0.3, 1.9, 1.9, 0.4], samples_between=1, cpu=ours_only)
+  assert load.quiet, load.verdict()
+  assert load.foreign_mean == pytest.approx(0.02) and load.peak == 1.9
+  assert "0.02 cores on average" in load.verdict()
+  # Another process takes one core for the second half: 0.5 on average, 1.0 at most.
+  other = [(0, 0, 0), (10, 9.9, 5), (20, 14.9, 10)]
+  load = run_load([0.3, 1.9, 1.9, 0.4], samples_between=1, cpu=other)
+  assert not load.quiet
+  assert load.foreign_mean == pytest.approx(0.51) and load.peak_foreign == pytest.approx(1.0)
+  assert load.to_json()["other_processes_cores"]["max"] == pytest.approx(1.0)
+  # A short burst above twice the limit in one interval is enough to mark the run.
+  burst = [(0, 0, 0), (10, 7.0, 5), (20, 17.0, 10)]
+  load = run_load([0.3, 1.9, 1.9, 0.4], samples_between=1, cpu=burst)
+  assert load.foreign_mean == pytest.approx(0.3) and not load.quiet
+
+
+def test_end_waits_for_the_load_to_settle():
+  cpu = [(0, 0, 0), (10, 10, 5)]
+  # Load from our own threads decays while we wait idle: quiet, and the wait is reported.
+  load = run_load([0.5, 1.8, 1.6, 1.3, 0.9], cpu=cpu, settle_s=10)
+  assert load.quiet and load.end == 0.9 and load.settled_s == 2.0
+  assert "after 2 s idle" in load.verdict()
+  # It never falls back within the wait: something else is running.
+  load = run_load([0.5, 1.8] + [1.7] * 20, cpu=[(0, 0, 0), (10, 10, 5)], settle_s=5)
+  assert not load.quiet and load.end == 1.7 and load.settled_s == 5.0
+
+
+def test_background_sampler_records_samples():
   values = iter([0.1] + [7.0] * 1000)
-  load = quiet.Load(lambda: next(values, 0.1), interval_s=0.001)
+  load = quiet.Load(lambda: next(values, 0.1), interval_s=0.001, cpu_fn=lambda: None,
+                    settle_s=0)
   with load:
     while len(load.samples) < 3:
       pass
   assert load.peak == 7.0 and not load.quiet
 
 
+def test_cpu_seconds_reads_this_machine():
+  got = quiet.cpu_seconds()
+  if got is None:
+    pytest.skip("no /proc/stat")
+  busy, own, t = got
+  assert busy > 0 and own > 0 and t > 0
+  x = 0
+  for i in range(2_000_000):
+    x += i
+  busy2, own2, _ = quiet.cpu_seconds()
+  assert own2 > own and busy2 >= busy
+
+
 def test_interleave_alternates_order_and_samples_load():
   calls = []
   sides = [(name, lambda name=name: calls.append(name)) for name in ("ours", "peer", "rlax")]
-  load = quiet.Load(fake_load([0.0] * 10), interval_s=None)
+  load = quiet.Load(fake_load([0.0] * 10), interval_s=None, cpu_fn=lambda: None, settle_s=0)
   rounds_seen = []
   with load:
     r = quiet.interleave(sides, 3, load=load, each_round=rounds_seen.append)
@@ -94,7 +142,7 @@ def test_ratio_maths():
 
 
 def test_write_json(tmp_path, capsys):
-  load = run_load([2.0, 0.1])
+  load = run_load([2.0, 0.1, 0.1])
   path = tmp_path / "out.json"
   quiet.write_json(str(path), load, quiet.machine_facts(["not-a-real-package-xyz"]),
                    {"tokens_per_s": 12.5})
@@ -108,7 +156,7 @@ def test_write_json(tmp_path, capsys):
 
 
 def test_header_marks_a_loaded_start(capsys):
-  load = run_load([3.0, 0.1])
+  load = run_load([3.0, 0.1, 0.1])
   quiet.print_header(quiet.machine_facts(), load)
   out = capsys.readouterr().out
   assert "load average (1 min) at start: 3.00" in out and quiet.LOADED in out
