@@ -36,6 +36,7 @@ class ModelSection:
   hf_path: str = ""            # HF checkpoint directory; "" builds a small random model
   tokenizer: str = "char"      # "char" (built-in, for synthetic tasks) or "hf" (hf_path's)
   critic_path: str = ""        # optional HF reward model / saved critic to start the critic
+  init_from: str = ""          # a run's workdir: the policy starts from its newest checkpoint
   model_type: str = "qwen2"    # for a model built from the fields below
   hidden_size: int = 128
   intermediate_size: int = 384
@@ -64,6 +65,7 @@ class DataSection:
   template: str = "{problem}\n"
   chat_template: bool = False  # wrap the template in the tokenizer's chat template
   max_prompt_tokens: int = 64
+  synthetic_task: str = "arithmetic"  # arithmetic (data.synthetic) | chain (data.chain, long CoT)
   synthetic_min_steps: int = 2
   synthetic_max_steps: int = 3
   synthetic_max_operand: int = 9
@@ -341,6 +343,8 @@ def validate(cfg: Config) -> None:
          f"a divisor of model.num_heads={m.num_heads}")
   need(d.source in ("synthetic", "jsonl", "parquet", "tfds"), "data.source", d.source,
        "synthetic, jsonl, parquet or tfds")
+  need(d.synthetic_task in ("arithmetic", "chain"), "data.synthetic_task", d.synthetic_task,
+       '"arithmetic" or "chain"')
   need(d.source == "synthetic" or d.train_path, "data.train_path", d.train_path,
        f"set for data.source={d.source!r}")
   need("{problem}" in d.template, "data.template", d.template, 'a format string with "{problem}"')

@@ -3,6 +3,7 @@
 Imports no model or trainer code and no jax.
 """
 
+from vapo_jax.data import chain
 from vapo_jax.data import synthetic
 from vapo_jax.data.iterator import PromptIterator
 from vapo_jax.data.sources import DataError
@@ -32,5 +33,6 @@ __all__ = [
     "load_jsonl",
     "load_parquet",
     "load_tfds",
+    "chain",
     "synthetic",
 ]

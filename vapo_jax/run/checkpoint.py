@@ -225,6 +225,41 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
   return step
 
 
+def initial_policy(run: str, like: Any) -> tuple[Any, str]:
+  """The policy weights of another run's newest checkpoint (`model.init_from`).
+
+  Args:
+    run: that run's workdir (or its `checkpoints` directory).
+    like: this run's freshly built policy parameters (structure and shardings).
+
+  Returns:
+    (the parameters, a note naming the checkpoint they came from).
+
+  Raises:
+    CheckpointError: there is no checkpoint there, or it holds no policy; CheckpointMismatch
+      when its policy is another model than this run's.
+  """
+  directory = run if os.path.basename(os.path.normpath(run)) == CHECKPOINTS else os.path.join(
+      run, CHECKPOINTS)
+  if not os.path.isdir(directory):
+    raise checkpointing.CheckpointError(f"model.init_from={run!r}: no {directory}")
+  source = checkpointing.CheckpointStore(directory, keep_best=False, read_only=True)
+  try:
+    steps = source.steps()
+    if not steps:
+      raise checkpointing.CheckpointError(f"model.init_from={run!r}: no checkpoint in "
+                                          f"{directory}")
+    saved = source.read_meta(steps[-1])["groups"]
+    name = next((g for g in ("policy", "sft", "policy_params") if g in saved), None)
+    if name is None:
+      raise checkpointing.CheckpointError(f"model.init_from={run!r}: checkpoint {steps[-1]} "
+                                          f"holds no policy (it has {sorted(saved)})")
+    params = source.restore(steps[-1], {name: like}, subtrees={name: WEIGHTS[name]})[name]
+  finally:
+    source.close()
+  return params, f"the policy of {directory} step {steps[-1]} ({name})"
+
+
 def _weights(group: str, tree: Any) -> Any:
   """The model parameters in a group's tree (a TrainState's params, or the tree itself)."""
   return tree if WEIGHTS[group] == "" else tree.params

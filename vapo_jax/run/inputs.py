@@ -55,11 +55,12 @@ def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
   """Train and held-out examples whose prompts fit the budget, and what was dropped."""
   d = cfg.data
   if d.source == "synthetic":
-    spec = data_lib.synthetic.ArithmeticSpec(
-        min_steps=d.synthetic_min_steps, max_steps=d.synthetic_max_steps,
-        max_operand=d.synthetic_max_operand, ops=d.synthetic_ops)
-    train = data_lib.synthetic.arithmetic(d.num_train, "train", cfg.seed, spec)
-    test = data_lib.synthetic.arithmetic(d.num_eval, "test", cfg.seed, spec)
+    task = {"arithmetic": (data_lib.synthetic.ArithmeticSpec, data_lib.synthetic.arithmetic),
+            "chain": (data_lib.chain.ChainSpec, data_lib.chain.chains)}[d.synthetic_task]
+    spec = task[0](min_steps=d.synthetic_min_steps, max_steps=d.synthetic_max_steps,
+                   max_operand=d.synthetic_max_operand, ops=d.synthetic_ops)
+    train = task[1](d.num_train, "train", cfg.seed, spec)
+    test = task[1](d.num_eval, "test", cfg.seed, spec)
   else:
     load = {"jsonl": data_lib.load_jsonl, "parquet": data_lib.load_parquet,
             "tfds": data_lib.load_tfds}[d.source]

@@ -60,6 +60,10 @@ class Trainer:
         stage=run_control.first_stage(cfg), max_in_a_row=cfg.faults.max_consecutive_nonfinite,
         save_every=cfg.checkpoint.every, collective_timeout_s=cfg.faults.collective_timeout_s,
         step_timeout_s=cfg.faults.step_timeout_s, sigterm_grace_s=cfg.faults.sigterm_grace_s)
+    policy_params = p.policy_params
+    if cfg.model.init_from:  # (a checkpoint of this run's own, if any, replaces it on resume)
+      policy_params, note = run_checkpoint.initial_policy(cfg.model.init_from, policy_params)
+      print(f"model.init_from: starting from {note}", flush=True)
     # The global batch of prompts, identical on every host; each host then feeds only the
     # rows its devices hold (see rl.experience).
     self.state = run_checkpoint.RunState(
@@ -67,7 +71,7 @@ class Trainer:
         log=metrics_lib.MetricsWriter(None if read_only else workdir,
                                       tensorboard=cfg.metrics.tensorboard),
         prompts=PromptIterator(p.train_examples, cfg.prompts_per_step, seed=cfg.seed),
-        key=jax.random.key(cfg.seed), policy_params=p.policy_params)
+        key=jax.random.key(cfg.seed), policy_params=policy_params)
 
   # -------------------------------------------------------------------------- parts
   def setup(self, group: str):

@@ -1,0 +1,270 @@
+"""The ablation tool: its plan, its statistics, its reports, and the command end to end.
+
+The end-to-end test runs `python -m vapo_jax.tools.ablate` as users do, on a few steps of
+the tiny config: first one row, then two (the first row and the shared stages are not run
+again), then the same command again (nothing runs, the table is unchanged).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vapo_jax import config as config_lib
+from vapo_jax.tools import ablate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "tiny.py")
+
+
+# ------------------------------------------------------------------------ statistics
+
+
+def test_t_interval_against_hand_values():
+  assert ablate.t_quantile_975(1) == 12.706 and ablate.t_quantile_975(2) == 4.303
+  # Beyond the table: Student's t 97.5% quantiles 2.0211 (df 40) and 1.9840 (df 100).
+  assert abs(ablate.t_quantile_975(40) - 2.0211) < 1e-3
+  assert abs(ablate.t_quantile_975(100) - 1.9840) < 1e-3
+  mean, half = ablate.mean_interval([0.1, 0.2, 0.3])
+  assert math.isclose(mean, 0.2) and math.isclose(half, 4.303 * 0.1 / math.sqrt(3))
+  assert ablate.mean_interval([0.5]) == (0.5, None)
+  assert ablate.first_step_reaching([(0, 0.1), (10, 0.6), (20, 0.5)], 0.6) == 10
+  assert ablate.first_step_reaching([(0, 0.1), (10, 0.5)], 0.6) is None
+
+
+def test_outcome():
+  assert ablate.outcome(0, "... {", False) == "finished"
+  assert ablate.outcome(0, '"preempted": "stopped by SIGTERM after rl step 3"', False) == (
+      "interrupted")
+  assert ablate.outcome(1, "NonFiniteError", False) == "crashed"
+  assert ablate.outcome(1, "KeyboardInterrupt", True) == "interrupted"
+  assert ablate.outcome(-9, "", False) == "interrupted"
+
+
+def test_rows_are_the_papers_and_presets():
+  assert set(ablate.ROW_NAMES) == {
+      "vapo", "no_value_pretrain", "no_decoupled_gae", "no_length_adaptive", "no_clip_higher",
+      "no_token_level_loss", "no_positive_nll", "no_group_sampling", "ppo", "grpo", "dapo"}
+  assert all(r.preset in config_lib.PRESETS for r in ablate.ROWS)
+  paper = {r.name: r.paper for r in ablate.ROWS}
+  assert (paper["vapo"], paper["ppo"], paper["dapo"], paper["no_value_pretrain"]) == (
+      60.4, 5, 50, 11)
+  assert [r.name for r in ablate.parse_rows("ppo,vapo")] == ["vapo", "ppo"]
+  with pytest.raises(ValueError, match="unknown rows"):
+    ablate.parse_rows("vapo,no_such_row")
+
+
+# ------------------------------------------------------------------------------ plan
+
+
+def test_plan_shares_each_stage_once_per_seed(tmp_path):
+  load = ablate.config_loader(TINY, {"rl.steps": 3})
+  runs = ablate.plan(load, ablate.ROWS, [0, 1], str(tmp_path))
+  for seed in (0, 1):
+    mine = [r for r in runs if r.seed == seed]
+    sft = [r for r in mine if r.name == "sft"]
+    vp = [r for r in mine if r.name == "value_pretrain"]
+    assert len(sft) == 1 and len(vp) == 1, [r.directory for r in mine]
+    assert sorted(r.name for r in mine if r.kind == "row") == sorted(ablate.ROW_NAMES)
+    fields = {r.name: dict(r.overrides) for r in mine}
+    assert fields["value_pretrain"]["model.init_from"] == sft[0].directory
+    assert fields["sft"]["rl.steps"] == 0 and not fields["sft"]["value_pretrain.enabled"]
+    keeps_vp = {"vapo", "no_decoupled_gae", "no_length_adaptive", "no_clip_higher",
+                "no_token_level_loss", "no_positive_nll", "no_group_sampling"}
+    for r in mine:
+      if r.kind != "row":
+        continue
+      f = fields[r.name]
+      assert f["seed"] == seed and f["sft.enabled"] is False
+      if r.name in keeps_vp:
+        assert f["model.init_from"] == vp[0].directory and r.needs == (vp[0].directory,)
+        assert f["model.critic_path"] == os.path.join(vp[0].directory, "critic")
+      else:
+        assert f["model.init_from"] == sft[0].directory and "model.critic_path" not in f
+      # Stages come before the rows that start from them.
+      assert all(runs.index(next(x for x in runs if x.directory == d)) < runs.index(r)
+                 for d in r.needs)
+  # Each stage run's command builds exactly the config its key hashes.
+  for r in runs:
+    if r.kind == "stage":
+      cfg = load(r.preset, dict(r.overrides))
+      if cfg["model"]["init_from"]:
+        cfg["model"]["init_from"] = os.path.basename(cfg["model"]["init_from"])
+      assert r.directory.endswith(ablate.stage_key(json.loads(json.dumps(cfg))))
+  cmd = ablate.command(runs[-1], TINY, {"rl.steps": 3})
+  assert cmd[1:4] == ["-m", "vapo_jax.main", f"--config={TINY}:dapo"]
+  assert "--config.rl.steps=3" in cmd and "--config.sft.enabled=False" in cmd
+
+
+def test_plan_separates_a_stage_when_a_row_changes_what_it_reads(tmp_path):
+  real = ablate.config_loader(TINY, {})
+
+  def load(preset, overrides):
+    cfg = real(preset, overrides)
+    if preset == "ppo":
+      cfg["optim"]["sft_lr"] = 1e-4  # SFT reads it: ppo gets its own SFT stage
+    if preset == "no_clip_higher":
+      cfg["rl"]["eps_low"] = 0.1     # neither stage reads it
+    return cfg
+
+  runs = ablate.plan(load, ablate.parse_rows("vapo,no_clip_higher,ppo"), [0], str(tmp_path))
+  assert [r.name for r in runs] == ["sft", "value_pretrain", "vapo", "no_clip_higher", "sft",
+                                    "ppo"]
+  assert dict(runs[4].overrides)["optim.sft_lr"] == 1e-4
+
+
+def test_init_from_takes_the_policy_of_another_runs_newest_checkpoint(tmp_path):
+  """The hook the rows start with (`model.init_from`): the newest checkpoint's policy
+  weights (a TrainState's params, or the frozen policy of a stage that trains none)."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vapo_jax.rl import update  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import checkpoint as run_checkpoint  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import checkpoint_store  # pylint: disable=import-outside-toplevel
+  like = {"b": jnp.zeros((3,)), "w": jnp.zeros((2, 3))}
+  older = {"b": jnp.full((3,), 2.0), "w": jnp.ones((2, 3))}
+  newest = {"b": jnp.arange(3.0), "w": jnp.arange(6.0).reshape(2, 3)}
+  store = checkpoint_store.CheckpointStore(str(tmp_path / "run" / "checkpoints"),
+                                           async_save=False)
+  store.save(1, {"policy_params": older}, {})
+  store.save(5, {"policy": update.TrainState(newest, {"mu": older}, jnp.zeros((), jnp.int32)),
+                 "critic": update.TrainState(older, {}, jnp.zeros((), jnp.int32))}, {})
+  store.close()
+  for where in ("run", "run/checkpoints"):
+    got, note = run_checkpoint.initial_policy(str(tmp_path / where), like)
+    assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in newest.items()}
+    assert note.endswith("step 5 (policy)")
+  with pytest.raises(checkpoint_store.CheckpointMismatch, match="w"):
+    run_checkpoint.initial_policy(str(tmp_path / "run"), {**like, "w": jnp.zeros((3, 3))})
+  with pytest.raises(checkpoint_store.CheckpointError, match="model.init_from"):
+    run_checkpoint.initial_policy(str(tmp_path / "elsewhere"), like)
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def _fake_run(tmp_path, name, seed, curve, entropy, state="finished"):
+  run = ablate.Run(name, "row", seed, str(tmp_path / f"seed{seed}" / name), name, ())
+  os.makedirs(run.directory)
+  with open(os.path.join(run.directory, "metrics.jsonl"), "w") as f:
+    for step, avg in curve:
+      if step:
+        f.write(json.dumps({"stage": "rl", "step": step, "entropy": entropy + step}) + "\n")
+      f.write(json.dumps({"stage": "eval", "step": step, "avg@4": avg, "pass@4": avg + 0.2,
+                          "response_length": 100 + step, "greedy_accuracy": avg}) + "\n")
+  with open(os.path.join(run.directory, ablate.STATUS), "w") as f:
+    json.dump({"state": state, "wall_s": 60.0}, f)
+  return run
+
+
+def test_reports_from_the_runs_files(tmp_path):
+  runs = [
+      _fake_run(tmp_path, "vapo", 0, [(0, .1), (10, .6), (20, .5)], 1.0),
+      _fake_run(tmp_path, "vapo", 1, [(0, .1), (10, .3), (20, .6)], 2.0),
+      _fake_run(tmp_path, "vapo", 2, [(0, .1), (10, .7), (20, .7)], 3.0),
+      _fake_run(tmp_path, "no_clip_higher", 0, [(0, .1), (10, .2), (20, .4)], 1.0),
+      _fake_run(tmp_path, "no_clip_higher", 1, [(0, .1), (10, .6), (20, .6)], 1.0),
+      _fake_run(tmp_path, "no_clip_higher", 2, [(0, .1), (10, .9)], 1.0, state="crashed"),
+  ]
+  rows = ablate.parse_rows("vapo,no_clip_higher")
+  summaries = ablate.write_reports(str(tmp_path), runs, rows,
+                                   {"config": "c.py", "seeds": [0, 1, 2], "command": "x"})
+  vapo, nch = summaries
+  assert math.isclose(vapo["avg"], 0.6) and math.isclose(vapo["avg_ci95"],
+                                                         4.303 * 0.1 / math.sqrt(3))
+  assert math.isclose(vapo["entropy"], 22.0) and math.isclose(vapo["response_length"], 120)
+  assert math.isclose(vapo["steps_to_vapo"], 40 / 3) and vapo["reached_vapo"] == 3
+  assert (nch["finished"], nch["crashed"], nch["reached_vapo"]) == (2, 1, 1)
+  assert math.isclose(nch["avg"], 0.5) and math.isclose(nch["steps_to_vapo"], 10)
+  assert math.isclose(nch["avg_ci95"], 12.706 * math.sqrt(0.02) / math.sqrt(2))
+  md = (tmp_path / "ablation.md").read_text()
+  assert ("| vapo (VAPO) | 60.4 | 60.0 ± 24.8 | 80.0 ± 24.8 | 120.0 ± 0.0 | 22.000 ± 2.484 "
+          "| 13 (3/3) | 0/3 | 3/3 |") in md, md
+  assert ("| no_clip_higher (without Clip-Higher) | 46 | 50.0 ± 127.1 | 70.0 ± 127.1 | "
+          "120.0 ± 0.0 | 21.000 ± 0.000 | 10 (1/2) | 1/3 | 2/3 |") in md, md
+  lines = [json.loads(x) for x in (tmp_path / "ablation.jsonl").read_text().splitlines()]
+  assert [x["kind"] for x in lines] == ["run"] * 6 + ["row"] * 2
+  assert lines[5]["state"] == "crashed" and lines[5]["curve"] == [[0, .1], [10, .9]]
+  png = (tmp_path / "ablation.png").read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+# ------------------------------------------------------------------------ end to end
+
+FLAGS = ["--config.sft.steps=4", "--config.sft.batch_size=16",
+         "--config.value_pretrain.max_steps=2", "--config.value_pretrain.min_steps=2",
+         "--config.rl.steps=4", "--config.rl.prompts_per_step=8",
+         "--config.rl.responses_per_prompt=4", "--config.eval.num_examples=8",
+         "--config.eval.batch_prompts=8", "--config.eval.every=2",
+         "--config.data.num_train=256", "--config.data.num_eval=8",
+         "--config.checkpoint.every=0", "--config.metrics.tensorboard=False",
+         "--config.metrics.plot=False"]
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
+       "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+
+
+def _ablate(workdir, rows) -> str:
+  out = subprocess.run([sys.executable, "-m", "vapo_jax.tools.ablate", "--config=configs/tiny.py",
+                        f"--rows={rows}", "--seeds=1", f"--workdir={workdir}", *FLAGS],
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  return out.stdout
+
+
+def _records(directory):
+  with open(os.path.join(directory, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
+  w = tmp_path / "w"
+  out = _ablate(w, "vapo")
+  assert "3 runs (1 rows × seeds, 2 shared stages): 0 done before, 3 to run" in out, out
+  assert "[ablate] 3/3 seed 0 vapo: finished in" in out and "ETA 0m00s" in out, out
+  vapo = w / "seed0" / "vapo"
+  first = {p: os.stat(vapo / p).st_mtime_ns for p in ("metrics.jsonl", ablate.STATUS)}
+  md_one = (w / "ablation.md").read_text()
+
+  out = _ablate(w, "vapo,no_clip_higher")
+  assert "4 runs (2 rows × seeds, 2 shared stages): 3 done before, 1 to run" in out, out
+  assert "[ablate] 1/1 seed 0 no_clip_higher: finished in" in out, out
+  assert {p: os.stat(vapo / p).st_mtime_ns for p in first} == first  # not run again
+  stages = sorted(os.listdir(w / "seed0"))
+  assert [s.split("-")[:2] for s in stages if s.startswith("stage")] == [
+      ["stage", "sft"], ["stage", "value_pretrain"]]
+
+  # Both rows start from the shared stages: no SFT or value pretraining of their own, the
+  # value-pretrained critic, and the same policy (the same held-out figures before RL).
+  rows = {}
+  for name in ("vapo", "no_clip_higher"):
+    recs = _records(w / "seed0" / name)
+    assert {r["stage"] for r in recs} == {"rl", "eval"}
+    log = (w / "seed0" / name / "log.txt").read_text()
+    assert "model.init_from: starting from the policy of" in log
+    assert "--config.model.critic_path=" in log
+    rows[name] = {r["step"]: {k: v for k, v in r.items() if k != "time"}
+                  for r in recs if r["stage"] == "eval"}
+    assert sorted(rows[name]) == [0, 2, 4]
+  assert rows["vapo"][0] == rows["no_clip_higher"][0]
+
+  lines = [json.loads(x) for x in (w / "ablation.jsonl").read_text().splitlines()]
+  runs = {x["row"]: x for x in lines if x["kind"] == "run"}
+  summary = {x["row"]: x for x in lines if x["kind"] == "row"}
+  md = (w / "ablation.md").read_text()
+  for name, paper in (("vapo", "60.4"), ("no_clip_higher", "46")):
+    assert runs[name]["state"] == "finished"
+    assert runs[name]["avg"] == rows[name][4]["avg@4"]
+    assert runs[name]["curve"] == [[s, rows[name][s]["avg@4"]] for s in (0, 2, 4)]
+    assert summary[name]["finished"] == 1 and summary[name]["paper"] == float(paper)
+    label = next(r.label for r in ablate.ROWS if r.name == name)
+    assert f"| {name} ({label}) | {paper} | {100 * runs[name]['avg']:.1f} |" in md, md
+  vapo_line = next(x for x in md_one.splitlines() if x.startswith("| vapo "))
+  assert vapo_line in md
+  png = (w / "ablation.png").read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+  out = _ablate(w, "vapo,no_clip_higher")
+  assert "3 done before" not in out and "4 done before, 0 to run" in out, out
+  assert (w / "ablation.md").read_text() == md

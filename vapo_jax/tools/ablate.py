@@ -1,0 +1,612 @@
+"""The paper's ablation table as one command: every row × every seed, a table and a plot.
+
+  python -m vapo_jax.tools.ablate --config=configs/longcot.py --rows=all --seeds=3 \\
+      --workdir=/tmp/ablate [--config.rl.steps=60 ...]
+  python -m vapo_jax.tools.ablate --config=configs/tiny.py --rows=vapo,no_clip_higher ...
+
+Each row of `ROWS` is a preset of `config.PRESETS` (VAPO, each "without X", plain PPO, GRPO,
+DAPO). The stages that rows share run once per seed and the rows start from them:
+
+    W/seed<s>/stage-sft-<key>              SFT (rl.steps = 0)
+    W/seed<s>/stage-value_pretrain-<key>   value pretraining of the SFT policy
+    W/seed<s>/<row>                        the row: RL only, from model.init_from (the policy
+                                           of the stage run) and model.critic_path (its
+                                           value-pretrained critic, for rows that keep it)
+
+`<key>` hashes the config the stage reads (for SFT: model, data, sft, optim, sampling, mesh
+and seed; for value pretraining also value_pretrain, reward and the critic's update
+settings), so rows share a stage exactly when it would be the same run. Group sampling is an
+RL change: "without group sampling" starts from VAPO's pretrained critic.
+
+Every run is a subprocess `python -m vapo_jax.main` with its own workdir (its log in
+`log.txt`), so a crash is recorded and the other rows go on. A run that finished leaves
+`ablate_status.json` and is skipped next time; killed (the tool, or a run), the same command
+resumes where it stopped (runs resume from their checkpoints). One line per finished run
+shows the time taken and the ETA. At the end (and after every run) the tool writes
+
+    W/ablation.md     per row: held-out avg@k mean and 95% t-interval over seeds, pass@k,
+                      response length and entropy at the end, RL steps to reach VAPO's final
+                      avg@k, crashes; the paper's AIME 2024 figure beside it
+    W/ablation.png    held-out avg@k (and response length) over RL steps, mean and seed range
+    W/ablation.jsonl  one record per run (kind "run") and per row (kind "row")
+
+from the files the runs write (`metrics.jsonl`: the "eval" records, the last "rl" record).
+"""
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from vapo_jax import config as config_lib
+
+STATUS = "ablate_status.json"
+LOG = "log.txt"
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One row of the table: a preset, what the paper calls it, and its AIME 2024 score."""
+  name: str
+  preset: str
+  label: str
+  paper: float | None       # the paper's AIME 2024 avg@32 (None: not in its table)
+
+
+ROWS = (
+    Row("vapo", "vapo", "VAPO", 60.4),
+    Row("no_value_pretrain", "no_value_pretrain", "without value pretraining", 11),
+    Row("no_decoupled_gae", "no_decoupled_gae", "without decoupled GAE", 33),
+    Row("no_length_adaptive", "no_length_adaptive", "without length-adaptive GAE", 45),
+    Row("no_clip_higher", "no_clip_higher", "without Clip-Higher", 46),
+    Row("no_token_level_loss", "no_token_level_loss", "without token-level loss", 53),
+    Row("no_positive_nll", "no_positive_nll", "without positive-example loss", 54),
+    Row("no_group_sampling", "no_group_sampling", "without group sampling", 55),
+    Row("ppo", "ppo", "plain PPO", 5),
+    Row("grpo", "grpo", "GRPO", None),
+    Row("dapo", "dapo", "DAPO", 50),
+)
+ROW_NAMES = tuple(r.name for r in ROWS)
+
+# What each shared stage reads of a row's config (sections, or section.field); the rest of a
+# stage run's config is the "vapo" preset's, so rows differing only elsewhere share it.
+SFT_READS = ("seed", "model", "data", "sft", "optim", "sampling", "mesh")
+VALUE_PRETRAIN_READS = SFT_READS + (
+    "value_pretrain", "reward", "rl.use_critic", "rl.gamma", "rl.value_clip", "rl.ppo_epochs",
+    "rl.num_minibatches", "rl.micro_batch_size", "rl.gae_impl")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One `python -m vapo_jax.main` run of the plan.
+
+  name: the row's name, or "sft" / "value_pretrain" for a stage run.
+  overrides: config fields set on top of the preset (and the user's --config.* flags).
+  needs: directories of the stage runs it starts from (they must have finished).
+  """
+  name: str
+  kind: str                 # "row" | "stage"
+  seed: int
+  directory: str
+  preset: str
+  overrides: tuple[tuple[str, Any], ...]
+  needs: tuple[str, ...] = ()
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+  """{"rl": {"steps": 3}} -> {"rl.steps": 3}."""
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _get(d: dict, dotted: str):
+  for part in dotted.split("."):
+    d = d[part]
+  return d
+
+
+def _set(d: dict, dotted: str, value) -> None:
+  *head, last = dotted.split(".")
+  for part in head:
+    d = d[part]
+  d[last] = value
+
+
+def stage_key(cfg: dict) -> str:
+  """A short hash of a (plain dict) config."""
+  text = json.dumps(cfg, sort_keys=True, default=repr)
+  return hashlib.sha1(text.encode("utf-8")).hexdigest()[:8]
+
+
+def _stage(name: str, row_cfg: dict, base_cfg: dict, reads: Sequence[str], settings: dict,
+           seed: int, workdir: str, needs: tuple[str, ...]) -> Run:
+  base_cfg = json.loads(json.dumps(base_cfg))  # (tuples become lists, as in `cfg`)
+  cfg = json.loads(json.dumps(base_cfg))
+  for path in reads:
+    _set(cfg, path, json.loads(json.dumps(_get(row_cfg, path))))
+  for path, value in settings.items():
+    _set(cfg, path, value)
+  base = flatten(base_cfg)
+  fields = {k: v for k, v in flatten(cfg).items() if base.get(k) != v}
+  fields["seed"] = seed
+  # The key names the run it starts from by its directory's name, not its full path, so a
+  # moved workdir keeps its keys.
+  hashed = json.loads(json.dumps(cfg))
+  if hashed["model"].get("init_from"):
+    hashed["model"]["init_from"] = os.path.basename(hashed["model"]["init_from"])
+  directory = os.path.join(workdir, f"seed{seed}", f"stage-{name}-{stage_key(hashed)}")
+  return Run(name, "stage", seed, directory, "vapo", tuple(sorted(fields.items())), needs)
+
+
+def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str) -> list[Run]:
+  """Every run, in order: per seed, each row after the stage runs it needs (once each).
+
+  Args:
+    load: load(preset, overrides) -> the config (a plain dict) of that preset with the
+      user's flags and `overrides` applied.
+    rows: the rows.
+    seeds: the seeds (config field `seed`).
+    workdir: the tool's workdir.
+  """
+  runs, seen = [], set()
+
+  def add(run: Run) -> Run:
+    if run.directory not in seen:
+      seen.add(run.directory)
+      runs.append(run)
+    return run
+
+  for seed in seeds:
+    base = load("vapo", {"seed": seed})
+    for row in rows:
+      cfg = load(row.preset, {"seed": seed})
+      overrides: dict[str, Any] = {"seed": seed}
+      needs: tuple[str, ...] = ()
+      if cfg["sft"]["enabled"]:
+        small_eval = {"eval.num_examples": cfg["eval"]["batch_prompts"],
+                      "eval.samples_per_problem": 1, "eval.every": 0}
+        sft = add(_stage("sft", cfg, base, SFT_READS, {
+            "value_pretrain.enabled": False, "rl.steps": 0, "metrics.plot": False,
+            **small_eval}, seed, workdir, ()))
+        overrides.update({"sft.enabled": False, "model.init_from": sft.directory})
+        needs = (sft.directory,)
+        if cfg["value_pretrain"]["enabled"] and cfg["rl"]["use_critic"]:
+          vp = add(_stage("value_pretrain", cfg, base, VALUE_PRETRAIN_READS, {
+              "sft.enabled": False, "model.init_from": sft.directory, "rl.steps": 0,
+              "checkpoint.save_critic": True, "metrics.plot": False, **small_eval},
+                          seed, workdir, needs))
+          overrides.update({"value_pretrain.enabled": False, "model.init_from": vp.directory,
+                            "model.critic_path": os.path.join(vp.directory, "critic")})
+          needs = (vp.directory,)
+      add(Run(row.name, "row", seed, os.path.join(workdir, f"seed{seed}", row.name),
+              row.preset, tuple(sorted(overrides.items())), needs))
+  return runs
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def flag_value(value: Any) -> str:
+  """A config value as `--config.x=` text that ml_collections parses back to it."""
+  if isinstance(value, bool):
+    return str(value)
+  if isinstance(value, float):
+    return repr(value)
+  if isinstance(value, (int, str)):
+    return str(value)
+  raise ValueError(f"cannot pass {value!r} on a command line")
+
+
+def command(run: Run, config_path: str, user: dict[str, Any]) -> list[str]:
+  """The `python -m vapo_jax.main` command line of a run."""
+  fields = {**user, **dict(run.overrides)}
+  return ([sys.executable, "-m", "vapo_jax.main", f"--config={config_path}:{run.preset}",
+           "--noprogress", f"--workdir={run.directory}"]
+          + [f"--config.{k}={flag_value(v)}" for k, v in sorted(fields.items())])
+
+
+def read_status(run: Run) -> dict | None:
+  path = os.path.join(run.directory, STATUS)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def outcome(returncode: int, log_text: str, stopping: bool) -> str:
+  """"finished", "interrupted" (stopped by a signal: resumes next time) or "crashed"."""
+  if returncode == 0:
+    return "interrupted" if "stopped by SIGTERM after" in log_text else "finished"
+  return "interrupted" if stopping or returncode < 0 else "crashed"
+
+
+class Runner:
+  """Runs the plan's subprocesses one at a time; SIGTERM / SIGINT stop the current one at
+  its next step boundary (it checkpoints) and end the tool; rerunning resumes."""
+
+  def __init__(self):
+    self.child: subprocess.Popen | None = None
+    self.stopping = False
+
+  def install(self) -> None:
+    def handler(signum, frame):
+      del signum, frame
+      self.stopping = True
+      if self.child is not None and self.child.poll() is None:
+        self.child.send_signal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+  def run(self, run: Run, cmd: list[str]) -> dict:
+    """Runs one command to its end; returns (and, unless interrupted, saves) its status."""
+    os.makedirs(run.directory, exist_ok=True)
+    t0 = time.time()
+    with open(os.path.join(run.directory, LOG), "a", encoding="utf-8") as log:
+      log.write(f"\n$ {' '.join(cmd)}\n")
+      log.flush()
+      self.child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=_die_with_parent, start_new_session=True)
+      returncode = self.child.wait()
+      self.child = None
+    with open(os.path.join(run.directory, LOG), encoding="utf-8", errors="replace") as f:
+      text = f.read()
+    state = outcome(returncode, text[-20000:], self.stopping)
+    status = {"state": state, "returncode": returncode, "wall_s": time.time() - t0,
+              "command": cmd}
+    if state == "crashed":
+      status["log_tail"] = text[-3000:]
+    if state != "interrupted":
+      _write_json(os.path.join(run.directory, STATUS), status)
+    return status
+
+
+def _die_with_parent() -> None:
+  """In the child: SIGTERM when the tool dies (Linux), so no run is left training alone."""
+  try:
+    import ctypes  # pylint: disable=import-outside-toplevel
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    pass
+
+
+def _write_json(path: str, obj) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)
+
+
+def _hms(seconds: float) -> str:
+  seconds = int(round(seconds))
+  h, rest = divmod(seconds, 3600)
+  return (f"{h}h" if h else "") + f"{rest // 60:d}m{rest % 60:02d}s"
+
+
+# ------------------------------------------------------------------------- the results
+
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile_975(df: int) -> float:
+  """The 97.5% quantile of Student's t with `df` degrees of freedom (table to 30, then the
+  Cornish-Fisher expansion around the normal's 1.95996)."""
+  if df < 1:
+    raise ValueError("df must be >= 1")
+  if df <= len(_T975):
+    return _T975[df - 1]
+  z = 1.959964
+  return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def mean_interval(values: Sequence[float]) -> tuple[float, float | None]:
+  """(mean, half-width of the 95% t-interval) of the values; no interval for fewer than 2."""
+  n = len(values)
+  if not n:
+    return math.nan, None
+  mean = sum(values) / n
+  if n < 2:
+    return mean, None
+  sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+  return mean, t_quantile_975(n - 1) * sd / math.sqrt(n)
+
+
+def first_step_reaching(curve: Sequence[tuple[int, float]], target: float) -> int | None:
+  """The first RL step whose held-out score is >= target (None: never)."""
+  return next((step for step, value in sorted(curve) if value >= target - 1e-12), None)
+
+
+def run_record(run: Run, status: dict | None) -> dict:
+  """What a run's files say: its eval curve, final metrics and entropy at the end."""
+  rec = {"kind": "run", "row": run.name, "seed": run.seed, "directory": run.directory,
+         "state": status["state"] if status else "not run",
+         "wall_s": status.get("wall_s") if status else None}
+  path = os.path.join(run.directory, "metrics.jsonl")
+  if not os.path.exists(path):
+    return rec
+  from vapo_jax.run import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
+  records = metrics_lib.read_jsonl(path)
+  evals = {r["step"]: r for r in records if r.get("stage") == "eval"}
+  rls = [r for r in records if r.get("stage") == "rl"]
+  if evals:
+    k = next(key for key in evals[min(evals)] if key.startswith("avg@")).split("@")[1]
+    rec["k"] = int(k)
+    rec["curve"] = [(s, _num(evals[s].get(f"avg@{k}"))) for s in sorted(evals)]
+    rec["length_curve"] = [(s, _num(evals[s].get("response_length"))) for s in sorted(evals)]
+    last = evals[max(evals)]
+    rec["final_step"] = max(evals)
+    rec["avg"] = _num(last.get(f"avg@{k}"))
+    rec["pass"] = _num(last.get(f"pass@{k}"))
+    rec["response_length"] = _num(last.get("response_length"))
+    rec["greedy_accuracy"] = _num(last.get("greedy_accuracy"))
+  if rls:
+    rec["entropy"] = _num(rls[-1].get("entropy"))
+    rec["rl_steps"] = rls[-1]["step"]
+  return rec
+
+
+def _num(v) -> float:
+  try:
+    return float(v)
+  except (TypeError, ValueError):
+    return math.nan
+
+
+def row_summary(row: Row, records: Sequence[dict], target: float | None) -> dict:
+  """A row's figures over its seeds (finished runs; crashed ones are counted)."""
+  done = [r for r in records if r["state"] == "finished" and "avg" in r]
+  out = {"kind": "row", "row": row.name, "label": row.label, "paper": row.paper,
+         "seeds": len(records), "finished": len(done),
+         "crashed": sum(r["state"] == "crashed" for r in records)}
+  for key in ("avg", "pass", "response_length", "entropy"):
+    mean, half = mean_interval([r[key] for r in done if key in r and not math.isnan(r[key])])
+    out[key], out[f"{key}_ci95"] = mean, half
+  if target is not None:
+    steps = [first_step_reaching(r["curve"], target) for r in done]
+    reached = [s for s in steps if s is not None]
+    out["steps_to_vapo"] = sum(reached) / len(reached) if reached else None
+    out["reached_vapo"] = len(reached)
+  return out
+
+
+def summarize(runs: Sequence[Run], rows: Sequence[Row]) -> tuple[list[dict], list[dict]]:
+  """(run records, row summaries) from the runs' files."""
+  records = [run_record(r, read_status(r)) for r in runs if r.kind == "row"]
+  by_row = {row.name: [r for r in records if r["row"] == row.name] for row in rows}
+  vapo = [r["avg"] for r in by_row.get("vapo", []) if r["state"] == "finished" and "avg" in r]
+  target = sum(vapo) / len(vapo) if vapo else None
+  return records, [row_summary(row, by_row[row.name], target) for row in rows]
+
+
+def _fmt(mean: float, half: float | None, digits: int = 3, scale: float = 1.0) -> str:
+  if mean is None or math.isnan(mean):
+    return "—"
+  text = f"{mean * scale:.{digits}f}"
+  return text + (f" ± {half * scale:.{digits}f}" if half is not None else "")
+
+
+def markdown(summaries: Sequence[dict], records: Sequence[dict], header: dict) -> str:
+  """The table (accuracies in %, as the paper's)."""
+  k = next((r["k"] for r in records if "k" in r), "k")
+  lines = [f"# Ablation: {header['config']}", "",
+           f"`{header['command']}`", "",
+           f"Seeds {header['seeds']}; held-out avg@{k} and pass@{k} in % at the end of RL "
+           f"(mean ± half-width of the 95% t-interval over the finished seeds); response "
+           f"length (held-out, tokens) and policy entropy (last RL batch) at the end; RL "
+           f"steps until held-out avg@{k} first reaches VAPO's final mean (seeds that reach "
+           f"it). Paper: Qwen2.5-32B, AIME 2024 avg@32.", "",
+           f"| row | paper AIME | avg@{k} % | pass@{k} % | response length | entropy | "
+           "steps to VAPO's final | crashed | seeds done |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for s in summaries:
+    steps = ("—" if s.get("steps_to_vapo") is None
+             else f"{s['steps_to_vapo']:.0f} ({s['reached_vapo']}/{s['finished']})")
+    if "steps_to_vapo" not in s:
+      steps = "— (no VAPO row)"
+    lines.append(
+        f"| {s['row']} ({s['label']}) | {'—' if s['paper'] is None else s['paper']} | "
+        f"{_fmt(s['avg'], s['avg_ci95'], 1, 100)} | {_fmt(s['pass'], s['pass_ci95'], 1, 100)} | "
+        f"{_fmt(s['response_length'], s['response_length_ci95'], 1)} | "
+        f"{_fmt(s['entropy'], s['entropy_ci95'], 3)} | {steps} | "
+        f"{s['crashed']}/{s['seeds']} | {s['finished']}/{s['seeds']} |")
+  walls = [r["wall_s"] for r in records if r.get("wall_s")]
+  lines += ["", f"Wall time of the row runs: {_hms(sum(walls))} "
+            f"(stage runs: {_hms(header['stage_wall_s'])})."]
+  return "\n".join(lines) + "\n"
+
+
+def plot(records: Sequence[dict], rows: Sequence[Row], out_png: str) -> str:
+  """Held-out avg@k and response length over RL steps: per row the mean over seeds and a
+  band from the lowest to the highest seed."""
+  try:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ImportError("ablation.png needs matplotlib: pip install 'vapo_jax[plot]'") from e
+  fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+  k = next((r["k"] for r in records if "k" in r), "k")
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for i, row in enumerate(rows):
+    curves = [r for r in records if r["row"] == row.name and r.get("curve")]
+    if not curves:
+      continue
+    color = colors[i % len(colors)]
+    style = "-" if i < len(colors) else "--"
+    for ax, key, scale in ((axes[0], "curve", 100.0), (axes[1], "length_curve", 1.0)):
+      steps = sorted(set.intersection(*[{s for s, _ in r[key]} for r in curves]))
+      values = [[dict(r[key])[s] * scale for r in curves] for s in steps]
+      ax.plot(steps, [sum(v) / len(v) for v in values], style, color=color, marker="o",
+              markersize=3, label=f"{row.name} ({len(curves)})")
+      if len(curves) > 1:
+        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values],
+                        color=color, alpha=0.15)
+  axes[0].set_title(f"held-out avg@{k} (%), mean and range over seeds")
+  axes[1].set_title("held-out response length (tokens)")
+  for ax in axes:
+    ax.set_xlabel("RL step")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(out_png, dpi=90)
+  plt.close(fig)
+  return out_png
+
+
+def write_reports(workdir: str, runs: Sequence[Run], rows: Sequence[Row], header: dict
+                  ) -> list[dict]:
+  """ablation.jsonl, ablation.md and ablation.png from the runs' files; returns the rows."""
+  records, summaries = summarize(runs, rows)
+  stage_wall = sum((read_status(r) or {}).get("wall_s") or 0 for r in runs if r.kind == "stage")
+  with open(os.path.join(workdir, "ablation.jsonl"), "w", encoding="utf-8") as f:
+    for rec in [*records, *summaries]:
+      f.write(json.dumps(rec, default=_json_default) + "\n")
+  with open(os.path.join(workdir, "ablation.md"), "w", encoding="utf-8") as f:
+    f.write(markdown(summaries, records, {**header, "stage_wall_s": stage_wall}))
+  try:
+    plot(records, rows, os.path.join(workdir, "ablation.png"))
+  except ImportError as e:
+    print(f"[ablate] no ablation.png: {e}", flush=True)
+  return summaries
+
+
+def _json_default(v):
+  return None if isinstance(v, float) and math.isnan(v) else repr(v)
+
+
+# ------------------------------------------------------------------------------ command
+
+
+def parse_rows(text: str) -> list[Row]:
+  if text == "all":
+    return list(ROWS)
+  names = [n.strip() for n in text.split(",") if n.strip()]
+  unknown = [n for n in names if n not in ROW_NAMES]
+  if unknown or not names:
+    raise ValueError(f"unknown rows {unknown}; choose from all, {', '.join(ROW_NAMES)}")
+  return [r for r in ROWS if r.name in names]
+
+
+def config_loader(path: str, user: dict[str, Any]):
+  """load(preset, overrides) -> the config file's config as a plain dict (checked)."""
+  spec = importlib.util.spec_from_file_location("_ablate_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+
+  def load(preset: str, overrides: dict[str, Any]) -> dict:
+    c = module.get_config(preset)
+    c.update_from_flattened_dict({**user, **overrides})
+    config_lib.from_config_dict(c)  # a bad field fails here, before any run starts
+    return c.to_dict()
+
+  return load
+
+
+def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
+           user: dict[str, Any], *, rerun_crashed: bool = False, command_text: str = ""
+           ) -> list[dict]:
+  """Runs (or resumes) the plan and writes the reports; returns the row summaries."""
+  workdir = os.path.abspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  runs = plan(config_loader(config_path, user), rows, seeds, workdir)
+  header = {"config": config_path, "seeds": list(seeds), "command": command_text}
+
+  def done(run):
+    status = read_status(run)
+    return status is not None and (status["state"] == "finished" or (
+        status["state"] == "crashed" and not rerun_crashed))
+
+  todo = [r for r in runs if not done(r)]
+  print(f"[ablate] {len(runs)} runs ({sum(r.kind == 'row' for r in runs)} rows × seeds, "
+        f"{sum(r.kind == 'stage' for r in runs)} shared stages): {len(runs) - len(todo)} "
+        f"done before, {len(todo)} to run", flush=True)
+  runner = Runner()
+  runner.install()
+  t0, times = time.time(), []
+  for i, run in enumerate(todo):
+    failed = [d for d in run.needs
+              if (read_status(next(r for r in runs if r.directory == d)) or {}).get("state")
+              != "finished"]
+    where = f"seed {run.seed} {run.name if run.kind == 'row' else 'stage ' + run.name}"
+    if failed:
+      print(f"[ablate] {i + 1}/{len(todo)} {where}: skipped, its stage {failed[0]} did not "
+            "finish", flush=True)
+      continue
+    status = runner.run(run, command(run, config_path, user))
+    if status["state"] == "interrupted":
+      print(f"[ablate] {where}: interrupted; rerun the same command to resume", flush=True)
+      break
+    times.append(status["wall_s"])
+    left = len(todo) - i - 1
+    eta = sum(times) / len(times) * left
+    extra = ""
+    if run.kind == "row":
+      rec = run_record(run, status)
+      if "avg" in rec:
+        extra = f", avg@{rec['k']} {rec['avg']:.3f}"
+    print(f"[ablate] {i + 1}/{len(todo)} {where}: {status['state']} in "
+          f"{_hms(status['wall_s'])}{extra} | elapsed {_hms(time.time() - t0)}, ETA "
+          f"{_hms(eta)}", flush=True)
+    if run.kind == "row":
+      write_reports(workdir, runs, rows, header)
+    if runner.stopping:
+      break
+  summaries = write_reports(workdir, runs, rows, header)
+  print(f"[ablate] wrote {os.path.join(workdir, 'ablation.md')}", flush=True)
+  return summaries
+
+
+def define_flags() -> None:
+  config_flags.DEFINE_config_file("config", None, "Experiment config file (no preset: the "
+                                  "rows choose them); --config.x=y applies to every run.",
+                                  lock_config=True)
+  flags.DEFINE_string("rows", "all", f"all, or a comma list of: {', '.join(ROW_NAMES)}")
+  flags.DEFINE_integer("seeds", 3, "Seeds per row: the config's seed, seed + 1, ...")
+  flags.DEFINE_string("workdir", None, "Where the runs and the reports go.")
+  flags.DEFINE_bool("rerun_crashed", False, "Run again the runs that crashed last time.")
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  if f.config is None or not f.workdir:
+    raise app.UsageError("--config=configs/<experiment>.py and --workdir are required")
+  path = config_flags.get_config_filename(f["config"])
+  if ":" in path:
+    raise app.UsageError(f"--config={path}: give the file without a preset; --rows picks them")
+  try:
+    rows = parse_rows(f.rows)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  if f.seeds < 1:
+    raise app.UsageError("--seeds must be >= 1")
+  user = dict(config_flags.get_override_values(f["config"]))
+  first = int(user.pop("seed", f.config.seed))
+  ablate(path, rows, [first + i for i in range(f.seeds)], f.workdir, user,
+         rerun_crashed=f.rerun_crashed,
+         command_text=" ".join(["python -m vapo_jax.tools.ablate", *sys.argv[1:]]))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
