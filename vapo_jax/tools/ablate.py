@@ -348,8 +348,10 @@ def run_record(run: Run, status: dict | None) -> dict:
   records = metrics_lib.read_jsonl(path)
   evals = {r["step"]: r for r in records if r.get("stage") == "eval"}
   rls = [r for r in records if r.get("stage") == "rl"]
-  if evals:
-    k = next(key for key in evals[min(evals)] if key.startswith("avg@")).split("@")[1]
+  first = next((key for key in evals.get(min(evals, default=0), {}) if key.startswith("avg@")),
+               None)
+  if first is not None:
+    k = first.split("@")[1]
     rec["k"] = int(k)
     rec["curve"] = [(s, _num(evals[s].get(f"avg@{k}"))) for s in sorted(evals)]
     rec["length_curve"] = [(s, _num(evals[s].get("response_length"))) for s in sorted(evals)]
