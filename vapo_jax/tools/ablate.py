@@ -468,7 +468,8 @@ def plot(records: Sequence[dict], rows: Sequence[Row], out_png: str) -> str:
   for ax in axes:
     ax.set_xlabel("RL step")
     ax.grid(alpha=0.3)
-  axes[0].legend(fontsize=7)
+  if axes[0].get_legend_handles_labels()[0]:
+    axes[0].legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(out_png, dpi=90)
   plt.close(fig)
