@@ -3,8 +3,13 @@
 Responses are 100–230 tokens (one line per step of a 12–20 step chain, `data.chain`), the
 reward is the checker's verdict on the final `\\boxed{}` only, and a short SFT teaches the
 format while leaving the policy well below the ceiling (one wrong step anywhere fails the
-answer). Sized so that one seed of every row of the ablation table runs in about half an hour
-on 2 CPU cores:
+answer).
+
+Measured (2026-11-30, 2 CPU cores at load ~10 from other jobs, seed 0): SFT 7 m 39 s, value
+pretraining 4 m 22 s, the VAPO row 16 m 13 s (27 s per RL step). The start is too low for
+30 RL steps to show anything: held-out avg@4 2.0% after SFT, 1.6 / 2.1 / 1.0% at RL steps
+10 / 20 / 30 (pass@4 7.8% → 3.9%; 1–4% of each RL batch correct). Not yet sized: a longer
+SFT (a start nearer 10–20%) and the ~30 minutes for one seed of all rows on a quiet machine.
 
   python -m vapo_jax.tools.ablate --config=configs/longcot.py --rows=all --seeds=3 \\
       --workdir=/tmp/ablate
