@@ -37,7 +37,8 @@ def _one_line_error(out) -> str:
 def test_unknown_config_field_keeps_the_suggestion():
   line = _one_line_error(_run("vapo_jax.main", "--config=configs/tiny.py",
                               "--config.rl.stepz=3"))
-  assert "stepz" in line and "Did you mean" in line and "rl.steps" in line, line
+  assert line == ('error: unknown config field in --config.rl.stepz=3: Did you mean "steps" '
+                  'instead of "stepz"?'), line
 
 
 def test_invalid_config_value():
@@ -48,7 +49,8 @@ def test_invalid_config_value():
 
 def test_missing_config_file():
   line = _one_line_error(_run("vapo_jax.main", "--config=configs/nope.py"))
-  assert "configs/nope.py" in line, line
+  assert line == ("error: cannot load the --config file: [Errno 2] No such file or directory: "
+                  "'configs/nope.py'"), line
 
 
 def test_missing_checkpoint_directory_and_no_libtpu_lines(tmp_path):
@@ -89,7 +91,8 @@ def test_tools_answer_the_same_way(tool, tmp_path):
   out = _run(tool, "--config=configs/tiny.py", f"--workdir={tmp_path}", f"--out={tmp_path}/o",
              "--config.sft.enabledd=False")
   line = _one_line_error(out)
-  assert "Did you mean" in line and "sft.enabled" in line, line
+  assert line == ("error: unknown config field in --config.sft.enabledd=False: Did you mean "
+                  '"enabled" instead of "enabledd"?'), line
 
 
 def test_a_cpu_run_prints_nothing_from_libtpu(tmp_path):
@@ -97,7 +100,7 @@ def test_a_cpu_run_prints_nothing_from_libtpu(tmp_path):
   out = _run("vapo_jax.tools.evaluate", "--config=configs/tiny.py",
              "--config.eval.num_examples=2", "--config.eval.batch_prompts=2",
              "--config.eval.samples_per_problem=1", "--config.sampling.max_new_tokens=4",
-             "--config.data.num_train=8", "--config.data.num_eval=2")
+             "--config.data.num_train=32", "--config.data.num_eval=2")
   assert out.returncode == 0, out.stderr[-3000:]
   bad = [l for l in out.stderr.splitlines() if any(s in l for s in LIBTPU_LINES)]
   assert not bad, out.stderr[-3000:]

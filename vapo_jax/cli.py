@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import sys
 from typing import Callable
 
@@ -77,8 +78,25 @@ def user_error(exc: BaseException) -> str | None:
   if isinstance(exc, ImportError) and "pip install" in str(exc):
     return _text(exc)
   if isinstance(exc, OSError) and "config file" in str(exc):  # ml_collections' loader
-    return _text(exc)
+    return f"cannot load the --config file: {str(exc).strip().splitlines()[-1].strip()}"
   return None
+
+
+def flag_error(exc: BaseException, argv) -> str:
+  """One line for a command line that does not parse.
+
+  An override of a field the config lacks (`--config.rl.stepz=3`) raises ml_collections'
+  AttributeError(KeyError("'stepz'\\nDid you mean \"steps\" instead of \"stepz\"?")); it
+  becomes `unknown config field in --config.rl.stepz=3: Did you mean "steps" ...`.
+  """
+  inner = exc.args[0] if isinstance(exc, AttributeError) and exc.args else exc
+  if not isinstance(inner, KeyError):
+    return _text(exc)
+  lines = [line.strip() for line in str(inner.args[0] if inner.args else "").splitlines()]
+  key = lines[0].strip("'\"") if lines else ""
+  flag = next((a for a in argv if re.search(rf"\.{re.escape(key)}(=|$)", a)), key)
+  hint = " ".join(line for line in lines[1:] if line)
+  return f"unknown config field in {flag}" + (f": {hint}" if hint else "")
 
 
 def _text(exc: BaseException) -> str:
@@ -118,10 +136,10 @@ def run(main: Callable, argv=None) -> None:
   def parse(args):
     try:
       return flags.FLAGS(args)
-    except flags.Error as e:
+    except (flags.Error, AttributeError, KeyError) as e:  # see flag_error
       if _want_traceback(args):
         raise
-      fail(_text(e))
+      fail(flag_error(e, args))
 
   def guarded(args):
     try:
