@@ -97,9 +97,13 @@ def test_checkpoint_critic_and_tokenizer_load_by_hub_id(offline):
   critic, _ = critic_lib.Critic.from_pretrained(f"{REPO}@v1")
   assert float(jnp.abs(critic.score[...]).max()) == 0.0  # a causal LM: a fresh value head
 
-  tok = hf_io.load_tokenizer(REPO)
-  assert tok.encode("what is two plus three ?", add_special_tokens=False) == [4, 5, 6, 7, 8, 9]
-  assert tok.eos_token_id == 2
+  tok = hf_io.load_tokenizer(REPO)  # the same as from main's source directory
+  local = hf_io.load_tokenizer(str(os.path.join(os.path.dirname(offline[0]), "src_2")))
+  text = "what is two plus three ?"
+  assert tok.encode(text, add_special_tokens=False) == local.encode(text,
+                                                                   add_special_tokens=False)
+  assert (len(tok), tok.eos_token_id, tok.pad_token_id) == (len(local), 2, 0)
+  assert tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False) == text
 
 
 def test_only_the_files_a_model_needs_are_asked_for(offline):
