@@ -33,9 +33,10 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-  hf_path: str = ""            # HF checkpoint directory; "" builds a small random model
+  # HF checkpoint: a directory or a Hub id "org/name[@revision]"; "" builds a small model
+  hf_path: str = ""
   tokenizer: str = "char"      # "char" (built-in, for synthetic tasks) or "hf" (hf_path's)
-  critic_path: str = ""        # optional HF reward model / saved critic to start the critic
+  critic_path: str = ""        # optional HF reward model / saved critic (directory or Hub id)
   model_type: str = "qwen2"    # for a model built from the fields below
   hidden_size: int = 128
   intermediate_size: int = 384
@@ -54,9 +55,13 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
-  source: str = "synthetic"    # synthetic | jsonl | parquet | tfds
-  train_path: str = ""
+  source: str = "synthetic"    # synthetic | jsonl | parquet | tfds | hf (Hub `datasets`)
+  train_path: str = ""         # a file; for tfds / hf a dataset name ("openai/gsm8k[@rev]")
   eval_path: str = ""
+  hf_config: str = ""          # data.source="hf": the dataset's config name (gsm8k: "main")
+  eval_hf_config: str = ""     # of eval_path ("" = hf_config)
+  train_split: str = "train"   # data.source="hf": the splits read
+  eval_split: str = "test"
   layout: str = ""             # a named layout of data.LAYOUTS (e.g. "gsm8k", "math") or ""
   eval_layout: str = ""        # layout of eval_path ("" = layout)
   problem_field: str = ""
@@ -306,11 +311,13 @@ def from_config_dict(config: ml_collections.ConfigDict | dict) -> Config:
 
 
 def from_command_line(config: ml_collections.ConfigDict) -> Config:
-  """`from_config_dict` for a command's --config flag: a bad config exits with the message."""
+  """`from_config_dict` for a command's --config flag: a bad config ends the command with
+  `error: Invalid config: <field and what it must be>` on stderr, exit status 2."""
   try:
     return from_config_dict(config)
   except ConfigError as e:
-    sys.exit(f"Invalid config: {e}")
+    sys.stderr.write(f"error: Invalid config: {e}\n")
+    sys.exit(2)
 
 
 def validate(cfg: Config) -> None:
@@ -339,8 +346,8 @@ def validate(cfg: Config) -> None:
       need(getattr(m, name) >= 1, f"model.{name}", getattr(m, name), ">= 1")
     need(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", m.num_kv_heads,
          f"a divisor of model.num_heads={m.num_heads}")
-  need(d.source in ("synthetic", "jsonl", "parquet", "tfds"), "data.source", d.source,
-       "synthetic, jsonl, parquet or tfds")
+  need(d.source in ("synthetic", "jsonl", "parquet", "tfds", "hf"), "data.source", d.source,
+       "synthetic, jsonl, parquet, tfds or hf")
   need(d.source == "synthetic" or d.train_path, "data.train_path", d.train_path,
        f"set for data.source={d.source!r}")
   need("{problem}" in d.template, "data.template", d.template, 'a format string with "{problem}"')

@@ -22,6 +22,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from vapo_jax import hub
 from vapo_jax import sharding as shd
 from vapo_jax.models import hf_io
 from vapo_jax.models import safetensors_io as st_io
@@ -88,8 +89,10 @@ class Critic(nnx.Module):
     A `*ForSequenceClassification` directory with one label (a reward model,
     or a checkpoint written by `save_pretrained` below) gives its `score`
     head; a causal-LM directory (the policy) gives a fresh zero head and its
-    `lm_head.weight` is ignored.
+    `lm_head.weight` is ignored. `path` may also be a Hub id, `org/name[@revision]`
+    (see `vapo_jax.hub`).
     """
+    path = hub.resolve(path, what="critic checkpoint")
     hf = hf_io.read_config(path)
     cfg = ModelConfig.from_hf(hf, param_dtype=param_dtype,
                               dtype=param_dtype if dtype is None else dtype,
