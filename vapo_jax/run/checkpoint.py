@@ -4,7 +4,8 @@ At a position (stage, step) a checkpoint holds the arrays that exist there —
 
     sft stage        "sft": the SFT TrainState (params, AdamW state, step)
     value_pretrain   "policy_params": the frozen policy, "critic": the critic's TrainState
-    rl, done         "policy": the policy's TrainState, "critic": the critic's (with a critic)
+    rl, done         "policy": the policy's TrainState, "critic": the critic's (with a critic),
+                     "reference": the frozen initial policy (with GRPO's KL, rl.kl_coef > 0)
 
 — and in its JSON meta everything else the run's randomness and bookkeeping depend on: the
 position and fault counters (`RunControl`), both prompt iterators' epoch and position, the
@@ -54,6 +55,7 @@ class RunState:
   sft_state: Any = None                      # TrainStates, once their stage has set them up
   policy_state: Any = None
   critic_state: Any = None
+  ref_params: Any = None                     # the KL penalty's reference policy, once set up
   summary: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def next_key(self) -> jax.Array:
@@ -84,6 +86,8 @@ def groups(state: RunState) -> dict[str, Any]:
     out["policy_params"] = state.policy_params
   if state.critic_state is not None:
     out["critic"] = state.critic_state
+  if state.ref_params is not None:
+    out["reference"] = state.ref_params
   return out
 
 
@@ -107,8 +111,9 @@ def save(state: RunState, score: float | None = None) -> None:
   ckpt.save(state.ctl.global_step, groups(state), meta, score=score)
 
 
-GROUPS = ("sft", "policy", "critic", "policy_params")
-WEIGHTS = {"sft": ".params", "policy": ".params", "critic": ".params", "policy_params": ""}
+GROUPS = ("sft", "policy", "critic", "policy_params", "reference")
+WEIGHTS = {"sft": ".params", "policy": ".params", "critic": ".params", "policy_params": "",
+           "reference": ""}
 
 
 def restore(state: RunState, build: Callable[[str], Any], step: int | None = None
@@ -148,7 +153,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     state.policy_params, state.key = initial[:2]
     state.prompts.set_state(initial[2])
     state.sft_state = state.sft_prompts = state.policy_state = None
-    state.critic_state = None
+    state.critic_state = state.ref_params = None
 
   def attempt(s, meta):
     reset()
@@ -211,6 +216,8 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     state.policy_params = arrays["policy_params"]
   if "critic" in arrays:
     state.critic_state = arrays["critic"]
+  if "reference" in arrays:
+    state.ref_params = arrays["reference"]
   state.key = jax.random.wrap_key_data(jnp.asarray(meta["key"], jnp.uint32))
   pos = state.ctl
   pos.load(meta["position"])

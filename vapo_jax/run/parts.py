@@ -173,7 +173,7 @@ def policy_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.Pol
   return update.PolicyHParams(
       temperature=cfg.sampling.temperature, eps_low=rl.eps_low, eps_high=cfg.eps_high,
       dual_clip=rl.dual_clip or None, loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
-      nll_threshold=rl.nll_threshold, micro_batches=micro_batches)
+      nll_threshold=rl.nll_threshold, micro_batches=micro_batches, kl_coef=rl.kl_coef)
 
 
 def critic_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.CriticHParams:
@@ -284,7 +284,11 @@ def experience(cfg, sampler, text: Text, scorer, logprobs, values=None
       advantages=jax.jit(functools.partial(advantages_lib.compute_advantages, ac)),
       monte_carlo=jax.jit(functools.partial(advantages_lib.compute_advantages, dataclasses.replace(
           ac, use_critic=True, decoupled=True, lam_critic=1.0))),
-      temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call)
+      temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call,
+      overlong=((cfg.sampling.max_new_tokens, cfg.overlong_cache_tokens)
+                if cfg.rl.overlong_shaping else None),
+      dynamic_rounds=cfg.rl.dynamic_sampling_max_rounds if cfg.rl.dynamic_sampling else -1,
+      group_size=cfg.responses_per_prompt)
 
 
 def train_state(cfg, model: str, graphdef, params, mesh, rules):

@@ -21,6 +21,7 @@ import warnings
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from vapo_jax import critic as critic_lib
@@ -72,10 +73,16 @@ class Trainer:
   # -------------------------------------------------------------------------- parts
   def setup(self, group: str):
     """Sets up (once) and returns a checkpoint group's state: "sft", "policy", "critic"
-    (each with its optimizer and compiled step) or "policy_params"."""
+    (each with its optimizer and compiled step), "policy_params" or "reference" (a frozen
+    copy of the policy's parameters as they are now: at the start of RL)."""
     s, p, cfg = self.state, self.parts, self.cfg
     if group == "policy_params":
       return s.policy_params
+    if group == "reference":
+      if s.ref_params is None:
+        # A copy: the policy's train step donates (and so invalidates) its own buffers.
+        s.ref_params = jax.jit(lambda t: jax.tree.map(jnp.copy, t))(s.policy_params)
+      return s.ref_params
     attr = f"{group}_state"
     if getattr(s, attr) is None:
       graphdef, params = p.graphdef, s.policy_params
@@ -135,11 +142,16 @@ class Trainer:
     return metrics
 
   def experience(self, examples, *, for_value_pretraining: bool = False) -> tuple[dict, dict]:
-    """Steps 1–3 on the step's global prompts: (device batch, metrics); see rl.experience."""
+    """Steps 1–3 on the step's global prompts: (device batch, metrics); see rl.experience.
+
+    Dynamic sampling's extra rounds take the next prompts of the same iterator (so a resumed
+    run draws the same ones); the reference's log-probs come with the KL penalty."""
     s = self.state
     return self.parts.experience(
         s.policy_params, s.critic_state.params if s.critic_state is not None else None,
-        examples, s.next_key(), for_value_pretraining=for_value_pretraining)
+        examples, s.next_key(), for_value_pretraining=for_value_pretraining,
+        ref_params=None if for_value_pretraining else s.ref_params,
+        more_examples=lambda: next(s.prompts))
 
   def update(self, batch: dict, *, stage: str, step: int, policy: bool) -> dict:
     """Step 4: the PPO loop over one batch; skipped non-finite updates are counted here."""
@@ -191,6 +203,8 @@ class Trainer:
     cfg, rl, s = self.cfg, self.cfg.rl, self.state
     if rl.use_critic:
       self.setup("critic")
+    if rl.kl_coef > 0:
+      self.setup("reference")
     self.setup("policy")
     start = self.ctl.enter("rl")
     bar = self._bar(rl.steps, "rl", start)

@@ -113,8 +113,8 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
   p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
 
   def batch(b):
-    return {k: _sds(shape, dtype, rows_sh)
-            for k, (shape, dtype) in update.batch_shapes(b, p_len, r_len).items()}
+    shapes = update.batch_shapes(b, p_len, r_len, reference=cfg.rl.kl_coef > 0)
+    return {k: _sds(shape, dtype, rows_sh) for k, (shape, dtype) in shapes.items()}
 
   rollout_batch = batch(rows.rollout)
   resident = {"policy_state": per_device_bytes(p_state),
