@@ -46,7 +46,11 @@ class ConfigError(ValueError):
 class ModelSection:
   hf_path: str = ""            # HF checkpoint directory; "" builds a small random model
   tokenizer: str = "char"      # "char" (built-in, for synthetic tasks) or "hf" (hf_path's)
-  critic_path: str = ""        # optional HF reward model / saved critic to start the critic
+  critic_path: str = ""        # HF reward model / saved critic (with critic_start = "path")
+  # Where the critic starts: "policy" (the policy's weights + a zero value head),
+  # "reward_model" (an outcome reward model this run trains first: the `reward_model` stage,
+  # as PPO's critic starts in the paper) or "path" (model.critic_path).
+  critic_start: str = "policy"
   model_type: str = "qwen2"    # for a model built from the fields below
   hidden_size: int = 128
   intermediate_size: int = 384
@@ -127,6 +131,12 @@ class SFTSection:
   enabled: bool = False
   steps: int = 0               # optimizer updates (one batch each)
   batch_size: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelSection:
+  """The reward-model stage (runs when model.critic_start = "reward_model")."""
+  steps: int = 20              # rollout steps: sample, score, rl.num_minibatches updates each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,6 +254,7 @@ class Config:
   reward: RewardSection = RewardSection()
   optim: OptimSection = OptimSection()
   sft: SFTSection = SFTSection()
+  reward_model: RewardModelSection = RewardModelSection()
   value_pretrain: ValuePretrainSection = ValuePretrainSection()
   rl: RLSection = RLSection()
   mesh: MeshSection = MeshSection()
@@ -293,7 +304,9 @@ def default_config_dict() -> ml_collections.ConfigDict:
 # Whole rows of the paper's ablation table, and the baselines, as field overrides.
 PRESETS: dict[str, dict[str, Any]] = {
     "vapo": {},
-    "no_value_pretrain": {"value_pretrain.enabled": False},
+    # The rows without value pretraining start their critic from a reward model, as in the
+    # paper (whose bias on unfinished responses is what value pretraining repairs).
+    "no_value_pretrain": {"value_pretrain.enabled": False, "model.critic_start": "reward_model"},
     "no_decoupled_gae": {"rl.decoupled_gae": False},
     "no_length_adaptive": {"rl.length_adaptive": False},
     "no_clip_higher": {"rl.clip_higher": False},
@@ -302,7 +315,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "no_group_sampling": {"rl.group_sampling": False},
     # Plain PPO (as in the paper's first row): λ = 0.95 for both, per-sequence loss,
     # symmetric clipping, no NLL, no value pretraining, one response per prompt.
-    "ppo": {"value_pretrain.enabled": False, "rl.decoupled_gae": False,
+    "ppo": {"value_pretrain.enabled": False, "model.critic_start": "reward_model",
+            "rl.decoupled_gae": False,
             "rl.length_adaptive": False, "rl.lam_policy": 0.95,
             "rl.token_level_loss": False, "rl.clip_higher": False, "rl.nll_coef": 0.0,
             "rl.group_sampling": False},
@@ -369,6 +383,11 @@ def validate(cfg: Config) -> None:
   need(m.attention_impl in ("auto", "dense", "blocked"), "model.attention_impl",
        m.attention_impl, "auto, dense or blocked")
   need(m.attention_block >= 1, "model.attention_block", m.attention_block, ">= 1")
+  need(m.critic_start in ("policy", "reward_model", "path"), "model.critic_start",
+       m.critic_start, '"policy", "reward_model" or "path"')
+  need((m.critic_start == "path") == bool(m.critic_path), "model.critic_start", m.critic_start,
+       '"path" exactly when model.critic_path is set')
+  need(cfg.reward_model.steps >= 1, "reward_model.steps", cfg.reward_model.steps, ">= 1")
   if not m.hf_path:
     need(m.model_type in ("qwen2", "qwen3", "llama"), "model.model_type", m.model_type,
          "qwen2, qwen3 or llama")

@@ -214,6 +214,20 @@ def value_loss(values: Array, returns: Array, mask: Array, *,
   return ValueLoss(aggregate(per_token, mask, mode), metrics)
 
 
+def outcome_loss(pred: Array, scores: Array, valid: Array) -> LossSum:
+  """An outcome reward model's loss: Σ_b ½·(r̂_b − r_b)² over valid responses, count = their
+  number (shapes ``[B]``).
+
+  Squared error, not BCE: the model this trains starts the critic, whose values must be on
+  the reward's own scale (V ≈ expected score, as the value loss ½(V − R)² trains it), and
+  the checker's scores need not be 0/1 (partial credit, or a shaped reward). BCE would give
+  logits — another scale — and needs targets in [0, 1].
+  """
+  valid = jnp.asarray(valid, jnp.float32)
+  err = jnp.asarray(pred, jnp.float32) - jax.lax.stop_gradient(jnp.asarray(scores, jnp.float32))
+  return LossSum(jnp.sum(0.5 * jnp.square(err) * valid), jnp.sum(valid))
+
+
 def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
   """1 − Var[R − V] / Var[R] over real tokens (1 is perfect, ≤ 0 is no better than a mean).
 

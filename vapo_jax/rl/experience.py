@@ -143,6 +143,21 @@ class Experience:
     })
     return batch, metrics
 
+  def sample_and_score(self, policy_params, examples, key) -> tuple[dict, dict]:
+    """Steps 1–2 only, for the reward-model stage: (device batch of tokens_BxL, mask_BxL,
+    response_mask_BxR and the checker's scores_B, reward and length metrics)."""
+    rollout = self._sample(policy_params, examples, key)
+    tokens, mask = types_lib.rollout_tokens(rollout)
+    jax.block_until_ready(rollout.lengths_B)
+    self.sampler.clear_cache()
+    scored = reward_lib.score(self.scorer, rollout, self.text.decode,
+                              [ex.problem for ex in examples], [ex.answer for ex in examples])
+    lengths = dist.to_host(rollout.lengths_B)
+    batch = {"tokens_BxL": tokens, "mask_BxL": mask,
+             "response_mask_BxR": rollout.response_mask_BxR, "scores_B": scored.scores_B}
+    return batch, {**scored.all_scores.metrics(),
+                   "response/length_mean": float(lengths.mean())}
+
   def _sample(self, params, examples, key) -> types_lib.Rollout:
     return rollout_lib.sample(self.sampler, params,
                               lambda i: self.text.prompt_ids(examples[i].problem),

@@ -249,6 +249,35 @@ def critic_step(graphdef, tx: optax.GradientTransformation, hp: CriticHParams,
   return state, metrics
 
 
+# --------------------------------------------------------------------------- reward model
+
+
+def reward_model_step(graphdef, tx: optax.GradientTransformation, hp: CriticHParams,
+                      state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+  """One update of an outcome reward model: ½(r̂ − r)² per response (`losses.outcome_loss`).
+
+  r̂ = the model's scalar at the response's last token (`critic.last_token_values`), r the
+  checker's score. batch: tokens_BxL, mask_BxL, response_mask_BxR, scores_B.
+  """
+  resp_mask = batch["response_mask_BxR"]
+  prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
+  count = jnp.sum((jnp.sum(resp_mask, -1) > 0).astype(jnp.float32))
+
+  def loss_fn(params, mb):
+    model = nnx.merge(graphdef, params)
+    lengths = jnp.sum(mb["response_mask_BxR"], -1).astype(jnp.int32)
+    pred = critic_lib.last_token_values(model, mb["tokens_BxL"], mb["mask_BxL"], prompt_len,
+                                        lengths)
+    out = losses.outcome_loss(pred, mb["scores_B"], lengths > 0)
+    return losses.safe_divide(out.total, count), {
+        "rm_pred_mean": losses.safe_divide(jnp.sum(jnp.where(lengths > 0, pred, 0.0)), count)}
+
+  loss, grads, metrics = _accumulate(loss_fn, state.params, batch, hp.micro_batches)
+  state, grad_norm, skipped = _apply(tx, state, grads, loss)
+  metrics.update(rm_loss=loss, rm_grad_norm=grad_norm, critic_skipped=skipped)
+  return state, metrics
+
+
 # ------------------------------------------------------------------------------------ SFT
 
 
@@ -367,7 +396,7 @@ REF_SPEC = {"ref_logp_BxR": (("B", "R"), jnp.float32)}
 
 # Mini-batch shuffles are seeded by (seed, stage, step, epoch); these numbers name the
 # stages there (fixed: resumed runs and existing checkpoints depend on them).
-SHUFFLE_STAGE = {"value_pretrain": 0, "rl": 1}
+SHUFFLE_STAGE = {"value_pretrain": 0, "rl": 1, "reward_model": 2}
 
 
 def batch_shapes(rows: int, prompt_len: int, response_len: int, *,

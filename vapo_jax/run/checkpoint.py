@@ -3,6 +3,7 @@
 At a position (stage, step) a checkpoint holds the arrays that exist there —
 
     sft stage        "sft": the SFT TrainState (params, AdamW state, step)
+    reward_model     "policy_params": the frozen policy, "reward_model": the RM's TrainState
     value_pretrain   "policy_params": the frozen policy, "critic": the critic's TrainState
     rl, done         "policy": the policy's TrainState, "critic": the critic's (with a critic),
                      "reference": the frozen initial policy (with GRPO's KL, rl.kl_coef > 0)
@@ -53,6 +54,7 @@ class RunState:
   policy_params: Any
   sft_prompts: PromptIterator | None = None  # while SFT runs
   sft_state: Any = None                      # TrainStates, once their stage has set them up
+  rm_state: Any = None
   policy_state: Any = None
   critic_state: Any = None
   ref_params: Any = None                     # the KL penalty's reference policy, once set up
@@ -80,6 +82,9 @@ def groups(state: RunState) -> dict[str, Any]:
   stage = state.ctl.stage
   if stage == "sft" and state.sft_state is not None:
     out["sft"] = state.sft_state
+  elif stage == "reward_model" and state.rm_state is not None:
+    out["reward_model"] = state.rm_state
+    out["policy_params"] = state.policy_params
   elif stage in ("rl", "done") and state.policy_state is not None:
     out["policy"] = state.policy_state
   else:
@@ -111,9 +116,9 @@ def save(state: RunState, score: float | None = None) -> None:
   ckpt.save(state.ctl.global_step, groups(state), meta, score=score)
 
 
-GROUPS = ("sft", "policy", "critic", "policy_params", "reference")
+GROUPS = ("sft", "policy", "critic", "policy_params", "reference", "reward_model")
 WEIGHTS = {"sft": ".params", "policy": ".params", "critic": ".params", "policy_params": "",
-           "reference": ""}
+           "reference": "", "reward_model": ".params"}
 
 
 def restore(state: RunState, build: Callable[[str], Any], step: int | None = None
@@ -153,7 +158,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     state.policy_params, state.key = initial[:2]
     state.prompts.set_state(initial[2])
     state.sft_state = state.sft_prompts = state.policy_state = None
-    state.critic_state = state.ref_params = None
+    state.critic_state = state.ref_params = state.rm_state = None
 
   def attempt(s, meta):
     reset()
@@ -218,6 +223,8 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     state.critic_state = arrays["critic"]
   if "reference" in arrays:
     state.ref_params = arrays["reference"]
+  if "reward_model" in arrays:
+    state.rm_state = arrays["reward_model"]
   state.key = jax.random.wrap_key_data(jnp.asarray(meta["key"], jnp.uint32))
   pos = state.ctl
   pos.load(meta["position"])

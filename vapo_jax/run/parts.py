@@ -99,16 +99,25 @@ def fresh_model_config(cfg, text: Text) -> model_config.ModelConfig:
       **model_options(cfg), eos_token_id=text.eos_ids[0], pad_token_id=text.pad_id)
 
 
-def build_critic(cfg, policy_graphdef, policy_params, mesh, rules):
-  """(graphdef, params) of the critic: from model.critic_path, else the policy + a new head."""
-  if cfg.model.critic_path:
+def build_critic(cfg, policy_graphdef, policy_params, mesh, rules, *, params=None,
+                 from_path: bool | None = None):
+  """(graphdef, params) of a value model (critic or reward model), its parameters copied.
+
+  From model.critic_path (with model.critic_start = "path", or `from_path`), else the
+  policy's weights + a zero head; `params` (e.g. the trained reward model's) replace the
+  weights of the latter.
+  """
+  if from_path is None:
+    from_path = cfg.model.critic_start == "path"
+  if from_path:
     critic, _ = critic_lib.Critic.from_pretrained(
         cfg.model.critic_path, mesh=mesh, rules=rules, param_dtype=cfg.model.param_dtype,
         dtype=cfg.model.dtype, **model_options(cfg))
   else:
     policy = nnx.merge(policy_graphdef, policy_params)
     critic = critic_lib.Critic.from_policy(policy)
-  graphdef, params = nnx.split(critic)
+  graphdef, own = nnx.split(critic)
+  params = own if params is None else params
   # from_policy shares the policy's buffers; the critic's train step donates its own.
   return graphdef, jax.jit(lambda t: jax.tree.map(jnp.copy, t))(params)
 
@@ -212,7 +221,8 @@ def optimizer(cfg: config_lib.Config, model: str) -> update.Optimizer:
   """The AdamW of "sft", "policy" or "critic" training."""
   o = cfg.optim
   lr, warmup = {"sft": (o.sft_lr, sft_warmup(cfg)), "policy": (o.policy_lr, o.warmup_steps),
-                "critic": (o.critic_lr, o.warmup_steps)}[model]
+                "critic": (o.critic_lr, o.warmup_steps),
+                "reward_model": (o.critic_lr, o.warmup_steps)}[model]
   return update.make_optimizer(lr, warmup_steps=warmup, weight_decay=o.weight_decay, b1=o.b1,
                                b2=o.b2, eps=o.eps, grad_clip=o.grad_clip)
 
@@ -238,6 +248,12 @@ def critic_step(cfg, graphdef, tx, state, mesh, rules):
   hp = critic_hparams(cfg, rows_of(cfg).micro_batches)
   return update.compile_step(functools.partial(update.critic_step, graphdef, tx, hp), state,
                              mesh, batch_axes(mesh, rules), rules)
+
+
+def reward_model_step(cfg, graphdef, tx, state, mesh, rules):
+  hp = critic_hparams(cfg, rows_of(cfg).micro_batches)
+  return update.compile_step(functools.partial(update.reward_model_step, graphdef, tx, hp),
+                             state, mesh, batch_axes(mesh, rules), rules)
 
 
 def logprobs_fn(cfg, graphdef, mesh, rules):
@@ -292,10 +308,12 @@ def experience(cfg, sampler, text: Text, scorer, logprobs, values=None
 
 
 def train_state(cfg, model: str, graphdef, params, mesh, rules):
-  """(TrainState, compiled step, optimizer) of "sft", "policy" or "critic" training."""
+  """(TrainState, compiled step, optimizer) of "sft", "policy", "critic" or "reward_model"
+  training."""
   tx = optimizer(cfg, model)
   state = update.init_state(params, tx)
-  build_step = {"sft": sft_step, "policy": policy_step, "critic": critic_step}[model]
+  build_step = {"sft": sft_step, "policy": policy_step, "critic": critic_step,
+                "reward_model": reward_model_step}[model]
   return state, build_step(cfg, graphdef, tx, state, mesh, rules), tx
 
 
