@@ -214,8 +214,10 @@ def test_overlong_shaping_reaches_the_advantages():
 @pytest.mark.parametrize("reward, rounds", [("trainer_plugins:even_digits", 3),
                                             ("trainer_plugins:problem_parity", 2)])
 def test_dynamic_sampling_batch_holds_mixed_groups(reward, rounds):
+  # 8 prompts × 2 responses: about half the groups of a round are mixed under even_digits.
   cfg = critic_free(**{"rl.dynamic_sampling": True, "rl.dynamic_sampling_max_rounds": rounds,
-                       "reward.fn": reward})
+                       "reward.fn": reward, "rl.prompts_per_step": 8,
+                       "rl.responses_per_prompt": 2})
   t = trainer_lib.Trainer(cfg, progress=False)
   try:
     t.setup("policy")
@@ -232,7 +234,7 @@ def test_dynamic_sampling_batch_holds_mixed_groups(reward, rounds):
   finally:
     t.close()
   b = jax.device_get(batch)
-  n, groups = 4, 4
+  n, groups = 2, 8
   scores = b["scores_B"].reshape(groups, n)
   kept = b["response_mask_BxR"].reshape(groups, n, -1).sum((1, 2)) > 0
   mixed = scores.max(1) > scores.min(1)

@@ -54,7 +54,7 @@ class RunState:
   policy_params: Any
   sft_prompts: PromptIterator | None = None  # while SFT runs
   sft_state: Any = None                      # TrainStates, once their stage has set them up
-  rm_state: Any = None
+  reward_model_state: Any = None
   policy_state: Any = None
   critic_state: Any = None
   ref_params: Any = None                     # the KL penalty's reference policy, once set up
@@ -82,8 +82,8 @@ def groups(state: RunState) -> dict[str, Any]:
   stage = state.ctl.stage
   if stage == "sft" and state.sft_state is not None:
     out["sft"] = state.sft_state
-  elif stage == "reward_model" and state.rm_state is not None:
-    out["reward_model"] = state.rm_state
+  elif stage == "reward_model" and state.reward_model_state is not None:
+    out["reward_model"] = state.reward_model_state
     out["policy_params"] = state.policy_params
   elif stage in ("rl", "done") and state.policy_state is not None:
     out["policy"] = state.policy_state
@@ -158,7 +158,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     state.policy_params, state.key = initial[:2]
     state.prompts.set_state(initial[2])
     state.sft_state = state.sft_prompts = state.policy_state = None
-    state.critic_state = state.ref_params = state.rm_state = None
+    state.critic_state = state.ref_params = state.reward_model_state = None
 
   def attempt(s, meta):
     reset()
@@ -224,7 +224,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
   if "reference" in arrays:
     state.ref_params = arrays["reference"]
   if "reward_model" in arrays:
-    state.rm_state = arrays["reward_model"]
+    state.reward_model_state = arrays["reward_model"]
   state.key = jax.random.wrap_key_data(jnp.asarray(meta["key"], jnp.uint32))
   pos = state.ctl
   pos.load(meta["position"])

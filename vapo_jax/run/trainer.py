@@ -94,7 +94,7 @@ class Trainer:
     if getattr(s, attr) is None:
       graphdef, params = p.graphdef, s.policy_params
       if group == "critic":
-        rm = s.rm_state.params if s.rm_state is not None else None
+        rm = s.reward_model_state.params if s.reward_model_state is not None else None
         self.critic_graphdef, params = parts.build_critic(cfg, p.graphdef, s.policy_params,
                                                           p.mesh, p.rules, params=rm)
         graphdef = self.critic_graphdef
@@ -165,11 +165,11 @@ class Trainer:
     for i in range(start, steps):
       batch, em = self.parts.experience.sample_and_score(s.policy_params, next(s.prompts),
                                                          s.next_key())
-      models = {"reward_model": (self.steps["reward_model"][0], s.rm_state)}
+      models = {"reward_model": (self.steps["reward_model"][0], s.reward_model_state)}
       states, um, skipped = update_lib.ppo_updates(parts.ppo_loop(cfg), models, batch,
                                                    self.parts.take, stage="reward_model",
                                                    step=i)
-      s.rm_state = states["reward_model"]
+      s.reward_model_state = states["reward_model"]
       um.update(self.ctl.count_skipped(skipped, f"reward_model step {i + 1}"))
       um["lr/reward_model"] = self._lr("reward_model")
       metrics = {**em, **um}
@@ -185,10 +185,10 @@ class Trainer:
     model.critic_path of other runs loads), and the critic set up from it."""
     s = self.state
     if self.workdir and self.cfg.checkpoint.save_critic:
-      critic_lib.save_pretrained(nnx.merge(self.rm_graphdef, s.rm_state.params),
+      critic_lib.save_pretrained(nnx.merge(self.rm_graphdef, s.reward_model_state.params),
                                  os.path.join(self.workdir, REWARD_MODEL_DIR))
     self.setup("critic")
-    s.rm_state = None  # the critic holds the weights now; frees the RM's optimizer
+    s.reward_model_state = None  # the critic holds the weights now; frees the RM's optimizer
 
   def experience(self, examples, *, for_value_pretraining: bool = False) -> tuple[dict, dict]:
     """Steps 1–3 on the step's global prompts: (device batch, metrics); see rl.experience.
