@@ -85,7 +85,7 @@ def rm_config(**overrides):
           "checkpoint.keep": 5, "checkpoint.async_save": False, "metrics.plot": False,
           "metrics.tensorboard": False, "eval.num_examples": 4, "eval.samples_per_problem": 1,
           "eval.batch_prompts": 4, "rl.prompts_per_step": 4, "rl.responses_per_prompt": 4,
-          "reward.fn": "trainer_plugins:problem_parity"}
+          "reward.fn": "trainer_plugins:problem_parity", "mesh.fsdp": 1}
   return tiny(**{**base, **overrides})
 
 
@@ -125,8 +125,8 @@ def test_reward_model_stage_starts_the_critic_and_resumes(tmp_path):
   # A critic_start="path" run from that directory starts from the same weights; a "policy"
   # run starts from the policy's weights and a zero head.
   path = tiny(**{"model.critic_start": "path",
-                 "model.critic_path": os.path.join(workdir, "reward_model")})
-  plain = tiny()
+                 "model.critic_path": os.path.join(workdir, "reward_model"), "mesh.fsdp": 1})
+  plain = tiny(**{"mesh.fsdp": 1})
   for c, check in ((path, "rm"), (plain, "policy")):
     t = trainer_lib.Trainer(c, progress=False)
     try:
