@@ -80,7 +80,7 @@ class Program:
   args: tuple
   kwargs: dict
   resident_arg_bytes: int      # per device
-  resident: tuple[str, ...] = ("policy_state", "critic_state", "rollout_batch")
+  resident: tuple[str, ...] = ("policy_state", "critic_state", "reference", "rollout_batch")
   # XLA's cost analysis counts a loop body once; the micro-batch loop runs this many times.
   trips: int = 1
 
@@ -119,6 +119,8 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
   rollout_batch = batch(rows.rollout)
   resident = {"policy_state": per_device_bytes(p_state),
               "critic_state": per_device_bytes(c_state) if cfg.rl.use_critic else 0,
+              # GRPO's KL penalty keeps a frozen copy of the initial policy's weights.
+              "reference": per_device_bytes(params) if cfg.rl.kl_coef > 0 else 0,
               "rollout_batch": per_device_bytes(rollout_batch)}
   shapes = {"rows": rows.rollout, "minibatch_rows": rows.minibatch,
             "micro_batches": rows.micro_batches, "forward_chunks": rows.forward_chunks,
