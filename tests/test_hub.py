@@ -129,7 +129,8 @@ def test_main_trains_from_hub_ids_offline(offline, tmp_path):
   cache_dir, _ = offline
   cmd = [sys.executable, "-m", "vapo_jax.main", "--config=configs/tiny.py", "--noprogress",
          f"--workdir={tmp_path}", f"--config.model.hf_path={REPO}@v1",
-         f"--config.model.critic_path={REPO}", "--config.sft.steps=2",
+         "--config.model.critic_start=path", f"--config.model.critic_path={REPO}",
+         "--config.sft.steps=2",
          "--config.sft.batch_size=8", "--config.value_pretrain.max_steps=1",
          "--config.value_pretrain.min_steps=1", "--config.rl.steps=1",
          "--config.rl.prompts_per_step=4", "--config.rl.responses_per_prompt=2",

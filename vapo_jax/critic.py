@@ -140,6 +140,18 @@ def save_pretrained(critic: Critic, path: str, *, dtype: Any = None,
   hf_io.write_checkpoint(path, tensors, hf_cfg, max_shard_bytes)
 
 
+def last_token_values(critic: Critic, tokens_BxL: jax.Array, mask_BxL: jax.Array,
+                      prompt_len: int, lengths_B: jax.Array) -> jax.Array:
+  """The scalar after each whole response, float32 [B]: out[b] = critic(...)[b, P + l_b − 1]
+
+  (the value of the state that holds the full response: an outcome reward model's score;
+  for l_b = 0 the prompt's last token).
+  """
+  v = critic(tokens_BxL, mask_BxL)
+  last = prompt_len + jnp.asarray(lengths_B, jnp.int32) - 1
+  return jnp.take_along_axis(v, last[:, None], axis=1)[:, 0]
+
+
 def response_values(critic: Critic, tokens_BxL: jax.Array, mask_BxL: jax.Array,
                     prompt_len: int) -> jax.Array:
   """values[:, t] = V(s_t) = head(hidden[:, P + t - 1]), float32 [B, R].
