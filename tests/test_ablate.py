@@ -82,6 +82,7 @@ def test_plan_shares_each_stage_once_per_seed(tmp_path):
       if r.name in keeps_vp:
         assert f["model.init_from"] == vp[0].directory and r.needs == (vp[0].directory,)
         assert f["model.critic_path"] == os.path.join(vp[0].directory, "critic")
+        assert f["model.critic_start"] == "path"
       else:
         assert f["model.init_from"] == sft[0].directory and "model.critic_path" not in f
       # Stages come before the rows that start from them.

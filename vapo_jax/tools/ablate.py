@@ -82,6 +82,7 @@ ROW_NAMES = tuple(r.name for r in ROWS)
 # What each shared stage reads of a row's config (sections, or section.field); the rest of a
 # stage run's config is the "vapo" preset's, so rows differing only elsewhere share it.
 SFT_READS = ("seed", "model", "data", "sft", "optim", "sampling", "mesh")
+CRITIC_START = ("model.critic_start", "model.critic_path")  # read by neither SFT nor the policy
 VALUE_PRETRAIN_READS = SFT_READS + (
     "value_pretrain", "reward", "rl.use_critic", "rl.gamma", "rl.value_clip", "rl.ppo_epochs",
     "rl.num_minibatches", "rl.micro_batch_size", "rl.gae_impl")
@@ -143,6 +144,9 @@ def _stage(name: str, row_cfg: dict, base_cfg: dict, reads: Sequence[str], setti
   cfg = json.loads(json.dumps(base_cfg))
   for path in reads:
     _set(cfg, path, json.loads(json.dumps(_get(row_cfg, path))))
+  if name == "sft":
+    for path in CRITIC_START:
+      _set(cfg, path, _get(base_cfg, path))
   for path, value in settings.items():
     _set(cfg, path, value)
   base = flatten(base_cfg)
@@ -195,6 +199,7 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str) -> list[
               "checkpoint.save_critic": True, "metrics.plot": False, **small_eval},
                           seed, workdir, needs))
           overrides.update({"value_pretrain.enabled": False, "model.init_from": vp.directory,
+                            "model.critic_start": "path",
                             "model.critic_path": os.path.join(vp.directory, "critic")})
           needs = (vp.directory,)
       add(Run(row.name, "row", seed, os.path.join(workdir, f"seed{seed}", row.name),
