@@ -10,6 +10,8 @@ pretraining 4 m 22 s, the VAPO row 16 m 13 s (27 s per RL step). The start is to
 30 RL steps to show anything: held-out avg@4 2.0% after SFT, 1.6 / 2.1 / 1.0% at RL steps
 10 / 20 / 30 (pass@4 7.8% → 3.9%; 1–4% of each RL batch correct). Not yet sized: a longer
 SFT (a start nearer 10–20%) and the ~30 minutes for one seed of all rows on a quiet machine.
+Twice the SFT (300 steps, 7 m 30 s at load ~6) only reaches avg@4 2.7% (pass@4 10.2%, greedy
+1.6%): shorter chains (8–12 steps) or a larger model are the next things to try.
 
   python -m vapo_jax.tools.ablate --config=configs/longcot.py --rows=all --seeds=3 \\
       --workdir=/tmp/ablate
