@@ -57,8 +57,8 @@ def abstract_model(build: Callable[[nnx.Rngs], nnx.Module], mesh, rules):
 def abstract_train_state(params, tx, mesh) -> update.TrainState:
   """The TrainState `update.init_state` would create, as shapes with shardings."""
   opt_sh = update.opt_state_shardings(params, tx)
-  opt = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), jax.eval_shape(tx.init, params),
-                     opt_sh)
+  opt = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s),
+                     jax.eval_shape(tx.init, update.trainable(params)), opt_sh)
   return update.TrainState(params, opt, _sds((), jnp.int32, NamedSharding(mesh, PartitionSpec())))
 
 
