@@ -4,7 +4,8 @@ Shapes: B batch, T query length, S key length, D model width, H query heads,
 K key/value heads, Dh head width, F MLP width. Parameters carry logical axis
 names (see `vapo_jax.sharding`) as their `out_sharding` metadata; they are
 created without eager sharding so a model can be built outside a mesh and
-placed later with `sharding.state_shardings`.
+placed later with `sharding.state_shardings`. With `cfg.lora_rank > 0` the
+targeted projections also hold LoRA adapters (`models.lora`).
 """
 
 from __future__ import annotations
