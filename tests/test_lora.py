@@ -209,7 +209,7 @@ def test_lora_config_errors_name_the_field():
 def test_cli_run_with_lora_exports_a_plain_checkpoint_transformers_loads(tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  flags = ["--config=configs/tiny.py", "--noprogress", "--config.model.lora.rank=4",
+  flags = ["--config=configs/tiny.py", "--config.model.lora.rank=4",
            "--config.model.lora.alpha=8.0", "--config.model.param_dtype=bfloat16",
            "--config.sft.steps=2", "--config.sft.batch_size=8",
            "--config.value_pretrain.max_steps=1", "--config.value_pretrain.min_steps=1",
@@ -217,7 +217,8 @@ def test_cli_run_with_lora_exports_a_plain_checkpoint_transformers_loads(tmp_pat
            "--config.rl.responses_per_prompt=2", "--config.sampling.max_new_tokens=8",
            "--config.eval.num_examples=4", "--config.eval.batch_prompts=4",
            "--config.data.num_train=64", "--config.data.num_eval=4",
-           "--config.metrics.tensorboard=False", "--config.metrics.plot=False"]
+           "--config.metrics.tensorboard=False", "--config.metrics.plot=False",
+           "--config.mesh.fsdp=1"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   workdir = str(tmp_path / "run")
 
@@ -226,7 +227,7 @@ def test_cli_run_with_lora_exports_a_plain_checkpoint_transformers_loads(tmp_pat
                          text=True, capture_output=True, timeout=600)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
 
-  run("vapo_jax.main", f"--workdir={workdir}")
+  run("vapo_jax.main", "--noprogress", f"--workdir={workdir}")
   for what in ("policy", "critic"):
     run("vapo_jax.tools.export", f"--workdir={workdir}", f"--out={tmp_path / what}",
         f"--what={what}", "--dtype=float32")
