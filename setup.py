@@ -34,10 +34,20 @@ setuptools.setup(
             "matplotlib>=3.8",
             # The math checker's differential tests use math-verify as an oracle.
             "math-verify>=0.7",
+            # Hub ids and Hub datasets, tested offline on locally built caches.
+            "huggingface_hub>=1.0",
+            "datasets>=4",
+            # tests/test_notebook.py executes notebooks/quickstart.ipynb.
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6.29",
         ],
         # workdir/curves.png and `python -m vapo_jax.tools.plot`.
         "plot": ["matplotlib>=3.8"],
-        "hf": ["transformers>=5,<6", "tokenizers>=0.20"],
+        # Tokenizers and Hub ids (model.hf_path="org/name"): huggingface_hub comes along.
+        "hf": ["transformers>=5,<6", "tokenizers>=0.20", "huggingface_hub>=1.0"],
+        # data.source="hf": datasets by name from the Hub.
+        "hf-data": ["datasets>=4", "huggingface_hub>=1.0"],
         "parquet": ["pyarrow>=15"],
         "tfds": ["tensorflow-datasets>=4.9"],
         "tpu": ["jax[tpu]>=0.10,<0.11"],

@@ -3,7 +3,7 @@
 One run prints, for the same Qwen2-style config, batch and optimizer
 (forward + backward + AdamW on the mean next-token NLL, float32):
 
-  * our tokens/s (jax.jit, split/merge state, donated buffers),
+  * our tokens/s (jax.jit, split/merge state, donated buffers except on CPU),
   * PyTorch's tokens/s (transformers Qwen2ForCausalLM, torch.optim.AdamW),
   * their ratio,
   * our model-FLOPs utilisation against a float32 matmul peak measured in
@@ -103,13 +103,14 @@ def jax_step_fn(cfg: ModelConfig, tokens: np.ndarray, chunked: bool):
     lp = jax.nn.log_softmax(m.logits(h[:, :-1]), axis=-1)
     return -jnp.mean(jnp.take_along_axis(lp, toks[:, 1:, None], -1))
 
-  @jax.jit
   def step(params, opt_state):
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  step = jax.jit(step, donate_argnums=(0, 1))
+  # As the trainer's steps (vapo_jax/rl/update.py `_donate`): state donated except on CPU,
+  # where XLA copies every donated parameter first.
+  step = jax.jit(step, donate_argnums=() if jax.default_backend() == "cpu" else (0, 1))
   state = [params, opt_state]
 
   def run():

@@ -243,8 +243,8 @@ class Rounds:
 
   def describe_ratio(self, ours: str, peer: str, label: str | None = None) -> str:
     per = ", ".join(f"{r:.2f}" for r in self.ratios(ours, peer))
-    return (f"{label or f'{ours} vs {peer}'}: {self.ratio(ours, peer):.2f}x faster, median of "
-            f"{self.n} round(s) (per round: {per})")
+    return (f"{label or f'{ours} vs {peer}'}: {self.ratio(ours, peer):.2f}x (peer's time / "
+            f"ours, > 1: we are faster), median of {self.n} round(s) (per round: {per})")
 
   def to_json(self, pairs: Sequence[tuple[str, str]] = ()) -> dict:
     return {"seconds": self.times,

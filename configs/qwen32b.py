@@ -9,6 +9,10 @@ Settings from VAPO (arXiv 2504.05118, §4): 512 prompts × 16 responses per step
 of 512 responses, actor / critic learning rates 1e-6 / 2e-6, 50 steps of value pretraining,
 α = 0.05, λ_critic = 1, γ = 1, ε_low / ε_high = 0.2 / 0.28, μ = 0.1, token-level loss, and
 responses of up to 20k tokens. Mesh: FSDP over every chip with 4-way tensor parallelism.
+
+Units: the paper's "about 5,000 training steps" (its Figure 1 x-axis) are gradient updates.
+One rollout step here (`rl.steps`) samples 512 × 16 responses and makes 16 optimizer
+updates on mini-batches of 512, so the budget is 313 rollout steps = 5,008 updates.
 """
 
 from vapo_jax import config as config_lib
@@ -49,15 +53,15 @@ def get_config(preset: str = "vapo"):
 
   c.optim.policy_lr = 1e-6
   c.optim.critic_lr = 2e-6
-  c.optim.warmup_steps = 10
+  c.optim.warmup_steps = 10          # optimizer updates
   c.optim.weight_decay = 0.1
   c.optim.grad_clip = 1.0
 
   c.value_pretrain.enabled = True
-  c.value_pretrain.max_steps = 50
+  c.value_pretrain.max_steps = 50    # rollout steps (the paper does not say which unit)
   c.value_pretrain.min_steps = 50
 
-  c.rl.steps = 5000
+  c.rl.steps = 313                   # rollout steps × 16 updates = 5,008 optimizer updates
   c.rl.prompts_per_step = 512
   c.rl.responses_per_prompt = 16
   c.rl.num_minibatches = 16          # mini-batches of 512 responses
@@ -70,7 +74,7 @@ def get_config(preset: str = "vapo"):
   c.rl.eps_high = 0.28
   c.rl.nll_coef = 0.1
 
-  c.eval.every = 50
+  c.eval.every = 10                  # rollout steps (160 updates): ~31 points on the curve
   c.eval.num_examples = 30
   c.eval.samples_per_problem = 32    # avg@32, the paper's AIME metric
   c.eval.batch_prompts = 16          # × 32 samples: an eval KV cache 2× a rollout call's

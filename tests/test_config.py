@@ -141,7 +141,7 @@ def test_group_relative_without_critic():
   lengths = jnp.array([3, 4, 5, 6])
   mask = (jnp.arange(8)[None] < lengths[:, None]).astype(jnp.float32)
   out = advantages_lib.compute_advantages(
-      advantage_config(use_critic=False, group_std_norm=False),
+      advantage_config(use_critic=False, group_std_norm=False, whiten=False),
       jnp.array([1.0, 0.0, 1.0, 1.0]), lengths, mask, None, jnp.array([0, 0, 1, 1]))
   np.testing.assert_allclose(out.advantages_BxR[:, 0], [0.5, -0.5, 0.0, 0.0])
   np.testing.assert_allclose(out.advantages_BxR * (1 - mask), 0.0)

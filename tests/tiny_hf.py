@@ -62,3 +62,51 @@ def torch_logits(model, tokens, mask, positions):
                 attention_mask=torch.tensor(mask, dtype=torch.long),
                 position_ids=torch.tensor(positions, dtype=torch.long))
   return out.logits.numpy()
+
+
+def save_base(path, family: str = "qwen2", seed: int = 0) -> str:
+  """A tiny HF base model directory as users download one: weights, config, a byte-level BPE
+  tokenizer with one token per character and no merges (so transformers' Qwen2 tokenizer class
+  rebuilds it exactly), `<|endoftext|>` as eos and pad, and a chat template.
+
+  The vocabulary covers the synthetic task's alphabet, so `configs/tiny.py` runs on it with
+  `model.tokenizer="hf"`.
+  """
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  import transformers as tr  # pylint: disable=g-import-not-at-top
+  from vapo_jax.data.tokenizer import DEFAULT_ALPHABET  # pylint: disable=g-import-not-at-top
+  specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+  byte_char = _bytes_to_unicode()
+  vocab = {t: i for i, t in enumerate(specials + [byte_char[ord(c)] for c in DEFAULT_ALPHABET])}
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  tok.add_special_tokens(specials)
+  fast = tr.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                    pad_token="<|endoftext|>")
+  fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+                        "<|im_start|>assistant\n{% endif %}")
+  fast.save_pretrained(str(path))
+  cfg = hf_config(family)
+  cfg.vocab_size = -(-len(vocab) // 16) * 16
+  cfg.eos_token_id = cfg.pad_token_id = 0
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(seed)
+  model = tr.AutoModelForCausalLM.from_config(cfg).float().eval()
+  model.save_pretrained(str(path))
+  return str(path)
+
+
+def _bytes_to_unicode() -> list[str]:
+  """GPT-2's byte -> printable character table, in byte order (byte-level BPE vocabularies)."""
+  bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1)))
+  cs, n = bs[:], 0
+  for b in range(256):
+    if b not in bs:
+      bs.append(b)
+      cs.append(256 + n)
+      n += 1
+  table = dict(zip(bs, cs))
+  return [chr(table[b]) for b in range(256)]

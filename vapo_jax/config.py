@@ -16,6 +16,17 @@ ablation table, and the plain-PPO / GRPO / DAPO baselines):
   Clip-Higher            rl.clip_higher        (ε_high = rl.eps_high, else ε_high = ε_low)
   positive-example NLL   rl.nll_coef           (μ; 0 switches it off)
   group sampling         rl.group_sampling     (n responses per prompt, else n prompts × 1)
+
+and the baselines' extras and the advantage scale:
+
+  GRPO's KL penalty      rl.kl_coef            (β; k3 estimator to the initial policy)
+  dynamic sampling       rl.dynamic_sampling   (DAPO; ≤ rl.dynamic_sampling_max_rounds more)
+  overlong shaping       rl.overlong_shaping   (DAPO; L_cache = rl.overlong_cache_tokens)
+  advantage whitening    rl.whiten_advantages  (on by default; off in grpo / dapo)
+
+Units: `rl.steps`, `value_pretrain.*_steps` and `eval.every` count rollout steps (one sampled
+batch, then rl.ppo_epochs × rl.num_minibatches optimizer updates); `sft.steps` and
+`optim.warmup_steps` count optimizer updates.
 """
 
 import dataclasses
@@ -43,9 +54,15 @@ class LoraSection:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-  hf_path: str = ""            # HF checkpoint directory; "" builds a small random model
+  # HF checkpoint: a directory or a Hub id "org/name[@revision]"; "" builds a small model
+  hf_path: str = ""
   tokenizer: str = "char"      # "char" (built-in, for synthetic tasks) or "hf" (hf_path's)
-  critic_path: str = ""        # optional HF reward model / saved critic to start the critic
+  critic_path: str = ""        # HF reward model / saved critic, a directory or a Hub id
+                               # (with critic_start = "path")
+  # Where the critic starts: "policy" (the policy's weights + a zero value head),
+  # "reward_model" (an outcome reward model this run trains first: the `reward_model` stage,
+  # as PPO's critic starts in the paper) or "path" (model.critic_path).
+  critic_start: str = "policy"
   model_type: str = "qwen2"    # for a model built from the fields below
   hidden_size: int = 128
   intermediate_size: int = 384
@@ -65,9 +82,13 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
-  source: str = "synthetic"    # synthetic | jsonl | parquet | tfds
-  train_path: str = ""
+  source: str = "synthetic"    # synthetic | jsonl | parquet | tfds | hf (Hub `datasets`)
+  train_path: str = ""         # a file; for tfds / hf a dataset name ("openai/gsm8k[@rev]")
   eval_path: str = ""
+  hf_config: str = ""          # data.source="hf": the dataset's config name (gsm8k: "main")
+  eval_hf_config: str = ""     # of eval_path ("" = hf_config)
+  train_split: str = "train"   # data.source="hf": the splits read
+  eval_split: str = "test"
   layout: str = ""             # a named layout of data.LAYOUTS (e.g. "gsm8k", "math") or ""
   eval_layout: str = ""        # layout of eval_path ("" = layout)
   problem_field: str = ""
@@ -114,7 +135,7 @@ class OptimSection:
   policy_lr: float = 1e-6
   critic_lr: float = 2e-6
   sft_lr: float = 1e-3
-  warmup_steps: int = 0
+  warmup_steps: int = 0        # optimizer updates of linear warm-up (each model its own count)
   weight_decay: float = 0.01
   b1: float = 0.9
   b2: float = 0.95
@@ -125,14 +146,20 @@ class OptimSection:
 @dataclasses.dataclass(frozen=True)
 class SFTSection:
   enabled: bool = False
-  steps: int = 0
+  steps: int = 0               # optimizer updates (one batch each)
   batch_size: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelSection:
+  """The reward-model stage (runs when model.critic_start = "reward_model")."""
+  steps: int = 20              # rollout steps: sample, score, rl.num_minibatches updates each
 
 
 @dataclasses.dataclass(frozen=True)
 class ValuePretrainSection:
   enabled: bool = True
-  max_steps: int = 50
+  max_steps: int = 50          # rollout steps (each: rl.ppo_epochs × rl.num_minibatches updates)
   min_steps: int = 1
   stop_value_loss: float = 0.0          # stop once the value loss is below this (0: off)
   stop_explained_variance: float = 1.0  # stop once explained variance reaches this (1: off)
@@ -140,6 +167,8 @@ class ValuePretrainSection:
 
 @dataclasses.dataclass(frozen=True)
 class RLSection:
+  # Rollout steps: one sampled batch each, followed by ppo_epochs × num_minibatches optimizer
+  # updates of the policy (and critic) — `Config.rl_updates` in all. Papers count the latter.
   steps: int = 100
   prompts_per_step: int = 512
   responses_per_prompt: int = 16
@@ -159,12 +188,23 @@ class RLSection:
   nll_coef: float = 0.1                 # μ of the positive-example NLL; 0: off
   nll_threshold: float = 1.0            # a response is correct when its score >= this
   group_std_norm: bool = True           # GRPO: divide by the group's std (without a critic)
-  whiten_advantages: bool = False
+  # Whiten advantages over the rollout batch's real response tokens, (A − mean) / std.
+  # On: the authors' PPO stack (verl) whitens its GAE advantages, and VAPO's paper is silent,
+  # so we follow the stack; it also fixes the PPO term's scale, which μ·NLL is weighed
+  # against, whatever the reward scale. GRPO / DAPO presets turn it off (their advantages
+  # are already normalised per group, as in their papers).
+  whiten_advantages: bool = True
   value_clip: float = 0.0               # PPO value clipping range; 0: off
   ppo_epochs: int = 1
   num_minibatches: int = 1
   micro_batch_size: int = 0             # 0: the whole mini-batch at once
   gae_impl: str = "blocked"
+  # The baselines' extras (off in VAPO; see PRESETS):
+  kl_coef: float = 0.0                  # β of GRPO's k3 KL to the initial policy; 0: off
+  dynamic_sampling: bool = False        # DAPO: keep groups of mixed scores, sample to fill
+  dynamic_sampling_max_rounds: int = 3  # extra sampling rounds per rollout step at most
+  overlong_shaping: bool = False        # DAPO's soft length penalty added to the score
+  overlong_cache_tokens: int = 0        # L_cache; 0: max_new_tokens / 5 (DAPO: 4096 of 20480)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +217,7 @@ class MeshSection:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
-  every: int = 0                        # RL steps between evaluations; 0: start and end only
+  every: int = 0                        # rollout steps between evaluations; 0: start, end only
   num_examples: int = 256
   samples_per_problem: int = 4          # k of avg@k and pass@k
   batch_prompts: int = 64
@@ -231,6 +271,7 @@ class Config:
   reward: RewardSection = RewardSection()
   optim: OptimSection = OptimSection()
   sft: SFTSection = SFTSection()
+  reward_model: RewardModelSection = RewardModelSection()
   value_pretrain: ValuePretrainSection = ValuePretrainSection()
   rl: RLSection = RLSection()
   mesh: MeshSection = MeshSection()
@@ -253,6 +294,17 @@ class Config:
     return rl.prompts_per_step * rl.responses_per_prompt
 
   @property
+  def rl_updates(self) -> int:
+    """Optimizer updates of the RL stage: rl.steps × ppo_epochs × num_minibatches."""
+    return self.rl.steps * self.rl.ppo_epochs * self.rl.num_minibatches
+
+  @property
+  def overlong_cache_tokens(self) -> int:
+    """L_cache of overlong shaping (L_max = sampling.max_new_tokens)."""
+    from vapo_jax.rl import dapo  # pylint: disable=import-outside-toplevel
+    return self.rl.overlong_cache_tokens or dapo.default_cache_len(self.sampling.max_new_tokens)
+
+  @property
   def eps_high(self) -> float:
     return self.rl.eps_high if self.rl.clip_higher else self.rl.eps_low
 
@@ -269,7 +321,9 @@ def default_config_dict() -> ml_collections.ConfigDict:
 # Whole rows of the paper's ablation table, and the baselines, as field overrides.
 PRESETS: dict[str, dict[str, Any]] = {
     "vapo": {},
-    "no_value_pretrain": {"value_pretrain.enabled": False},
+    # The rows without value pretraining start their critic from a reward model, as in the
+    # paper (whose bias on unfinished responses is what value pretraining repairs).
+    "no_value_pretrain": {"value_pretrain.enabled": False, "model.critic_start": "reward_model"},
     "no_decoupled_gae": {"rl.decoupled_gae": False},
     "no_length_adaptive": {"rl.length_adaptive": False},
     "no_clip_higher": {"rl.clip_higher": False},
@@ -278,18 +332,22 @@ PRESETS: dict[str, dict[str, Any]] = {
     "no_group_sampling": {"rl.group_sampling": False},
     # Plain PPO (as in the paper's first row): λ = 0.95 for both, per-sequence loss,
     # symmetric clipping, no NLL, no value pretraining, one response per prompt.
-    "ppo": {"value_pretrain.enabled": False, "rl.decoupled_gae": False,
+    "ppo": {"value_pretrain.enabled": False, "model.critic_start": "reward_model",
+            "rl.decoupled_gae": False,
             "rl.length_adaptive": False, "rl.lam_policy": 0.95,
             "rl.token_level_loss": False, "rl.clip_higher": False, "rl.nll_coef": 0.0,
             "rl.group_sampling": False},
-    # GRPO: no critic, group-normalised advantages, per-sequence loss, symmetric clipping.
+    # GRPO: no critic, group-normalised advantages, per-sequence loss, symmetric clipping,
+    # k3 KL to the initial (reference) policy with GRPO's β = 0.04.
     "grpo": {"rl.use_critic": False, "value_pretrain.enabled": False,
              "rl.token_level_loss": False, "rl.clip_higher": False, "rl.nll_coef": 0.0,
-             "rl.group_std_norm": True},
-    # DAPO (without dynamic sampling / overlong shaping): GRPO + token-level + Clip-Higher.
+             "rl.group_std_norm": True, "rl.whiten_advantages": False, "rl.kl_coef": 0.04},
+    # DAPO: GRPO without KL + token-level loss + Clip-Higher + dynamic sampling + overlong
+    # reward shaping.
     "dapo": {"rl.use_critic": False, "value_pretrain.enabled": False,
              "rl.token_level_loss": True, "rl.clip_higher": True, "rl.nll_coef": 0.0,
-             "rl.group_std_norm": True},
+             "rl.group_std_norm": True, "rl.whiten_advantages": False,
+             "rl.dynamic_sampling": True, "rl.overlong_shaping": True},
 }
 
 
@@ -317,11 +375,13 @@ def from_config_dict(config: ml_collections.ConfigDict | dict) -> Config:
 
 
 def from_command_line(config: ml_collections.ConfigDict) -> Config:
-  """`from_config_dict` for a command's --config flag: a bad config exits with the message."""
+  """`from_config_dict` for a command's --config flag: a bad config ends the command with
+  `error: Invalid config: <field and what it must be>` on stderr, exit status 2."""
   try:
     return from_config_dict(config)
   except ConfigError as e:
-    sys.exit(f"Invalid config: {e}")
+    sys.stderr.write(f"error: Invalid config: {e}\n")
+    sys.exit(2)
 
 
 def validate(cfg: Config) -> None:
@@ -347,6 +407,11 @@ def validate(cfg: Config) -> None:
   lora_targets = ("q", "k", "v", "o", "gate", "up", "down")
   need(m.lora.rank == 0 or (m.lora.targets and set(m.lora.targets) <= set(lora_targets)),
        "model.lora.targets", m.lora.targets, f"a non-empty subset of {lora_targets}")
+  need(m.critic_start in ("policy", "reward_model", "path"), "model.critic_start",
+       m.critic_start, '"policy", "reward_model" or "path"')
+  need((m.critic_start == "path") == bool(m.critic_path), "model.critic_start", m.critic_start,
+       '"path" exactly when model.critic_path is set')
+  need(cfg.reward_model.steps >= 1, "reward_model.steps", cfg.reward_model.steps, ">= 1")
   if not m.hf_path:
     need(m.model_type in ("qwen2", "qwen3", "llama"), "model.model_type", m.model_type,
          "qwen2, qwen3 or llama")
@@ -355,8 +420,8 @@ def validate(cfg: Config) -> None:
       need(getattr(m, name) >= 1, f"model.{name}", getattr(m, name), ">= 1")
     need(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", m.num_kv_heads,
          f"a divisor of model.num_heads={m.num_heads}")
-  need(d.source in ("synthetic", "jsonl", "parquet", "tfds"), "data.source", d.source,
-       "synthetic, jsonl, parquet or tfds")
+  need(d.source in ("synthetic", "jsonl", "parquet", "tfds", "hf"), "data.source", d.source,
+       "synthetic, jsonl, parquet, tfds or hf")
   need(d.source == "synthetic" or d.train_path, "data.train_path", d.train_path,
        f"set for data.source={d.source!r}")
   need("{problem}" in d.template, "data.template", d.template, 'a format string with "{problem}"')
@@ -413,6 +478,13 @@ def validate(cfg: Config) -> None:
        f"0 or a divisor of the mini-batch ({mini} responses)")
   need(rl.gae_impl in ("scan", "associative", "blocked"), "rl.gae_impl", rl.gae_impl,
        "scan, associative or blocked")
+  need(rl.kl_coef >= 0, "rl.kl_coef", rl.kl_coef, ">= 0 (0: off)")
+  need(not rl.dynamic_sampling or cfg.responses_per_prompt >= 2, "rl.dynamic_sampling",
+       rl.dynamic_sampling, "False without groups (rl.group_sampling, responses_per_prompt >= 2)")
+  need(rl.dynamic_sampling_max_rounds >= 0, "rl.dynamic_sampling_max_rounds",
+       rl.dynamic_sampling_max_rounds, ">= 0")
+  need(0 <= rl.overlong_cache_tokens <= s.max_new_tokens, "rl.overlong_cache_tokens",
+       rl.overlong_cache_tokens, f"in [0, sampling.max_new_tokens={s.max_new_tokens}]")
   mesh = cfg.mesh
   sizes = (mesh.data, mesh.fsdp, mesh.tensor)
   need(all(x == -1 or x >= 1 for x in sizes) and sizes.count(-1) <= 1, "mesh", sizes,

@@ -22,6 +22,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from vapo_jax import hub
 from vapo_jax import sharding as shd
 from vapo_jax.models import hf_io
 from vapo_jax.models import lora
@@ -89,9 +90,11 @@ class Critic(nnx.Module):
     A `*ForSequenceClassification` directory with one label (a reward model,
     or a checkpoint written by `save_pretrained` below) gives its `score`
     head; a causal-LM directory (the policy) gives a fresh zero head and its
-    `lm_head.weight` is ignored. With lora_rank > 0 (in overrides) fresh adapters are
-    added to the loaded backbone.
+    `lm_head.weight` is ignored. `path` may also be a Hub id, `org/name[@revision]`
+    (see `vapo_jax.hub`). With lora_rank > 0 (in overrides) fresh adapters are added
+    to the loaded backbone.
     """
+    path = hub.resolve(path, what="critic checkpoint")
     hf = hf_io.read_config(path)
     cfg = ModelConfig.from_hf(hf, param_dtype=param_dtype,
                               dtype=param_dtype if dtype is None else dtype,
@@ -140,6 +143,18 @@ def save_pretrained(critic: Critic, path: str, *, dtype: Any = None,
   if dtype is not None:
     hf_cfg["dtype"] = jnp.dtype(dtype).name
   hf_io.write_checkpoint(path, tensors, hf_cfg, max_shard_bytes)
+
+
+def last_token_values(critic: Critic, tokens_BxL: jax.Array, mask_BxL: jax.Array,
+                      prompt_len: int, lengths_B: jax.Array) -> jax.Array:
+  """The scalar after each whole response, float32 [B]: out[b] = critic(...)[b, P + l_b − 1]
+
+  (the value of the state that holds the full response: an outcome reward model's score;
+  for l_b = 0 the prompt's last token).
+  """
+  v = critic(tokens_BxL, mask_BxL)
+  last = prompt_len + jnp.asarray(lengths_B, jnp.int32) - 1
+  return jnp.take_along_axis(v, last[:, None], axis=1)[:, 0]
 
 
 def response_values(critic: Critic, tokens_BxL: jax.Array, mask_BxL: jax.Array,

@@ -214,6 +214,20 @@ def value_loss(values: Array, returns: Array, mask: Array, *,
   return ValueLoss(aggregate(per_token, mask, mode), metrics)
 
 
+def outcome_loss(pred: Array, scores: Array, valid: Array) -> LossSum:
+  """An outcome reward model's loss: Σ_b ½·(r̂_b − r_b)² over valid responses, count = their
+  number (shapes ``[B]``).
+
+  Squared error, not BCE: the model this trains starts the critic, whose values must be on
+  the reward's own scale (V ≈ expected score, as the value loss ½(V − R)² trains it), and
+  the checker's scores need not be 0/1 (partial credit, or a shaped reward). BCE would give
+  logits — another scale — and needs targets in [0, 1].
+  """
+  valid = jnp.asarray(valid, jnp.float32)
+  err = jnp.asarray(pred, jnp.float32) - jax.lax.stop_gradient(jnp.asarray(scores, jnp.float32))
+  return LossSum(jnp.sum(0.5 * jnp.square(err) * valid), jnp.sum(valid))
+
+
 def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
   """1 − Var[R − V] / Var[R] over real tokens (1 is perfect, ≤ 0 is no better than a mean).
 
@@ -257,6 +271,35 @@ def kl_k3(logp: Array, ref_logp: Array) -> Array:
   """k3 = r − 1 − log r with r = π_ref(x)/π(x), x ~ π: unbiased for KL(π‖π_ref), ≥ 0."""
   log_r = jnp.asarray(ref_logp, jnp.float32) - jnp.asarray(logp, jnp.float32)
   return jnp.expm1(log_r) - log_r
+
+
+def kl_penalty(logp: Array, ref_logp: Array, mask: Array, *, mode: str = "token",
+               log_ratio_clip: float = 20.0) -> LossSum:
+  """GRPO's per-token KL penalty to the frozen reference policy, k3 estimator.
+
+  With d_t = log π_ref(y_t|s_t) − log π_θ(y_t|s_t) (``ref_logp − logp``, clipped to
+  ±``log_ratio_clip`` so exp cannot overflow),
+
+      k3_t = exp(d_t) − d_t − 1   (≥ 0; unbiased for KL(π_θ‖π_ref) when y ~ π_θ),
+      ∂k3_t/∂logp_t = 1 − exp(d_t)   (inside the clip range),
+
+  aggregated over real tokens like the policy loss (``mode``: GRPO's 1/G Σ_i 1/|o_i| Σ_t is
+  ``"seq_mean_token_mean"``). The policy loss adds β·total/count (GRPO eq. 3 maximises the
+  surrogate − β·D_KL; GRPO's β = 0.04).
+
+  Args:
+    logp: ``[B, T]`` log π_θ of the taken tokens (differentiable).
+    ref_logp: ``[B, T]`` log π_ref of the same tokens (no gradient taken).
+    mask: ``[B, T]`` 1 on real response tokens (masked positions may hold anything).
+    mode: aggregation mode (see module docstring).
+    log_ratio_clip: |d_t| bound.
+  """
+  mask = jnp.asarray(mask, jnp.float32)
+  ref = jax.lax.stop_gradient(jnp.asarray(ref_logp, jnp.float32))
+  real = mask > 0
+  logp = jnp.where(real, jnp.asarray(logp, jnp.float32), 0.0)
+  d = jnp.clip(jnp.where(real, ref, 0.0) - logp, -log_ratio_clip, log_ratio_clip)
+  return aggregate(jnp.expm1(d) - d, mask, mode)
 
 
 # ---------------------------------------------------------------- group-relative baselines

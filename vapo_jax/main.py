@@ -12,6 +12,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from vapo_jax import cli
 from vapo_jax import config as config_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -51,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -9,6 +9,7 @@ from vapo_jax.data.sources import DataError
 from vapo_jax.data.sources import Example
 from vapo_jax.data.sources import Fields
 from vapo_jax.data.sources import LAYOUTS
+from vapo_jax.data.sources import load_hf
 from vapo_jax.data.sources import load_jsonl
 from vapo_jax.data.sources import load_parquet
 from vapo_jax.data.sources import load_tfds
@@ -29,6 +30,7 @@ __all__ = [
     "PromptIterator",
     "PromptTemplate",
     "filter_by_length",
+    "load_hf",
     "load_jsonl",
     "load_parquet",
     "load_tfds",

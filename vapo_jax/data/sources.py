@@ -1,11 +1,12 @@
-"""Prompt sources: JSONL, Parquet and TFDS rows -> validated `Example`s.
+"""Prompt sources: JSONL, Parquet, TFDS and Hugging Face `datasets` rows -> validated `Example`s.
 
 Field names are configurable, and dotted paths reach into nested columns
 (`reward_model.ground_truth`, `prompt.0.content`). `LAYOUTS` holds the field
 specs of common math datasets. Every row is validated while loading: a
 missing field, a value of the wrong type or an empty problem raises
 `DataError` naming `path:line` (the 1-based line of a JSONL file or row of a
-Parquet file) and the field, so that bad data stops a run before training.
+Parquet file; for `datasets`, the dataset, split and row) and the field, so that
+bad data stops a run before training.
 """
 
 import dataclasses
@@ -229,3 +230,55 @@ def load_tfds(name: str, split: str = "train", problem_field: str | None = None,
   rows: Iterable[dict] = tfds.as_numpy(ds)
   return _finish([row_to_example(row, fields, f"tfds:{name}/{split}:{i}")
                   for i, row in enumerate(rows, start=1)], f"tfds:{name}")
+
+
+def load_hf(name: str, split: str = "train", problem_field: str | None = None,
+            answer_field: str | None = None, *, config: str | None = None,
+            layout: str | Fields | None = None,
+            solution_field: str | None = None,
+            uid_field: str | None = None) -> list[Example]:
+  """Loads one split of a Hugging Face dataset (needs `pip install 'vapo_jax[hf-data]'`).
+
+  Args:
+    name: a Hub dataset id (`openai/gsm8k`; `org/name@revision` pins a revision), a
+      local directory written by `Dataset(Dict).save_to_disk`, or a local directory of
+      data files (parquet, jsonl, ... with an optional README declaring configs).
+    split: the split ("train", "test", ...).
+    config: the dataset's config name (gsm8k: "main"), or None.
+    layout, *_field: as for `load_jsonl`.
+
+  A Hub id is fetched like a model id (`vapo_jax.hub.resolve`: once into the Hub cache; with
+  HF_HUB_OFFLINE=1 the cache only), then `datasets.load_dataset` reads the snapshot. Rows are
+  numbered from 1; errors name `hf:<name>[/<config>] split '<split>' row <n>`.
+  """
+  try:
+    import datasets  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError("data.source='hf' needs the datasets package: pip install "
+                      "'vapo_jax[hf-data]'") from e
+  fields = _fields(layout, dict(problem=problem_field, answer=answer_field,
+                                solution=solution_field, uid=uid_field))
+  label = f"hf:{name}" + (f"/{config}" if config else "")
+  ds = _hf_split(datasets, name, split, config, label)
+  return _finish([row_to_example(row, fields, f"{label} split {split!r} row {i}")
+                  for i, row in enumerate(ds, start=1)], f"{label} split {split!r}")
+
+
+def _hf_split(datasets, name: str, split: str, config: str | None, label: str):
+  """One split of a saved-to-disk dataset or of `load_dataset(directory or snapshot)`."""
+  from vapo_jax import hub  # pylint: disable=g-import-not-at-top
+  path = hub.resolve(name, what="dataset", repo_type="dataset", allow_patterns=None)
+  if any(os.path.exists(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json")):
+    saved = datasets.load_from_disk(path)
+    if isinstance(saved, datasets.DatasetDict):
+      if split not in saved:
+        raise DataError(f"{label}: no split {split!r}; it has {sorted(saved)}")
+      return saved[split]
+    return saved
+  try:
+    return datasets.load_dataset(path, config or None, split=split)
+  except ValueError as e:
+    text = str(e).strip()
+    if "split" in text.lower() or "config" in text.lower():  # an unknown split or config
+      raise DataError(f"{label}: {text.splitlines()[0] if text else type(e).__name__}") from e
+    raise

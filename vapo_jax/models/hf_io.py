@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vapo_jax import hub
 from vapo_jax import sharding as shd
 from vapo_jax.models import lora
 from vapo_jax.models import safetensors_io as st_io
@@ -248,7 +249,9 @@ def from_pretrained(path: str, *, mesh=None,
   """Loads an HF Qwen2/Qwen2.5/Qwen3/Llama checkpoint directory.
 
   Args:
-    path: directory with config.json and model.safetensors (or an index).
+    path: directory with config.json and model.safetensors (or an index), or a
+      Hub id `org/name[@revision]` (downloaded once into the Hub cache; see
+      `vapo_jax.hub`).
     mesh: device mesh to shard over (default: the first local device).
     rules: logical-to-mesh sharding rules.
     param_dtype: parameter storage dtype.
@@ -259,6 +262,7 @@ def from_pretrained(path: str, *, mesh=None,
   Returns:
     (model, cfg).
   """
+  path = hub.resolve(path)
   hf = read_config(path)
   cfg = ModelConfig.from_hf(hf, param_dtype=param_dtype,
                             dtype=param_dtype if dtype is None else dtype,
@@ -376,15 +380,14 @@ def save_pretrained(model: Transformer, cfg: ModelConfig, path: str, *,
 
 
 def load_tokenizer(path: str):
-  """The tokenizer of an HF directory, with its chat template.
+  """The tokenizer of an HF directory (or Hub id, see `vapo_jax.hub`), with its chat template.
 
   Uses transformers' AutoTokenizer (`tok.apply_chat_template(...)` works when
   the directory has a chat template). Without transformers, falls back to a
   `tokenizers.Tokenizer` from tokenizer.json with the template string (or
   None) set as its `chat_template` attribute.
   """
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"Tokenizer directory {path} does not exist.")
+  path = hub.resolve(path, what="tokenizer")
   try:
     import transformers  # pylint: disable=g-import-not-at-top
   except ImportError:

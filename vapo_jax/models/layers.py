@@ -98,14 +98,38 @@ def rope_tables(positions_BxT: jax.Array, inv_freq: np.ndarray
   return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rope(x_BxTxNxDh: jax.Array, cos_BxTxR: jax.Array,
-               sin_BxTxR: jax.Array) -> jax.Array:
-  """Half-split rotary embedding: [x1, x2] -> [x1 c - x2 s, x2 c + x1 s]."""
-  x = x_BxTxNxDh.astype(jnp.float32)
+def _rotate(x_BxTxNxDh: jax.Array, cos_BxTxR: jax.Array, sin_BxTxR: jax.Array
+            ) -> jax.Array:
+  """[x1, x2] -> [x1 c - x2 s, x2 c + x1 s], float32 (or wider) inside, x's dtype out."""
+  x = x_BxTxNxDh.astype(jnp.promote_types(x_BxTxNxDh.dtype, jnp.float32))
   x1, x2 = jnp.split(x, 2, axis=-1)
   c, s = cos_BxTxR[:, :, None, :], sin_BxTxR[:, :, None, :]
   out = jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
   return out.astype(x_BxTxNxDh.dtype)
+
+
+@jax.custom_vjp
+def apply_rope(x_BxTxNxDh: jax.Array, cos_BxTxR: jax.Array,
+               sin_BxTxR: jax.Array) -> jax.Array:
+  """Half-split rotary embedding: [x1, x2] -> [x1 c - x2 s, x2 c + x1 s].
+
+  A rotation by +angle per pair; its transpose is the rotation by -angle, so the backward
+  pass is one more rotation of dy (one fused pass; autodiff's split/concat transposes took
+  two). The tables come from integer positions and get no gradient.
+  """
+  return _rotate(x_BxTxNxDh, cos_BxTxR, sin_BxTxR)
+
+
+def _rope_fwd(x, cos, sin):
+  return _rotate(x, cos, sin), (cos, sin)
+
+
+def _rope_bwd(res, dy):
+  cos, sin = res
+  return _rotate(dy, cos, -sin), jnp.zeros_like(cos), jnp.zeros_like(sin)
+
+
+apply_rope.defvjp(_rope_fwd, _rope_bwd)
 
 
 def _bias(x: jax.Array, b: jax.Array) -> jax.Array:

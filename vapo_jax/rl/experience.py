@@ -9,6 +9,13 @@
 The batch it returns is what the update (`rl.update`, BATCH_SPEC) takes. Value pretraining
 uses the same experience with Monte Carlo targets (λ = 1) for the critic.
 
+The baselines' extras (`rl.dapo`, config `rl.*`): overlong shaping adds DAPO's soft length
+penalty to the scores the advantages see (the batch's `scores_B` stay the checker's, so the
+positive-example NLL still picks correct answers); dynamic sampling draws rounds of prompts
+until the batch holds only groups with mixed scores (at most `dynamic_rounds` extra rounds;
+uniform groups that fill a short batch are masked out of every loss); with a reference
+policy's parameters its log-probs join the batch as `ref_logp_BxR` (GRPO's KL penalty).
+
 `examples` is the step's global list of prompts, the same on every host; each host tokenizes
 and scores only the rows its devices hold, so 2 processes × 2 devices compute exactly what
 1 process × 4 devices does.
@@ -17,13 +24,17 @@ and scores only the rows its devices hold, so 2 processes × 2 devices compute e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vapo_jax import distributed as dist
+from vapo_jax.rewards.scorer import BatchScores
+from vapo_jax.rl import dapo
 from vapo_jax.rl import reward as reward_lib
 from vapo_jax.rl import rollout as rollout_lib
 from vapo_jax.sampler import types as types_lib
@@ -45,6 +56,9 @@ class Experience:
     pretraining).
   temperature: the sampling temperature the old log-probs are taken at.
   prompts_per_call: prompts per sampler call (0: all at once).
+  overlong: (L_max, L_cache) of DAPO's overlong shaping, or None (off).
+  dynamic_rounds: extra sampling rounds dynamic sampling may draw per step (-1: off).
+  group_size: responses per prompt (the groups dynamic sampling keeps or drops).
   """
   sampler: Any
   text: Any
@@ -55,14 +69,29 @@ class Experience:
   monte_carlo: Callable
   temperature: float
   prompts_per_call: int
+  overlong: tuple[int, int] | None = None
+  dynamic_rounds: int = -1
+  group_size: int = 1
 
   def __call__(self, policy_params, critic_params, examples, key, *,
-               for_value_pretraining: bool = False) -> tuple[dict, dict]:
-    """Samples, scores and annotates one rollout batch: (device batch, metrics)."""
+               for_value_pretraining: bool = False, ref_params=None,
+               more_examples: Callable[[], list] | None = None) -> tuple[dict, dict]:
+    """Samples, scores and annotates one rollout batch: (device batch, metrics).
+
+    ref_params: the reference policy's parameters (adds `ref_logp_BxR`), or None.
+    more_examples: () -> the next global list of prompts, for dynamic sampling's extra
+      rounds (dynamic sampling is on when `dynamic_rounds` >= 0 and this is given; never
+      for value pretraining, whose critic must see the policy's plain distribution).
+    """
     t0 = time.perf_counter()
-    rollout = rollout_lib.sample(self.sampler, policy_params,
-                                 lambda i: self.text.prompt_ids(examples[i].problem),
-                                 len(examples), key, prompts_per_call=self.prompts_per_call)
+    dynamic = (self.dynamic_rounds >= 0 and more_examples is not None
+               and not for_value_pretraining)
+    keep_B, extra = None, {}
+    if dynamic:
+      rollout, scores_B, all_scores, keep_B, extra = self._draw_until_full(
+          policy_params, examples, key, more_examples)
+    else:
+      rollout = self._sample(policy_params, examples, key)
     tokens, mask = types_lib.rollout_tokens(rollout)
     p = rollout.prompt_len
     jax.block_until_ready(rollout.lengths_B)
@@ -73,23 +102,37 @@ class Experience:
     # Device work first (asynchronous), then the host scores the responses meanwhile.
     old_logp, entropy = self.logprobs(policy_params, tokens, mask, prompt_len=p,
                                       temperature=self.temperature)
+    ref_logp = (self.logprobs(ref_params, tokens, mask, prompt_len=p,
+                              temperature=self.temperature)[0]
+                if ref_params is not None else None)
     values = (self.values(critic_params, tokens, mask, prompt_len=p)
               if critic_params is not None else None)
-    scored = reward_lib.score(self.scorer, rollout, self.text.decode,
-                              [ex.problem for ex in examples], [ex.answer for ex in examples])
+    if not dynamic:
+      scored = reward_lib.score(self.scorer, rollout, self.text.decode,
+                                [ex.problem for ex in examples], [ex.answer for ex in examples])
+      scores_B, all_scores = scored.scores_B, scored.all_scores
     t2 = time.perf_counter()
-    fn = self.monte_carlo if for_value_pretraining else self.advantages
-    adv = fn(scored.scores_B, rollout.lengths_B, rollout.response_mask_BxR, values,
-             rollout.group_ids_B)
     resp_mask = rollout.response_mask_BxR
+    if keep_B is not None:
+      resp_mask = resp_mask * keep_B[:, None]
+    rewards_B, on_device = scores_B, {}
+    if self.overlong is not None:
+      penalty_B = dapo.overlong_penalty(rollout.lengths_B, *self.overlong)
+      rewards_B = scores_B + penalty_B
+      on_device["reward/overlong_penalty_mean"] = jnp.mean(penalty_B)
+    fn = self.monte_carlo if for_value_pretraining else self.advantages
+    adv = fn(rewards_B, rollout.lengths_B, resp_mask, values, rollout.group_ids_B)
     batch = {"tokens_BxL": tokens, "mask_BxL": mask, "old_logp_BxR": old_logp,
              "advantages_BxR": adv.advantages_BxR, "returns_BxR": adv.returns_BxR,
              "old_values_BxR": values if values is not None else jnp.zeros_like(old_logp),
-             "response_mask_BxR": resp_mask, "scores_B": scored.scores_B}
+             "response_mask_BxR": resp_mask, "scores_B": scores_B}
+    if ref_logp is not None:
+      batch["ref_logp_BxR"] = ref_logp
     lengths, truncated = dist.to_host((rollout.lengths_B, rollout.truncated_B))
     ent = jnp.sum(entropy * resp_mask) / jnp.maximum(jnp.sum(resp_mask), 1)
-    metrics = {**scored.all_scores.metrics(),
-               **{k: float(v) for k, v in dist.to_host({**adv.metrics, "entropy": ent}).items()}}
+    metrics = {**all_scores.metrics(), **extra,
+               **{k: float(v) for k, v in dist.to_host({**adv.metrics, **on_device,
+                                                           "entropy": ent}).items()}}
     metrics.update({
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
@@ -99,3 +142,84 @@ class Experience:
         "rollout_tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9),
     })
     return batch, metrics
+
+  def sample_and_score(self, policy_params, examples, key) -> tuple[dict, dict]:
+    """Steps 1–2 only, for the reward-model stage: (device batch of tokens_BxL, mask_BxL,
+    response_mask_BxR and the checker's scores_B, reward and length metrics)."""
+    rollout = self._sample(policy_params, examples, key)
+    tokens, mask = types_lib.rollout_tokens(rollout)
+    jax.block_until_ready(rollout.lengths_B)
+    self.sampler.clear_cache()
+    scored = reward_lib.score(self.scorer, rollout, self.text.decode,
+                              [ex.problem for ex in examples], [ex.answer for ex in examples])
+    lengths = dist.to_host(rollout.lengths_B)
+    batch = {"tokens_BxL": tokens, "mask_BxL": mask,
+             "response_mask_BxR": rollout.response_mask_BxR, "scores_B": scored.scores_B}
+    return batch, {**scored.all_scores.metrics(),
+                   "response/length_mean": float(lengths.mean())}
+
+  def _sample(self, params, examples, key) -> types_lib.Rollout:
+    return rollout_lib.sample(self.sampler, params,
+                              lambda i: self.text.prompt_ids(examples[i].problem),
+                              len(examples), key, prompts_per_call=self.prompts_per_call)
+
+  def _draw_until_full(self, params, examples, key, more_examples):
+    """DAPO's dynamic sampling: rounds of len(examples) prompts (round r > 0 with the next
+    prompts and key fold_in(key, r)) until len(examples) groups with mixed scores are
+    drawn or `dynamic_rounds` extra rounds are spent; returns the batch's rollout (rows of
+    the groups `dapo.fill_groups` picks, regrouped 0 … G − 1), its scores, the scores of
+    every response drawn, the rows' keep flags (float32 [B], 0 on uniform filler groups)
+    and the dynamic/* metrics."""
+    n, num_groups = self.group_size, len(examples)
+    rollouts, scores, mixed, drawn = [], [], [], []
+    for r in range(self.dynamic_rounds + 1):
+      if r:
+        examples = more_examples()
+      rollout = self._sample(params, examples, jax.random.fold_in(key, r) if r else key)
+      scored = reward_lib.score(self.scorer, rollout, self.text.decode,
+                                [ex.problem for ex in examples], [ex.answer for ex in examples])
+      rollouts.append(rollout)
+      scores.append(scored.scores_B)
+      drawn.append(scored.all_scores)
+      mixed.append(dapo.mixed_groups(dist.to_host(scored.scores_B), n))
+      if sum(int(m.sum()) for m in mixed) >= num_groups:
+        break
+    picks, keep = dapo.fill_groups(mixed, num_groups)
+    rows = dapo.group_rows(picks, n)
+    keep_rows = np.repeat(keep, n).astype(np.float32)
+    mesh = self.sampler.mesh
+    if mesh is None:
+      idx, keep_B = jnp.asarray(rows), jnp.asarray(keep_rows)
+    else:
+      idx, keep_B = dist.replicated(rows, mesh), dist.replicated(keep_rows, mesh)
+    rollout, scores_B = _gather_fn(rollout_lib.row_sharding(self.sampler), n)(
+        rollouts, scores, idx)
+    total = sum(len(m) for m in mixed)
+    metrics = {"dynamic/extra_rounds": float(len(rollouts) - 1),
+               "dynamic/mixed_frac": sum(int(m.sum()) for m in mixed) / total,
+               "dynamic/masked_groups": float(num_groups - int(keep.sum()))}
+    return rollout, scores_B, _join(drawn), keep_B, metrics
+
+
+@functools.lru_cache(maxsize=None)
+def _gather_fn(sharding, group_size: int):
+  """jit((rollouts, scores, rows) -> (rollout, scores_B)): rows of the rounds joined in order,
+  row b regrouped as group b // group_size; outputs split over rows like the sampler's."""
+
+  def gather(rollouts, scores, rows):
+    pick = lambda *x: jnp.take(jnp.concatenate(x), rows, axis=0)  # noqa: E731
+    rollout = jax.tree.map(pick, *rollouts)
+    groups = (jnp.arange(rows.shape[0], dtype=jnp.int32) // group_size)
+    return dataclasses.replace(rollout, group_ids_B=groups), pick(*scores)
+
+  return jax.jit(gather) if sharding is None else jax.jit(gather, out_shardings=sharding)
+
+
+def _join(parts: list[BatchScores]) -> BatchScores:
+  """One BatchScores of every response drawn (for the step's reward metrics)."""
+  return BatchScores(rewards=np.concatenate([p.rewards for p in parts]),
+                     correct=np.concatenate([p.correct for p in parts]),
+                     reasons=[r for p in parts for r in p.reasons],
+                     timeouts=sum(p.timeouts for p in parts),
+                     errors=sum(p.errors for p in parts),
+                     max_seconds=max(p.max_seconds for p in parts))

@@ -2,9 +2,9 @@
 the PPO loop of mini-batch updates over one rollout batch (`Updates`).
 
 Each step is a pure function `(TrainState, batch) -> (TrainState, metrics)` over a mini-batch,
-compiled once with `jax.jit` with input/output shardings and the state donated. A mini-batch
-is split into micro-batches (gradient accumulation in a `lax.scan`); the token-level losses
-are normalised by the *mini-batch's* token counts, computed from the masks before the scan,
+compiled once with `jax.jit` with input/output shardings and (off CPU) the state donated. A
+mini-batch is split into micro-batches (gradient accumulation in a `lax.scan`); the token-level
+losses are normalised by the *mini-batch's* token counts, computed from the masks before the scan,
 so the accumulated gradient equals the gradient of the whole mini-batch exactly
 (`losses.LossSum`). Micro-batch i takes rows i, i + n, i + 2n, … so that with the batch
 sharded over the mesh every device contributes to every micro-batch.
@@ -50,6 +50,7 @@ class PolicyHParams:
   nll_coef: float
   nll_threshold: float
   micro_batches: int
+  kl_coef: float = 0.0    # β of GRPO's k3 KL penalty to the reference policy; 0: off
   vocab_chunk: int = 128  # not a config setting: the policy's memory bound over the vocab
 
 
@@ -181,10 +182,12 @@ def _apply(tx, state: TrainState, grads, loss) -> tuple[TrainState, jax.Array, j
 
 def policy_step(graphdef, tx: optax.GradientTransformation, hp: PolicyHParams,
                 state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-  """One policy update on a mini-batch: L = L_PPO (eq. 4) + μ·L_NLL (eq. 3).
+  """One policy update on a mini-batch: L = L_PPO (eq. 4) + μ·L_NLL (eq. 3) [+ β·L_KL].
 
   batch: tokens_BxL (int32), mask_BxL, old_logp_BxR, advantages_BxR, response_mask_BxR,
-  scores_B. The prompt length is L − R.
+  scores_B, and ref_logp_BxR when hp.kl_coef > 0 (GRPO's k3 penalty to the reference
+  policy, `losses.kl_penalty`, aggregated and normalised like L_PPO). The prompt length is
+  L − R.
   """
   resp_mask = batch["response_mask_BxR"]
   prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
@@ -207,12 +210,18 @@ def policy_step(graphdef, tx: optax.GradientTransformation, hp: PolicyHParams,
     nll = losses.positive_nll(logp, m, mb["scores_B"], threshold=hp.nll_threshold)
     if hp.nll_coef:
       loss = loss + hp.nll_coef * losses.safe_divide(nll.total, nll_count)
+    kl = None
+    if hp.kl_coef:
+      kl = losses.kl_penalty(logp, mb["ref_logp_BxR"], m, mode=hp.loss_mode)
+      loss = loss + hp.kl_coef * losses.safe_divide(kl.total, pg_count)
     w = pg.metrics["tokens"] / jnp.maximum(tokens, 1.0)  # token share of this micro-batch
     metrics = {k: pg.metrics[k] * w for k in
                ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "approx_kl", "ratio_mean")}
     metrics["entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * m) / jnp.maximum(tokens, 1.0)
     metrics["pg_loss"] = losses.safe_divide(pg.loss.total, pg_count)
     metrics["nll_loss"] = losses.safe_divide(nll.total, nll_count)
+    if kl is not None:
+      metrics["kl_ref"] = losses.safe_divide(jax.lax.stop_gradient(kl.total), pg_count)
     return loss, metrics
 
   loss, grads, metrics = _accumulate(loss_fn, state.params, batch, hp.micro_batches)
@@ -248,6 +257,35 @@ def critic_step(graphdef, tx: optax.GradientTransformation, hp: CriticHParams,
   loss, grads, metrics = _accumulate(loss_fn, state.params, batch, hp.micro_batches)
   state, grad_norm, skipped = _apply(tx, state, grads, loss)
   metrics.update(value_loss=loss, critic_grad_norm=grad_norm, critic_skipped=skipped)
+  return state, metrics
+
+
+# --------------------------------------------------------------------------- reward model
+
+
+def reward_model_step(graphdef, tx: optax.GradientTransformation, hp: CriticHParams,
+                      state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+  """One update of an outcome reward model: ½(r̂ − r)² per response (`losses.outcome_loss`).
+
+  r̂ = the model's scalar at the response's last token (`critic.last_token_values`), r the
+  checker's score. batch: tokens_BxL, mask_BxL, response_mask_BxR, scores_B.
+  """
+  resp_mask = batch["response_mask_BxR"]
+  prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
+  count = jnp.sum((jnp.sum(resp_mask, -1) > 0).astype(jnp.float32))
+
+  def loss_fn(params, mb):
+    model = nnx.merge(graphdef, params)
+    lengths = jnp.sum(mb["response_mask_BxR"], -1).astype(jnp.int32)
+    pred = critic_lib.last_token_values(model, mb["tokens_BxL"], mb["mask_BxL"], prompt_len,
+                                        lengths)
+    out = losses.outcome_loss(pred, mb["scores_B"], lengths > 0)
+    return losses.safe_divide(out.total, count), {
+        "rm_pred_mean": losses.safe_divide(jnp.sum(jnp.where(lengths > 0, pred, 0.0)), count)}
+
+  loss, grads, metrics = _accumulate(loss_fn, state.params, batch, hp.micro_batches)
+  state, grad_norm, skipped = _apply(tx, state, grads, loss)
+  metrics.update(rm_loss=loss, rm_grad_norm=grad_norm, critic_skipped=skipped)
   return state, metrics
 
 
@@ -330,7 +368,17 @@ def compile_step(step_fn, state: TrainState, mesh, batch_axes,
   replicated = NamedSharding(mesh, PartitionSpec())
   return jax.jit(shd.traced_under(step_fn, mesh, rules),
                  in_shardings=(state_sh, batch_sharding(mesh, batch_axes)),
-                 out_shardings=(state_sh, replicated), donate_argnums=(0,))
+                 out_shardings=(state_sh, replicated), donate_argnums=_donate(mesh))
+
+
+def _donate(mesh) -> tuple[int, ...]:
+  """The state is donated on TPU/GPU (it is most of the memory), not on CPU.
+
+  XLA's CPU backend keeps a donated parameter readable by inserting a full copy of it at the
+  start of the step (38 copies on `benchmarks/model_bench.py`'s model, temp memory up by
+  the parameters' size), which saves no memory there and cost ~4-8% of the step.
+  """
+  return () if mesh.devices.flat[0].platform == "cpu" else (0,)
 
 
 def shard_batch(batch: dict, mesh, batch_axes) -> dict:
@@ -354,16 +402,21 @@ BATCH_SPEC = {"tokens_BxL": (("B", "L"), jnp.int32), "mask_BxL": (("B", "L"), jn
               "returns_BxR": (("B", "R"), jnp.float32),
               "old_values_BxR": (("B", "R"), jnp.float32),
               "response_mask_BxR": (("B", "R"), jnp.float32), "scores_B": (("B",), jnp.float32)}
+# With GRPO's KL penalty (rl.kl_coef > 0) the batch also holds the reference's log-probs.
+REF_SPEC = {"ref_logp_BxR": (("B", "R"), jnp.float32)}
 
 # Mini-batch shuffles are seeded by (seed, stage, step, epoch); these numbers name the
 # stages there (fixed: resumed runs and existing checkpoints depend on them).
-SHUFFLE_STAGE = {"value_pretrain": 0, "rl": 1}
+SHUFFLE_STAGE = {"value_pretrain": 0, "rl": 1, "reward_model": 2}
 
 
-def batch_shapes(rows: int, prompt_len: int, response_len: int) -> dict[str, tuple]:
-  """{key: (shape, dtype)} of a train-step batch of `rows` rows (see BATCH_SPEC)."""
+def batch_shapes(rows: int, prompt_len: int, response_len: int, *,
+                 reference: bool = False) -> dict[str, tuple]:
+  """{key: (shape, dtype)} of a train-step batch of `rows` rows (BATCH_SPEC, and REF_SPEC
+  with `reference`)."""
   dims = {"B": rows, "L": prompt_len + response_len, "R": response_len}
-  return {k: (tuple(dims[d] for d in axes), dtype) for k, (axes, dtype) in BATCH_SPEC.items()}
+  spec = {**BATCH_SPEC, **REF_SPEC} if reference else BATCH_SPEC
+  return {k: (tuple(dims[d] for d in axes), dtype) for k, (axes, dtype) in spec.items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,8 +3,10 @@
 At a position (stage, step) a checkpoint holds the arrays that exist there —
 
     sft stage        "sft": the SFT TrainState (params, AdamW state, step)
+    reward_model     "policy_params": the frozen policy, "reward_model": the RM's TrainState
     value_pretrain   "policy_params": the frozen policy, "critic": the critic's TrainState
-    rl, done         "policy": the policy's TrainState, "critic": the critic's (with a critic)
+    rl, done         "policy": the policy's TrainState, "critic": the critic's (with a critic),
+                     "reference": the frozen initial policy (with GRPO's KL, rl.kl_coef > 0)
 
 — and in its JSON meta everything else the run's randomness and bookkeeping depend on: the
 position and fault counters (`RunControl`), both prompt iterators' epoch and position, the
@@ -52,8 +54,10 @@ class RunState:
   policy_params: Any
   sft_prompts: PromptIterator | None = None  # while SFT runs
   sft_state: Any = None                      # TrainStates, once their stage has set them up
+  reward_model_state: Any = None
   policy_state: Any = None
   critic_state: Any = None
+  ref_params: Any = None                     # the KL penalty's reference policy, once set up
   summary: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def next_key(self) -> jax.Array:
@@ -78,12 +82,17 @@ def groups(state: RunState) -> dict[str, Any]:
   stage = state.ctl.stage
   if stage == "sft" and state.sft_state is not None:
     out["sft"] = state.sft_state
+  elif stage == "reward_model" and state.reward_model_state is not None:
+    out["reward_model"] = state.reward_model_state
+    out["policy_params"] = state.policy_params
   elif stage in ("rl", "done") and state.policy_state is not None:
     out["policy"] = state.policy_state
   else:
     out["policy_params"] = state.policy_params
   if state.critic_state is not None:
     out["critic"] = state.critic_state
+  if state.ref_params is not None:
+    out["reference"] = state.ref_params
   return out
 
 
@@ -107,8 +116,9 @@ def save(state: RunState, score: float | None = None) -> None:
   ckpt.save(state.ctl.global_step, groups(state), meta, score=score)
 
 
-GROUPS = ("sft", "policy", "critic", "policy_params")
-WEIGHTS = {"sft": ".params", "policy": ".params", "critic": ".params", "policy_params": ""}
+GROUPS = ("sft", "policy", "critic", "policy_params", "reference", "reward_model")
+WEIGHTS = {"sft": ".params", "policy": ".params", "critic": ".params", "policy_params": "",
+           "reference": "", "reward_model": ".params"}
 
 
 def restore(state: RunState, build: Callable[[str], Any], step: int | None = None
@@ -148,7 +158,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     state.policy_params, state.key = initial[:2]
     state.prompts.set_state(initial[2])
     state.sft_state = state.sft_prompts = state.policy_state = None
-    state.critic_state = None
+    state.critic_state = state.ref_params = state.reward_model_state = None
 
   def attempt(s, meta):
     reset()
@@ -211,6 +221,10 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     state.policy_params = arrays["policy_params"]
   if "critic" in arrays:
     state.critic_state = arrays["critic"]
+  if "reference" in arrays:
+    state.ref_params = arrays["reference"]
+  if "reward_model" in arrays:
+    state.reward_model_state = arrays["reward_model"]
   state.key = jax.random.wrap_key_data(jnp.asarray(meta["key"], jnp.uint32))
   pos = state.ctl
   pos.load(meta["position"])

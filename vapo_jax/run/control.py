@@ -2,7 +2,8 @@
 
 The trainer's stages are one sequence of steps
 
-    sft (sft.steps) → value_pretrain (≤ max_steps) → rl (rl.steps) → done
+    sft (sft.steps) → reward_model (reward_model.steps, with model.critic_start =
+    "reward_model") → value_pretrain (≤ max_steps) → rl (rl.steps) → done
 
 and a position is `(stage, steps done in it, global step)`; the global step counts steps of
 every stage and numbers the checkpoints. :class:`RunControl` keeps the position, decides
@@ -25,7 +26,7 @@ from typing import Any, Iterator
 from vapo_jax import distributed as dist
 from vapo_jax.run import watchdog as watchdog_lib
 
-STAGES = ("sft", "value_pretrain", "rl", "done")
+STAGES = ("sft", "reward_model", "value_pretrain", "rl", "done")
 
 
 class Preempted(Exception):
@@ -39,6 +40,8 @@ class NonFiniteError(RuntimeError):
 def stages_of(cfg) -> list[str]:
   """The stages this config runs, in order, ending with "done"."""
   out = ["sft"] if cfg.sft.enabled else []
+  if cfg.model.critic_start == "reward_model" and cfg.rl.use_critic:
+    out.append("reward_model")
   if cfg.value_pretrain.enabled and cfg.rl.use_critic:
     out.append("value_pretrain")
   return out + ["rl", "done"]

@@ -62,18 +62,21 @@ def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
     test = data_lib.synthetic.arithmetic(d.num_eval, "test", cfg.seed, spec)
   else:
     load = {"jsonl": data_lib.load_jsonl, "parquet": data_lib.load_parquet,
-            "tfds": data_lib.load_tfds}[d.source]
+            "tfds": data_lib.load_tfds, "hf": data_lib.load_hf}[d.source]
 
-    def kwargs(layout):
+    def kwargs(layout, split=None, config=None):
       out = {"layout": layout} if layout else {}
+      if d.source == "hf":
+        out.update(split=split, config=config or None)
       if d.problem_field:
         out["problem_field"] = d.problem_field
       if d.answer_field:
         out["answer_field"] = d.answer_field
       return out
 
-    train = load(d.train_path, **kwargs(d.layout))[:d.num_train]
-    test = (load(d.eval_path, **kwargs(d.eval_layout or d.layout))[:d.num_eval]
+    train = load(d.train_path, **kwargs(d.layout, d.train_split, d.hf_config))[:d.num_train]
+    test = (load(d.eval_path, **kwargs(d.eval_layout or d.layout, d.eval_split,
+                                       d.eval_hf_config or d.hf_config))[:d.num_eval]
             if d.eval_path else [])
   stats = {}
   kept = []

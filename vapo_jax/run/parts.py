@@ -102,16 +102,25 @@ def fresh_model_config(cfg, text: Text) -> model_config.ModelConfig:
       **model_options(cfg), eos_token_id=text.eos_ids[0], pad_token_id=text.pad_id)
 
 
-def build_critic(cfg, policy_graphdef, policy_params, mesh, rules):
-  """(graphdef, params) of the critic: from model.critic_path, else the policy + a new head."""
-  if cfg.model.critic_path:
+def build_critic(cfg, policy_graphdef, policy_params, mesh, rules, *, params=None,
+                 from_path: bool | None = None):
+  """(graphdef, params) of a value model (critic or reward model), its parameters copied.
+
+  From model.critic_path (with model.critic_start = "path", or `from_path`), else the
+  policy's weights + a zero head; `params` (e.g. the trained reward model's) replace the
+  weights of the latter.
+  """
+  if from_path is None:
+    from_path = cfg.model.critic_start == "path"
+  if from_path:
     critic, _ = critic_lib.Critic.from_pretrained(
         cfg.model.critic_path, mesh=mesh, rules=rules, param_dtype=cfg.model.param_dtype,
         dtype=cfg.model.dtype, **model_options(cfg))
   else:
     policy = nnx.merge(policy_graphdef, policy_params)
     critic = critic_lib.Critic.from_policy(policy)
-  graphdef, params = nnx.split(critic)
+  graphdef, own = nnx.split(critic)
+  params = own if params is None else params
   # from_policy shares the policy's buffers; the critic's train step donates its own.
   return graphdef, jax.jit(lambda t: jax.tree.map(jnp.copy, t))(params)
 
@@ -176,7 +185,7 @@ def policy_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.Pol
   return update.PolicyHParams(
       temperature=cfg.sampling.temperature, eps_low=rl.eps_low, eps_high=cfg.eps_high,
       dual_clip=rl.dual_clip or None, loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
-      nll_threshold=rl.nll_threshold, micro_batches=micro_batches)
+      nll_threshold=rl.nll_threshold, micro_batches=micro_batches, kl_coef=rl.kl_coef)
 
 
 def critic_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.CriticHParams:
@@ -215,7 +224,8 @@ def optimizer(cfg: config_lib.Config, model: str) -> update.Optimizer:
   """The AdamW of "sft", "policy" or "critic" training."""
   o = cfg.optim
   lr, warmup = {"sft": (o.sft_lr, sft_warmup(cfg)), "policy": (o.policy_lr, o.warmup_steps),
-                "critic": (o.critic_lr, o.warmup_steps)}[model]
+                "critic": (o.critic_lr, o.warmup_steps),
+                "reward_model": (o.critic_lr, o.warmup_steps)}[model]
   return update.make_optimizer(lr, warmup_steps=warmup, weight_decay=o.weight_decay, b1=o.b1,
                                b2=o.b2, eps=o.eps, grad_clip=o.grad_clip)
 
@@ -241,6 +251,12 @@ def critic_step(cfg, graphdef, tx, state, mesh, rules):
   hp = critic_hparams(cfg, rows_of(cfg).micro_batches)
   return update.compile_step(functools.partial(update.critic_step, graphdef, tx, hp), state,
                              mesh, batch_axes(mesh, rules), rules)
+
+
+def reward_model_step(cfg, graphdef, tx, state, mesh, rules):
+  hp = critic_hparams(cfg, rows_of(cfg).micro_batches)
+  return update.compile_step(functools.partial(update.reward_model_step, graphdef, tx, hp),
+                             state, mesh, batch_axes(mesh, rules), rules)
 
 
 def logprobs_fn(cfg, graphdef, mesh, rules):
@@ -287,14 +303,20 @@ def experience(cfg, sampler, text: Text, scorer, logprobs, values=None
       advantages=jax.jit(functools.partial(advantages_lib.compute_advantages, ac)),
       monte_carlo=jax.jit(functools.partial(advantages_lib.compute_advantages, dataclasses.replace(
           ac, use_critic=True, decoupled=True, lam_critic=1.0))),
-      temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call)
+      temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call,
+      overlong=((cfg.sampling.max_new_tokens, cfg.overlong_cache_tokens)
+                if cfg.rl.overlong_shaping else None),
+      dynamic_rounds=cfg.rl.dynamic_sampling_max_rounds if cfg.rl.dynamic_sampling else -1,
+      group_size=cfg.responses_per_prompt)
 
 
 def train_state(cfg, model: str, graphdef, params, mesh, rules):
-  """(TrainState, compiled step, optimizer) of "sft", "policy" or "critic" training."""
+  """(TrainState, compiled step, optimizer) of "sft", "policy", "critic" or "reward_model"
+  training."""
   tx = optimizer(cfg, model)
   state = update.init_state(params, tx)
-  build_step = {"sft": sft_step, "policy": policy_step, "critic": critic_step}[model]
+  build_step = {"sft": sft_step, "policy": policy_step, "critic": critic_step,
+                "reward_model": reward_model_step}[model]
   return state, build_step(cfg, graphdef, tx, state, mesh, rules), tx
 
 

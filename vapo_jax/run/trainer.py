@@ -1,4 +1,4 @@
-"""The VAPO pipeline: SFT warm start → value pretraining → RL, on a device mesh.
+"""The VAPO pipeline: SFT warm start → [reward model] → value pretraining → RL, on a mesh.
 
     Trainer(cfg, workdir).run()
 
@@ -9,7 +9,10 @@ One RL step reads as its parts, in order:
       → checkpoint (periodic / best / on SIGTERM)   [run.checkpoint]
 
 Value pretraining is the same loop with the policy frozen: the critic learns the Monte Carlo
-returns (λ = 1) of the starting policy's samples until a stopping rule holds. The trainer
+returns (λ = 1) of the starting policy's samples until a stopping rule holds. With
+model.critic_start = "reward_model" a reward-model stage comes first: an outcome reward model
+(the policy's weights + a scalar head) learns the checker's score at the last token of the
+frozen policy's samples, and the critic starts from it. The trainer
 only orders the stages; their parts are built by `run.parts`, and everything a checkpoint
 holds is the trainer's `RunState` (`run.checkpoint`).
 """
@@ -21,6 +24,7 @@ import warnings
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from vapo_jax import critic as critic_lib
@@ -34,6 +38,7 @@ from vapo_jax.run import parts
 from vapo_jax.rl import update as update_lib
 
 CRITIC_DIR = "critic"          # workdir/critic: HF-format critic after value pretraining
+REWARD_MODEL_DIR = "reward_model"  # workdir/reward_model: HF-format RM after its stage
 CURVES_PNG = "curves.png"
 
 
@@ -53,7 +58,7 @@ class Trainer:
     """
     self.cfg, self.workdir, self.progress = cfg, workdir, progress
     self.parts = p = parts.build(cfg)
-    self.critic_graphdef = None
+    self.critic_graphdef = self.rm_graphdef = None
     self.steps: dict[str, tuple] = {}  # "sft" / "policy" / "critic" -> (compiled step, tx)
     self.ckpt = run_checkpoint.store(cfg, workdir, read_only=read_only)
     self.ctl = run_control.RunControl(
@@ -71,20 +76,34 @@ class Trainer:
 
   # -------------------------------------------------------------------------- parts
   def setup(self, group: str):
-    """Sets up (once) and returns a checkpoint group's state: "sft", "policy", "critic"
-    (each with its optimizer and compiled step) or "policy_params"."""
+    """Sets up (once) and returns a checkpoint group's state: "sft", "policy", "critic",
+    "reward_model" (each with its optimizer and compiled step), "policy_params" or
+    "reference" (a frozen copy of the policy's parameters as they are now: at RL's start).
+
+    The critic starts as model.critic_start says; from "reward_model" it takes the trained
+    reward model's weights when there is one (else the policy's shape: a restore target)."""
     s, p, cfg = self.state, self.parts, self.cfg
     if group == "policy_params":
       return s.policy_params
+    if group == "reference":
+      if s.ref_params is None:
+        # A copy: the policy's train step donates (and so invalidates) its own buffers.
+        s.ref_params = jax.jit(lambda t: jax.tree.map(jnp.copy, t))(s.policy_params)
+      return s.ref_params
     attr = f"{group}_state"
     if getattr(s, attr) is None:
       graphdef, params = p.graphdef, s.policy_params
       if group == "critic":
+        rm = s.reward_model_state.params if s.reward_model_state is not None else None
         self.critic_graphdef, params = parts.build_critic(cfg, p.graphdef, s.policy_params,
-                                                          p.mesh, p.rules)
+                                                          p.mesh, p.rules, params=rm)
         graphdef = self.critic_graphdef
         p.experience = dataclasses.replace(p.experience, values=parts.values_fn(
             cfg, graphdef, p.mesh, p.rules))
+      if group == "reward_model":
+        graphdef, params = parts.build_critic(cfg, p.graphdef, s.policy_params, p.mesh,
+                                              p.rules, from_path=False)
+        self.rm_graphdef = graphdef
       state, step, tx = parts.train_state(cfg, group, graphdef, params, p.mesh, p.rules)
       setattr(s, attr, state)
       self.steps[group] = (step, tx)
@@ -134,12 +153,54 @@ class Trainer:
     s.sft_state = None  # frees the SFT optimizer's moments before the critic is built
     return metrics
 
+  def reward_model(self) -> dict[str, float]:
+    """Trains an outcome reward model on the frozen policy's scored samples (MSE at the last
+    token, `update.reward_model_step`): reward_model.steps rollout steps."""
+    cfg, s = self.cfg, self.state
+    self.setup("reward_model")
+    start = self.ctl.enter("reward_model")
+    steps = cfg.reward_model.steps
+    bar = self._bar(steps, "reward model", start)
+    metrics = {}
+    for i in range(start, steps):
+      batch, em = self.parts.experience.sample_and_score(s.policy_params, next(s.prompts),
+                                                         s.next_key())
+      models = {"reward_model": (self.steps["reward_model"][0], s.reward_model_state)}
+      states, um, skipped = update_lib.ppo_updates(parts.ppo_loop(cfg), models, batch,
+                                                   self.parts.take, stage="reward_model",
+                                                   step=i)
+      s.reward_model_state = states["reward_model"]
+      um.update(self.ctl.count_skipped(skipped, f"reward_model step {i + 1}"))
+      um["lr/reward_model"] = self._lr("reward_model")
+      metrics = {**em, **um}
+      s.log.write("reward_model", i + 1, metrics)
+      bar.update(1)
+      bar.set_postfix(rm_loss=f"{um['rm_loss']:.4f}")
+      self._step_end("reward_model", i + 1, last=i + 1 == steps)
+    bar.close()
+    return metrics
+
+  def _critic_from_reward_model(self):
+    """After the reward-model stage: the RM as an HF directory (workdir/reward_model, which
+    model.critic_path of other runs loads), and the critic set up from it."""
+    s = self.state
+    if self.workdir and self.cfg.checkpoint.save_critic:
+      critic_lib.save_pretrained(nnx.merge(self.rm_graphdef, s.reward_model_state.params),
+                                 os.path.join(self.workdir, REWARD_MODEL_DIR))
+    self.setup("critic")
+    s.reward_model_state = None  # the critic holds the weights now; frees the RM's optimizer
+
   def experience(self, examples, *, for_value_pretraining: bool = False) -> tuple[dict, dict]:
-    """Steps 1–3 on the step's global prompts: (device batch, metrics); see rl.experience."""
+    """Steps 1–3 on the step's global prompts: (device batch, metrics); see rl.experience.
+
+    Dynamic sampling's extra rounds take the next prompts of the same iterator (so a resumed
+    run draws the same ones); the reference's log-probs come with the KL penalty."""
     s = self.state
     return self.parts.experience(
         s.policy_params, s.critic_state.params if s.critic_state is not None else None,
-        examples, s.next_key(), for_value_pretraining=for_value_pretraining)
+        examples, s.next_key(), for_value_pretraining=for_value_pretraining,
+        ref_params=None if for_value_pretraining else s.ref_params,
+        more_examples=lambda: next(s.prompts))
 
   def update(self, batch: dict, *, stage: str, step: int, policy: bool) -> dict:
     """Step 4: the PPO loop over one batch; skipped non-finite updates are counted here."""
@@ -191,6 +252,8 @@ class Trainer:
     cfg, rl, s = self.cfg, self.cfg.rl, self.state
     if rl.use_critic:
       self.setup("critic")
+    if rl.kl_coef > 0:
+      self.setup("reference")
     self.setup("policy")
     start = self.ctl.enter("rl")
     bar = self._bar(rl.steps, "rl", start)
@@ -245,6 +308,10 @@ class Trainer:
       if self.ctl.stage == "sft":
         summary["sft"] = self.sft()
         self._finish_stage("sft")
+      if self.ctl.stage == "reward_model":
+        summary["reward_model"] = self.reward_model()
+        self._critic_from_reward_model()
+        self._finish_stage("reward_model")
       if self.ctl.stage == "value_pretrain":
         summary["value_pretrain"] = self.value_pretrain()
         self._save_critic()

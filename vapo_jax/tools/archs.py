@@ -2,8 +2,10 @@
 
 The compile check runs where the checkpoint is not (a CPU box, CI). It takes the policy's
 `ModelConfig` from, in order: `--arch` (a name below or a `config.json` path), the config's
-`model.hf_path/config.json` if present, the name at the end of `model.hf_path` (e.g.
-"checkpoints/Qwen2.5-32B" → qwen2.5-32b), or the config's own small model (no hf_path).
+`model.hf_path/config.json` if present (a directory, or a Hub id's snapshot already in the Hub
+cache: nothing is downloaded), the name at the end of `model.hf_path` (e.g.
+"checkpoints/Qwen2.5-32B" or "Qwen/Qwen2.5-32B@main" → qwen2.5-32b), or the config's own small
+model (no hf_path).
 The entries are the fields of the published Hugging Face `config.json` files.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 
+from vapo_jax import hub
 from vapo_jax.models.config import ModelConfig
 
 _QWEN25 = {"model_type": "qwen2", "hidden_act": "silu", "rope_theta": 1000000.0,
@@ -40,10 +43,20 @@ KNOWN = {
 
 
 def _name_of(path: str) -> str | None:
-  base = os.path.basename(os.path.normpath(path)).lower()
+  base = os.path.basename(os.path.normpath(path.split("@")[0])).lower()
   for suffix in ("-instruct", "-base"):
     base = base.removesuffix(suffix)
   return base if base in KNOWN else None
+
+
+def _config_json(spec: str) -> str | None:
+  """model.hf_path's config.json: in the directory or a cached Hub snapshot (no download)."""
+  try:
+    base = hub.resolve(spec, allow_patterns=("config.json",), local_only=True)
+  except (OSError, ImportError):
+    return None
+  path = os.path.join(base, "config.json")
+  return path if os.path.isfile(path) else None
 
 
 def model_config(cfg, arch: str | None = None) -> ModelConfig:
@@ -60,8 +73,8 @@ def model_config(cfg, arch: str | None = None) -> ModelConfig:
         hf = json.load(f)
     else:
       raise ValueError(f"--arch={arch!r}: not a config.json file nor one of {sorted(KNOWN)}")
-  elif m.hf_path and os.path.isfile(os.path.join(m.hf_path, "config.json")):
-    with open(os.path.join(m.hf_path, "config.json"), encoding="utf-8") as f:
+  elif m.hf_path and _config_json(m.hf_path):
+    with open(_config_json(m.hf_path), encoding="utf-8") as f:
       hf = json.load(f)
   elif m.hf_path:
     name = _name_of(m.hf_path)

@@ -260,4 +260,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from vapo_jax import cli  # pylint: disable=import-outside-toplevel,ungrouped-imports
+  cli.run(main)

@@ -18,6 +18,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from vapo_jax import cli
 from vapo_jax import config as config_lib
 
 
@@ -61,4 +62,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

@@ -6,7 +6,8 @@
 The policy becomes a `*ForCausalLM` directory, the critic a one-label
 `*ForSequenceClassification` one (which `model.critic_path` of another run also loads).
 With an HF base model (`model.hf_path`), its tokenizer files are copied alongside so
-`AutoTokenizer.from_pretrained(out)` works too. Every host of a multi-host run runs the same
+`AutoTokenizer.from_pretrained(out)` works too (`model.hf_path` may be a Hub id; `--out` is a
+local directory). Every host of a multi-host run runs the same
 command (the arrays are gathered); process 0 writes.
 """
 
@@ -18,7 +19,9 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from vapo_jax import cli
 from vapo_jax import config as config_lib
+from vapo_jax import hub
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json")
@@ -45,8 +48,9 @@ def export(cfg, workdir: str, out: str, *, what: str = "policy", step: str = "la
   finally:
     trainer.close()
   if cfg.model.hf_path and jax.process_index() == 0:
+    base = hub.resolve(cfg.model.hf_path, what="tokenizer")  # a Hub id: its cached snapshot
     for name in TOKENIZER_FILES:
-      src = os.path.join(cfg.model.hf_path, name)
+      src = os.path.join(base, name)
       if os.path.exists(src):
         shutil.copy(src, os.path.join(out, name))
   return {"out": out, "what": what, "step": restored}
@@ -73,4 +77,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

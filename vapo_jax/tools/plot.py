@@ -28,4 +28,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from vapo_jax import cli  # pylint: disable=import-outside-toplevel
+  cli.run(main)

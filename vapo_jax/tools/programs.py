@@ -80,7 +80,7 @@ class Program:
   args: tuple
   kwargs: dict
   resident_arg_bytes: int      # per device
-  resident: tuple[str, ...] = ("policy_state", "critic_state", "rollout_batch")
+  resident: tuple[str, ...] = ("policy_state", "critic_state", "reference", "rollout_batch")
   # XLA's cost analysis counts a loop body once; the micro-batch loop runs this many times.
   trips: int = 1
 
@@ -113,12 +113,14 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
   p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
 
   def batch(b):
-    return {k: _sds(shape, dtype, rows_sh)
-            for k, (shape, dtype) in update.batch_shapes(b, p_len, r_len).items()}
+    shapes = update.batch_shapes(b, p_len, r_len, reference=cfg.rl.kl_coef > 0)
+    return {k: _sds(shape, dtype, rows_sh) for k, (shape, dtype) in shapes.items()}
 
   rollout_batch = batch(rows.rollout)
   resident = {"policy_state": per_device_bytes(p_state),
               "critic_state": per_device_bytes(c_state) if cfg.rl.use_critic else 0,
+              # GRPO's KL penalty keeps a frozen copy of the initial policy's weights.
+              "reference": per_device_bytes(params) if cfg.rl.kl_coef > 0 else 0,
               "rollout_batch": per_device_bytes(rollout_batch)}
   shapes = {"rows": rows.rollout, "minibatch_rows": rows.minibatch,
             "micro_batches": rows.micro_batches, "forward_chunks": rows.forward_chunks,
