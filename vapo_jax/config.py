@@ -43,6 +43,16 @@ class ConfigError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraSection:
+  # LoRA adapters y = x W + (alpha / rank) x A B on the policy's and the critic's projections
+  # (vapo_jax/models/lora.py): only they (and the value head) are trained and held in the
+  # optimizer; model.param_dtype="bfloat16" then stores the frozen base in bfloat16.
+  rank: int = 0                # 0: off (every weight is trained)
+  alpha: float = 16.0
+  targets: tuple = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSection:
   # HF checkpoint: a directory or a Hub id "org/name[@revision]"; "" builds a small model
   hf_path: str = ""
@@ -68,6 +78,7 @@ class ModelSection:
   remat: bool = False
   attention_impl: str = "auto"  # dense | blocked | auto (blocked from 4 × attention_block keys)
   attention_block: int = 512    # keys per block of the blocked attention
+  lora: LoraSection = LoraSection()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,6 +404,11 @@ def validate(cfg: Config) -> None:
   need(m.attention_impl in ("auto", "dense", "blocked"), "model.attention_impl",
        m.attention_impl, "auto, dense or blocked")
   need(m.attention_block >= 1, "model.attention_block", m.attention_block, ">= 1")
+  need(m.lora.rank >= 0, "model.lora.rank", m.lora.rank, ">= 0 (0: no LoRA)")
+  need(m.lora.alpha > 0, "model.lora.alpha", m.lora.alpha, "> 0")
+  lora_targets = ("q", "k", "v", "o", "gate", "up", "down")
+  need(m.lora.rank == 0 or (m.lora.targets and set(m.lora.targets) <= set(lora_targets)),
+       "model.lora.targets", m.lora.targets, f"a non-empty subset of {lora_targets}")
   need(m.critic_start in ("policy", "reward_model", "path"), "model.critic_start",
        m.critic_start, '"policy", "reward_model" or "path"')
   need((m.critic_start == "path") == bool(m.critic_path), "model.critic_start", m.critic_start,

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from vapo_jax import hub
 from vapo_jax import sharding as shd
 from vapo_jax.models import hf_io
+from vapo_jax.models import lora
 from vapo_jax.models import safetensors_io as st_io
 from vapo_jax.models.config import SUPPORTED, ModelConfig
 from vapo_jax.models.transformer import Transformer, positions_from_mask
@@ -90,7 +91,8 @@ class Critic(nnx.Module):
     or a checkpoint written by `save_pretrained` below) gives its `score`
     head; a causal-LM directory (the policy) gives a fresh zero head and its
     `lm_head.weight` is ignored. `path` may also be a Hub id, `org/name[@revision]`
-    (see `vapo_jax.hub`).
+    (see `vapo_jax.hub`). With lora_rank > 0 (in overrides) fresh adapters are added
+    to the loaded backbone.
     """
     path = hub.resolve(path, what="critic checkpoint")
     hf = hf_io.read_config(path)
@@ -105,12 +107,12 @@ class Critic(nnx.Module):
           f"critic needs one label, i.e. (1, {cfg.hidden_size}).")
     mesh = hf_io.default_mesh() if mesh is None else mesh
     graphdef, abs_state = nnx.split(
-        nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
+        nnx.eval_shape(lambda: cls(lora.base_config(cfg), rngs=nnx.Rngs(0))))
     shardings = shd.state_shardings(abs_state, mesh, rules)
     state = hf_io.load_state(files, abs_state, shardings, _name,
                              ignore=(r"lm_head\.weight",),
                              zeros_if_missing=("score",))
-    return nnx.merge(graphdef, state), cfg
+    return lora.attach(nnx.merge(graphdef, state), cfg, mesh, rules, seed=1), cfg
 
 
 def _name(path: str) -> tuple[str, str]:
@@ -125,8 +127,11 @@ def save_pretrained(critic: Critic, path: str, *, dtype: Any = None,
                     max_shard_bytes: int = 4 << 30) -> None:
   """Writes the critic as an HF `*ForSequenceClassification` dir (1 label).
 
-  The score head is always stored in float32.
+  The score head is always stored in float32; LoRA adapters are merged into the weights.
   """
+  if dtype is None and critic.cfg.lora_rank:
+    dtype = critic.cfg.param_dtype  # (merged weights are float32)
+  critic = lora.merged(critic)
   cfg = critic.cfg
   state = nnx.state(critic, nnx.Param)
   tensors = hf_io.state_tensors(state, _name, dtype, skip=("score",))

@@ -15,6 +15,8 @@ Logical names used by vapo_jax:
   mlp       the MLP hidden width F
   vocab     the vocabulary V
   layers    a stacked-layer dimension (reserved for scanned layers)
+  lora_rank the rank r of LoRA adapters (replicated: A [*in, r] and B [r, *out]
+            shard like their weight over in / out)
 
 Mesh axes: `data` (pure data parallel, parameters replicated), `fsdp` (data
 parallel with parameters and optimizer state sharded, ZeRO-3 style) and
@@ -49,6 +51,7 @@ DEFAULT_RULES: Rules = (
     ("mlp", "tensor"),
     ("head_dim", None),
     ("layers", None),
+    ("lora_rank", None),
 )
 
 

@@ -18,6 +18,8 @@ SUPPORTED = {
     "llama": ("LlamaForCausalLM", False, False),
 }
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
            "float16": jnp.float16}
 
@@ -59,6 +61,9 @@ class ModelConfig:
       multi-token call whose key length S >= 4 * attention_block, dense
       otherwise (short sequences and one-token decode steps).
     attention_block: keys per block of the blocked path.
+    lora_rank: r of the LoRA adapters (`models.lora`); 0: none.
+    lora_alpha: adapters are scaled by lora_alpha / lora_rank.
+    lora_targets: the adapted projections, of q, k, v, o, gate, up, down.
     model_type: HF model_type ("qwen2", "qwen3", "llama").
     real_vocab_size: tokens the tokenizer knows (<= vocab_size), if known.
     max_position_embeddings: written back to config.json.
@@ -84,6 +89,9 @@ class ModelConfig:
   remat: bool = False
   attention_impl: str = "auto"
   attention_block: int = 512
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = ()
   model_type: str = "qwen2"
   real_vocab_size: int | None = None
   max_position_embeddings: int = 32768
@@ -107,6 +115,11 @@ class ModelConfig:
                        "'auto', 'dense', 'blocked'.")
     if self.attention_block < 1:
       raise ValueError(f"attention_block={self.attention_block} must be >= 1.")
+    object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+    unknown = set(self.lora_targets) - set(LORA_TARGETS)
+    if self.lora_rank < 0 or unknown:
+      raise ValueError(f"lora_rank={self.lora_rank} (>= 0), lora_targets="
+                       f"{self.lora_targets}: targets are of {LORA_TARGETS}.")
     if isinstance(self.rope_scaling, dict):
       object.__setattr__(self, "rope_scaling",
                          tuple(sorted(self.rope_scaling.items())))

@@ -36,6 +36,7 @@ import numpy as np
 
 from vapo_jax import hub
 from vapo_jax import sharding as shd
+from vapo_jax.models import lora
 from vapo_jax.models import safetensors_io as st_io
 from vapo_jax.models.config import ModelConfig
 from vapo_jax.models.transformer import Transformer
@@ -255,7 +256,8 @@ def from_pretrained(path: str, *, mesh=None,
     rules: logical-to-mesh sharding rules.
     param_dtype: parameter storage dtype.
     dtype: compute dtype (default: param_dtype).
-    **overrides: other `ModelConfig` fields (remat, real_vocab_size, ...).
+    **overrides: other `ModelConfig` fields (remat, real_vocab_size, ...); with
+      lora_rank > 0 the checkpoint fills the base and fresh adapters are added.
 
   Returns:
     (model, cfg).
@@ -268,11 +270,11 @@ def from_pretrained(path: str, *, mesh=None,
   files = st_io.CheckpointFiles(path)
   mesh = default_mesh() if mesh is None else mesh
   graphdef, abs_state = nnx.split(
-      nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+      nnx.eval_shape(lambda: Transformer(lora.base_config(cfg), rngs=nnx.Rngs(0))))
   shardings = shd.state_shardings(abs_state, mesh, rules)
   ignore = ("lm_head\\.weight",) if cfg.tie_word_embeddings else ()
   state = load_state(files, abs_state, shardings, hf_name, ignore)
-  return nnx.merge(graphdef, state), cfg
+  return lora.attach(nnx.merge(graphdef, state), cfg, mesh, rules), cfg
 
 
 def gather(x: jax.Array) -> np.ndarray:
@@ -357,6 +359,9 @@ def save_pretrained(model: Transformer, cfg: ModelConfig, path: str, *,
                     dtype: Any = None, max_shard_bytes: int = 4 << 30) -> None:
   """Writes an HF directory that transformers' `*ForCausalLM` loads.
 
+  LoRA adapters are merged into the weights they adapt (`lora.merged`), stored in
+  `dtype` or else the config's param_dtype.
+
   Args:
     model: the transformer.
     cfg: its config.
@@ -364,7 +369,9 @@ def save_pretrained(model: Transformer, cfg: ModelConfig, path: str, *,
     dtype: dtype to store (default: the parameters' dtype).
     max_shard_bytes: above this, split into model-0000i-of-0000n files.
   """
-  state = nnx.state(model, nnx.Param)
+  if dtype is None and cfg.lora_rank:
+    dtype = cfg.param_dtype
+  state = nnx.state(lora.merged(model), nnx.Param)
   tensors = state_tensors(state, hf_name, dtype)
   hf_cfg = cfg.to_hf()
   if dtype is not None:

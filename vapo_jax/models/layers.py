@@ -4,7 +4,8 @@ Shapes: B batch, T query length, S key length, D model width, H query heads,
 K key/value heads, Dh head width, F MLP width. Parameters carry logical axis
 names (see `vapo_jax.sharding`) as their `out_sharding` metadata; they are
 created without eager sharding so a model can be built outside a mesh and
-placed later with `sharding.state_shardings`.
+placed later with `sharding.state_shardings`. With `cfg.lora_rank > 0` the
+targeted projections also hold LoRA adapters (`models.lora`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import numpy as np
 
 from vapo_jax import sharding as shd
 from vapo_jax.models import attention
+from vapo_jax.models import lora
 from vapo_jax.models import platform
 from vapo_jax.models.config import ModelConfig
-from vapo_jax.models.matmul import matmul
 
 _INIT_STD = 0.02
 # Activations [B, T, D]: rows over the batch axes, the rest replicated (see
@@ -137,11 +138,6 @@ def _bias(x: jax.Array, b: jax.Array) -> jax.Array:
   return x + b.reshape((1,) * (x.ndim - b.ndim) + b.shape)
 
 
-def _dense(x: jax.Array, w: jax.Array, n_in: int, dtype: Any) -> jax.Array:
-  """x [..., *in] @ w [*in, *out] in `dtype`, over the last n_in axes of x."""
-  return matmul(x.astype(dtype), w.astype(dtype), n_in)
-
-
 def decode_attention(q_Bx1xHxDh: jax.Array, k_BxSxKxDh: jax.Array,
                      v_BxSxKxDh: jax.Array, mask_Bx1x1xS: jax.Array
                      ) -> jax.Array:
@@ -187,6 +183,10 @@ class Attention(nnx.Module):
     self.k = param(rngs, (d, k, dh), ("embed", "kv_heads", "head_dim"), pd)
     self.v = param(rngs, (d, k, dh), ("embed", "kv_heads", "head_dim"), pd)
     self.o = param(rngs, (h, dh, d), ("heads", "head_dim", "embed"), pd)
+    lora.add(self, "q", rngs, (d,), ("embed",), (h, dh), ("heads", "head_dim"))
+    lora.add(self, "k", rngs, (d,), ("embed",), (k, dh), ("kv_heads", "head_dim"))
+    lora.add(self, "v", rngs, (d,), ("embed",), (k, dh), ("kv_heads", "head_dim"))
+    lora.add(self, "o", rngs, (h, dh), ("heads", "head_dim"), (d,), ("embed",))
     if cfg.qkv_bias:
       self.q_bias = param(None, (h, dh), ("heads", "head_dim"), pd, "zeros")
       self.k_bias = param(None, (k, dh), ("kv_heads", "head_dim"), pd, "zeros")
@@ -209,9 +209,9 @@ class Attention(nnx.Module):
     slot (see `attention.blocked_attention`).
     """
     cfg, dt = self.cfg, self.cfg.dtype
-    q = _dense(x_BxTxD, self.q[...], 1, dt)
-    k = _dense(x_BxTxD, self.k[...], 1, dt)
-    v = _dense(x_BxTxD, self.v[...], 1, dt)
+    q = lora.project(self, "q", x_BxTxD, 1, dt)
+    k = lora.project(self, "k", x_BxTxD, 1, dt)
+    v = lora.project(self, "v", x_BxTxD, 1, dt)
     if cfg.qkv_bias:
       q = _bias(q, self.q_bias[...])
       k = _bias(k, self.k_bias[...])
@@ -232,14 +232,14 @@ class Attention(nnx.Module):
       if q.shape[1] == 1 and platform.target() == "cpu":
         # One decode step on CPU: no transposed copy of the cache.
         out = decode_attention(q, k, v, mask_Bx1xTxS)
-        y = _dense(out, self.o[...], 2, dt)
+        y = lora.project(self, "o", out, 2, dt)
         return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), kv
     if mask_Bx1xTxS.ndim == 2:
       out = attention.blocked_attention(q, k, v, mask_Bx1xTxS, cache_index,
                                         cfg.attention_block)
     else:
       out = attention.dense_attention(q, k, v, mask_Bx1xTxS)
-    y = _dense(out, self.o[...], 2, dt)
+    y = lora.project(self, "o", out, 2, dt)
     if cfg.o_bias:
       y = _bias(y, self.o_bias[...])
     return y, kv
@@ -254,6 +254,9 @@ class MLP(nnx.Module):
     self.gate = param(rngs, (d, f), ("embed", "mlp"), pd)
     self.up = param(rngs, (d, f), ("embed", "mlp"), pd)
     self.down = param(rngs, (f, d), ("mlp", "embed"), pd)
+    lora.add(self, "gate", rngs, (d,), ("embed",), (f,), ("mlp",))
+    lora.add(self, "up", rngs, (d,), ("embed",), (f,), ("mlp",))
+    lora.add(self, "down", rngs, (f,), ("mlp",), (d,), ("embed",))
     if cfg.mlp_bias:
       self.gate_bias = param(None, (f,), ("mlp",), pd, "zeros")
       self.up_bias = param(None, (f,), ("mlp",), pd, "zeros")
@@ -261,13 +264,13 @@ class MLP(nnx.Module):
 
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
     dt = self.cfg.dtype
-    g = _dense(x_BxTxD, self.gate[...], 1, dt)
-    u = _dense(x_BxTxD, self.up[...], 1, dt)
+    g = lora.project(self, "gate", x_BxTxD, 1, dt)
+    u = lora.project(self, "up", x_BxTxD, 1, dt)
     if self.cfg.mlp_bias:
       g, u = _bias(g, self.gate_bias[...]), _bias(u, self.up_bias[...])
     g = shd.constrain(g, ("batch", None, "mlp"))
     u = shd.constrain(u, ("batch", None, "mlp"))
-    y = _dense(jax.nn.silu(g) * u, self.down[...], 1, dt)
+    y = lora.project(self, "down", jax.nn.silu(g) * u, 1, dt)
     if self.cfg.mlp_bias:
       y = _bias(y, self.down_bias[...])
     return y

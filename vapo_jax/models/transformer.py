@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from vapo_jax import sharding as shd
 from vapo_jax.models import layers
+from vapo_jax.models import lora
 from vapo_jax.models.config import ModelConfig
 from vapo_jax.models.matmul import matmul
 
@@ -71,12 +72,17 @@ def _remat_fwd(graphdef, state, x, cos, sin, mask):
 
 def _remat_bwd(graphdef, res, dy):
   (state, x, cos, sin, mask), dy = jax.lax.optimization_barrier((res, dy))
-  _, vjp = jax.vjp(lambda st, x: _run_block(graphdef, st, x, cos, sin, mask),
-                   state, x)
+  # With LoRA adapters only they get gradients: the frozen weights' dW matmuls
+  # are not emitted (inside the barrier below they could not be pruned).
+  train, frozen = lora.split_trainable(state)
+  _, vjp = jax.vjp(lambda tr, x: _run_block(graphdef, lora.join(tr, frozen), x,
+                                            cos, sin, mask), train, x)
   # dL/dx (what the next layer down waits for) leaves together with the
   # parameter gradients, so the scheduler cannot defer this layer's
   # weight-gradient matmuls, and keep their activation inputs alive, past it.
-  d_state, d_x = jax.lax.optimization_barrier(vjp(dy))
+  d_train, d_x = jax.lax.optimization_barrier(vjp(dy))
+  d_state = lora.join(d_train, None if frozen is None
+                      else jax.tree.map(jnp.zeros_like, frozen))
   # The RoPE tables come from integer positions: nothing upstream needs their
   # cotangent, so it is not computed (inside the barrier it could not be pruned).
   return d_state, d_x, jnp.zeros_like(cos), jnp.zeros_like(sin), None

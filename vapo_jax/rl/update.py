@@ -28,13 +28,14 @@ from vapo_jax import distributed as dist
 from vapo_jax import losses
 from vapo_jax import policy as policy_lib
 from vapo_jax import sharding as shd
+from vapo_jax.models import lora
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class TrainState:
-  params: Any      # nnx.State of the model's parameters
-  opt_state: Any   # optax state
+  params: Any      # nnx.State of the model's parameters (with LoRA: base and adapters)
+  opt_state: Any   # optax state of `trainable(params)`
   step: jax.Array  # int32 number of updates applied
 
 
@@ -80,9 +81,16 @@ def make_optimizer(lr: float, *, warmup_steps: int = 0, weight_decay: float = 0.
   return Optimizer(tx.init, tx.update, schedule)
 
 
+def trainable(params):
+  """The parameters the optimizer updates: all of them, or with LoRA adapters only those (and
+  the critic's value head); the frozen rest passes through the steps unchanged."""
+  return lora.split_trainable(params)[0]
+
+
 def opt_state_shardings(params, tx: optax.GradientTransformation):
-  """Shardings of tx.init(params): each per-parameter leaf (Adam's μ, ν, …) is sharded like
-  its parameter, everything else (counts, scalars) replicated on the parameters' mesh."""
+  """Shardings of tx.init(trainable(params)): each per-parameter leaf (Adam's μ, ν, …) is
+  sharded like its parameter, everything else (counts, scalars) replicated on the mesh."""
+  params = trainable(params)
   leaves = jax.tree_util.tree_leaves_with_path(params)
   by_path = {jax.tree_util.keystr(p): x.sharding for p, x in leaves}
   replicated = NamedSharding(leaves[0][1].sharding.mesh, PartitionSpec())
@@ -99,7 +107,7 @@ def opt_state_shardings(params, tx: optax.GradientTransformation):
 def init_state(params, tx: optax.GradientTransformation) -> TrainState:
   """A TrainState whose optimizer state is created, under jit, where the parameters live."""
   shardings = opt_state_shardings(params, tx)
-  opt_state = jax.jit(tx.init, out_shardings=shardings)(params)
+  opt_state = jax.jit(tx.init, out_shardings=shardings)(trainable(params))
   mesh = jax.tree.leaves(params)[0].sharding.mesh
   step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(mesh, PartitionSpec()))
   return TrainState(params, opt_state, step)
@@ -120,9 +128,11 @@ def _micro_split(batch, n: int):
 def _accumulate(loss_fn: Callable, params, batch, n: int):
   """Σ over micro-batches of (loss, grads, metrics) from loss_fn(params, micro) -> (loss, m).
 
-  Metrics are summed too: loss_fn returns them already weighted for summation.
+  Gradients are of `trainable(params)` only. Metrics are summed too: loss_fn returns them
+  already weighted for summation.
   """
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  params, frozen = lora.split_trainable(params)
+  grad_fn = jax.value_and_grad(lambda p, mb: loss_fn(lora.join(p, frozen), mb), has_aux=True)
   if n == 1:
     (loss, metrics), grads = grad_fn(params, batch)
     return loss, grads, metrics
@@ -154,13 +164,14 @@ def _apply(tx, state: TrainState, grads, loss) -> tuple[TrainState, jax.Array, j
   """
   grad_norm = optax.tree.norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  old, frozen = lora.split_trainable(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, old)
+  params = optax.apply_updates(old, updates)
 
   def keep(new, old):
     return jnp.where(ok, new, old)
 
-  new_state = TrainState(jax.tree.map(keep, params, state.params),
+  new_state = TrainState(lora.join(jax.tree.map(keep, params, old), frozen),
                          jax.tree.map(keep, opt_state, state.opt_state),
                          state.step + ok.astype(state.step.dtype))
   return new_state, grad_norm, 1.0 - ok.astype(jnp.float32)
@@ -290,13 +301,13 @@ def sft_step(graphdef, tx: optax.GradientTransformation, state: TrainState,
   resp_mask = batch["response_mask_BxR"]
   prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
 
-  def loss_fn(params):
+  def loss_fn(params, batch):
     model = nnx.merge(graphdef, params)
     logp, _ = policy_lib.response_logprobs(model, batch["tokens_BxL"], batch["mask_BxL"],
                                            prompt_len)
-    return losses.safe_divide(-jnp.sum(logp * resp_mask), jnp.sum(resp_mask))
+    return losses.safe_divide(-jnp.sum(logp * resp_mask), jnp.sum(resp_mask)), {}
 
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  loss, grads, _ = _accumulate(loss_fn, state.params, batch, 1)
   state, grad_norm, skipped = _apply(tx, state, grads, loss)
   return state, {"sft_loss": loss, "sft_grad_norm": grad_norm, "sft_skipped": skipped}
 

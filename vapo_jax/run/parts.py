@@ -23,7 +23,7 @@ from vapo_jax import critic as critic_lib
 from vapo_jax import distributed as dist
 from vapo_jax import sharding as shd
 from vapo_jax.models import config as model_config
-from vapo_jax.models import hf_io, transformer
+from vapo_jax.models import hf_io, lora, transformer
 from vapo_jax.rewards import fn_for_mode
 from vapo_jax.rewards import RewardScorer
 from vapo_jax.rl import advantages as advantages_lib
@@ -72,17 +72,20 @@ def build_policy(cfg, mesh, rules, text: Text):
       model.cfg = mcfg
   else:
     mcfg = fresh_model_config(cfg, text)
-    model = transformer.init_sharded(lambda r: transformer.Transformer(mcfg, rngs=r), mesh,
+    base = lora.base_config(mcfg)  # the same base weights with or without adapters
+    model = transformer.init_sharded(lambda r: transformer.Transformer(base, rngs=r), mesh,
                                      rules, seed=cfg.seed)
+    model = lora.attach(model, mcfg, mesh, rules, seed=cfg.seed)
   graphdef, params = nnx.split(model)
   return graphdef, params, mcfg
 
 
 def model_options(cfg) -> dict:
-  """ModelConfig fields set by the run config whatever the architecture."""
+  """ModelConfig fields set by the run config whatever the architecture (LoRA included)."""
   m = cfg.model
   return {"remat": m.remat, "attention_impl": m.attention_impl,
-          "attention_block": m.attention_block}
+          "attention_block": m.attention_block, "lora_rank": m.lora.rank,
+          "lora_alpha": m.lora.alpha, "lora_targets": tuple(m.lora.targets)}
 
 
 def fresh_model_config(cfg, text: Text) -> model_config.ModelConfig:

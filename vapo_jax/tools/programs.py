@@ -57,8 +57,8 @@ def abstract_model(build: Callable[[nnx.Rngs], nnx.Module], mesh, rules):
 def abstract_train_state(params, tx, mesh) -> update.TrainState:
   """The TrainState `update.init_state` would create, as shapes with shardings."""
   opt_sh = update.opt_state_shardings(params, tx)
-  opt = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), jax.eval_shape(tx.init, params),
-                     opt_sh)
+  opt = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s),
+                     jax.eval_shape(tx.init, update.trainable(params)), opt_sh)
   return update.TrainState(params, opt, _sds((), jnp.int32, NamedSharding(mesh, PartitionSpec())))
 
 
@@ -185,6 +185,11 @@ def _abstract_cache(sampler, rows: int):
   s = sampler.cfg.total_cache_len
   alloc = lambda r: sampler.constrain(sampler.init_cache(r, s), None)  # noqa: E731
   shardings = jax.jit(lambda: alloc(sampler.batch_shards)).lower().compile().output_shardings
+  # On a one-chip mesh nothing constrains the cache: the compile above placed it on the
+  # host's default (CPU) device; it belongs on the mesh, replicated.
+  devices = set(sampler.mesh.devices.flat)
+  shardings = jax.tree.map(lambda sh: sh if set(sh.device_set) <= devices
+                           else NamedSharding(sampler.mesh, PartitionSpec()), shardings)
   shapes = jax.eval_shape(lambda: alloc(rows))
   return jax.tree.map(lambda a, sh: _sds(a.shape, a.dtype, sh), shapes, shardings)
 
