@@ -82,6 +82,20 @@ def test_in_process_mode_has_a_budget():
   assert scores.reasons[1] == "timeout"
   assert scores.reasons[2] == "error:ValueError"
   np.testing.assert_array_equal(scores.rewards, [1, 0, 0])
+  # A check that raised is not a correct answer (the positive-example loss keys on `correct`).
+  np.testing.assert_array_equal(scores.correct, [True, False, False])
+
+
+def test_batch_metrics_by_hand():
+  scores = rewards.scorer.BatchScores(
+      rewards=np.asarray([1.0, 0.0, 0.0, 0.5, 0.0], np.float32),
+      correct=np.asarray([True, False, False, True, False]),
+      reasons=["correct", "no_answer", "malformed_box", "len=1", "empty_box"],
+      timeouts=1, errors=2, max_seconds=0.25)
+  assert scores.metrics() == {
+      "reward/mean": pytest.approx(0.3), "reward/accuracy": pytest.approx(0.4),
+      "reward/timeouts": 1.0, "reward/errors": 2.0,
+      "reward/no_answer_frac": pytest.approx(3 / 5), "reward/max_check_seconds": 0.25}
 
 
 @pytest.mark.parametrize("fn,expected,reason", [
