@@ -92,8 +92,22 @@ def _is_trainable(path, _) -> bool:
 
 
 def has_adapters(params) -> bool:
-  """Whether an nnx.State holds LoRA adapters."""
-  return any(str(p[-1]).endswith(SUFFIXES) for p in nnx.to_flat_state(params).paths)
+  """Whether parameters (an nnx.State, or any pytree such as a dict) hold LoRA adapters."""
+  if isinstance(params, nnx.State):
+    return any(str(p[-1]).endswith(SUFFIXES) for p in nnx.to_flat_state(params).paths)
+  return any(_last_name(p).endswith(SUFFIXES)
+             for p, _ in jax.tree_util.tree_leaves_with_path(params))
+
+
+def _last_name(path) -> str:
+  """The last key of a pytree path as a string ("" for the root)."""
+  if not path:
+    return ""
+  k = path[-1]
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
 
 
 def split_trainable(params):
@@ -101,6 +115,9 @@ def split_trainable(params):
   the value head `score`, everything else)."""
   if not has_adapters(params):
     return params, None
+  if not isinstance(params, nnx.State):
+    raise TypeError("LoRA adapters are split from an nnx.State; got "
+                    f"{type(params).__name__}")
   return nnx.split_state(params, _is_trainable, ...)
 
 
