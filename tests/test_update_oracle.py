@@ -80,7 +80,10 @@ def policy_batch(model, seed=0, temperature=1.0):
           "advantages_BxR": adv.astype(np.float32), "response_mask_BxR": resp,
           "scores_B": SCORES,
           "returns_BxR": (rng.normal(size=resp.shape) * resp).astype(np.float32),
-          "old_values_BxR": np.zeros_like(resp)}
+          "old_values_BxR": np.zeros_like(resp),
+          # A frozen reference policy's log-probs (GRPO's KL term), near the current ones.
+          "ref_logp_BxR": ((np.asarray(logp) + rng.normal(scale=0.3, size=resp.shape))
+                           * resp).astype(np.float32)}
 
 
 # ------------------------------------------------------------------- float64 references
@@ -97,19 +100,26 @@ def ref_policy_loss(logp, batch, hp):
   per_token = -surrogate
   if hp.dual_clip:
     per_token = jnp.where(adv < 0, jnp.minimum(per_token, -hp.dual_clip * adv), per_token)
-  per_token = per_token * m
   lengths = m.sum(axis=1)
   nonempty = lengths > 0
-  if hp.loss_mode == "token":        # Σ over every valid token of the batch / their number
-    pg = per_token.sum() / m.sum()
-  elif hp.loss_mode == "seq_mean_token_mean":  # mean over responses of each one's token mean
-    pg = jnp.sum(jnp.where(nonempty, per_token.sum(1) / jnp.maximum(lengths, 1), 0.0)
-                 ) / nonempty.sum()
-  else:                              # "seq_mean_token_sum": mean over responses of their sums
-    pg = per_token.sum() / nonempty.sum()
+
+  def aggregate(per_token):
+    per_token = per_token * m
+    if hp.loss_mode == "token":        # Σ over every valid token of the batch / their number
+      return per_token.sum() / m.sum()
+    if hp.loss_mode == "seq_mean_token_mean":  # mean over responses of each one's token mean
+      return jnp.sum(jnp.where(nonempty, per_token.sum(1) / jnp.maximum(lengths, 1), 0.0)
+                     ) / nonempty.sum()
+    return per_token.sum() / nonempty.sum()  # "seq_mean_token_sum": mean of response sums
+
+  pg = aggregate(per_token)
   correct = (jnp.asarray(batch["scores_B"], jnp.float64) >= hp.nll_threshold)[:, None] * m
   nll = -jnp.sum(logp * correct) / correct.sum()  # eq. (3): tokens of correct responses only
-  return pg + hp.nll_coef * nll, (pg, nll)
+  total = pg + hp.nll_coef * nll
+  if hp.kl_coef:  # GRPO: β · KL(π_θ‖π_ref), k3 estimator on the sampled tokens
+    d = jnp.asarray(batch["ref_logp_BxR"], jnp.float64) - logp
+    total = total + hp.kl_coef * aggregate(jnp.exp(d) - d - 1.0)
+  return total, (pg, nll)
 
 
 def ref_value_loss(values, batch, value_clip):
@@ -170,7 +180,7 @@ def preset_hparams(preset):
 # The presets' hyper-parameters as the paper and the baselines define them.
 PRESET_EXPECT = {
     "ppo": dict(loss_mode="seq_mean_token_mean", eps_high=0.2, nll_coef=0.0),
-    "grpo": dict(loss_mode="seq_mean_token_mean", eps_high=0.2, nll_coef=0.0),
+    "grpo": dict(loss_mode="seq_mean_token_mean", eps_high=0.2, nll_coef=0.0, kl_coef=0.04),
     "dapo": dict(loss_mode="token", eps_high=0.28, nll_coef=0.0),
     "vapo": dict(loss_mode="token", eps_high=0.28, nll_coef=0.1),
 }
