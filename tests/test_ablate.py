@@ -67,11 +67,19 @@ def test_plan_shares_each_stage_once_per_seed(tmp_path):
     mine = [r for r in runs if r.seed == seed]
     sft = [r for r in mine if r.name == "sft"]
     vp = [r for r in mine if r.name == "value_pretrain"]
-    assert len(sft) == 1 and len(vp) == 1, [r.directory for r in mine]
+    rm = [r for r in mine if r.name == "reward_model"]
+    assert len(sft) == 1 and len(vp) == 1 and len(rm) == 1, [r.directory for r in mine]
     assert sorted(r.name for r in mine if r.kind == "row") == sorted(ablate.ROW_NAMES)
     fields = {r.name: dict(r.overrides) for r in mine}
     assert fields["value_pretrain"]["model.init_from"] == sft[0].directory
     assert fields["sft"]["rl.steps"] == 0 and not fields["sft"]["value_pretrain.enabled"]
+    # The reward model trains once per seed, from the SFT policy, and saves itself.
+    assert fields["reward_model"]["model.init_from"] == sft[0].directory
+    assert fields["reward_model"]["model.critic_start"] == "reward_model"
+    assert load("vapo", fields["reward_model"])["checkpoint"]["save_critic"] is True
+    assert fields["reward_model"]["rl.steps"] == 0
+    assert not fields["reward_model"]["value_pretrain.enabled"]
+    from_rm = {"no_value_pretrain", "ppo"}
     keeps_vp = {"vapo", "no_decoupled_gae", "no_length_adaptive", "no_clip_higher",
                 "no_token_level_loss", "no_positive_nll", "no_group_sampling"}
     for r in mine:
@@ -82,6 +90,10 @@ def test_plan_shares_each_stage_once_per_seed(tmp_path):
       if r.name in keeps_vp:
         assert f["model.init_from"] == vp[0].directory and r.needs == (vp[0].directory,)
         assert f["model.critic_path"] == os.path.join(vp[0].directory, "critic")
+        assert f["model.critic_start"] == "path"
+      elif r.name in from_rm:  # the paper's rows whose critic starts from the reward model
+        assert f["model.init_from"] == sft[0].directory and r.needs == (rm[0].directory,)
+        assert f["model.critic_path"] == os.path.join(rm[0].directory, "reward_model")
         assert f["model.critic_start"] == "path"
       else:
         assert f["model.init_from"] == sft[0].directory and "model.critic_path" not in f
@@ -113,7 +125,7 @@ def test_plan_separates_a_stage_when_a_row_changes_what_it_reads(tmp_path):
 
   runs = ablate.plan(load, ablate.parse_rows("vapo,no_clip_higher,ppo"), [0], str(tmp_path))
   assert [r.name for r in runs] == ["sft", "value_pretrain", "vapo", "no_clip_higher", "sft",
-                                    "ppo"]
+                                    "reward_model", "ppo"]
   assert dict(runs[4].overrides)["optim.sft_lr"] == 1e-4
 
 
@@ -206,9 +218,9 @@ ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
        "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
 
-def _ablate(workdir, rows) -> str:
+def _ablate(workdir, rows, *extra) -> str:
   out = subprocess.run([sys.executable, "-m", "vapo_jax.tools.ablate", "--config=configs/tiny.py",
-                        f"--rows={rows}", "--seeds=1", f"--workdir={workdir}", *FLAGS],
+                        f"--rows={rows}", "--seeds=1", f"--workdir={workdir}", *FLAGS, *extra],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   return out.stdout
@@ -269,3 +281,23 @@ def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
   out = _ablate(w, "vapo,no_clip_higher")
   assert "3 done before" not in out and "4 done before, 0 to run" in out, out
   assert (w / "ablation.md").read_text() == md
+
+
+def test_rows_that_start_from_the_reward_model_share_its_stage(tmp_path):
+  """no_value_pretrain and ppo start their critic from one reward model per seed: the tool
+  trains it once (its own stage run) and both rows load it as their critic."""
+  w = tmp_path / "w"
+  out = _ablate(w, "no_value_pretrain,ppo", "--config.reward_model.steps=2")
+  assert "4 runs (2 rows × seeds, 2 shared stages): 0 done before, 4 to run" in out, out
+  stage = [p for p in (w / "seed0").iterdir() if p.name.startswith("stage-reward_model-")]
+  assert len(stage) == 1, list((w / "seed0").iterdir())
+  rm_steps = [r["step"] for r in _records(stage[0]) if r["stage"] == "reward_model"]
+  assert rm_steps == [1, 2]
+  assert (stage[0] / "reward_model" / "config.json").exists()
+  for name in ("no_value_pretrain", "ppo"):
+    recs = _records(w / "seed0" / name)
+    assert not [r for r in recs if r["stage"] in ("reward_model", "value_pretrain", "sft")]
+    assert [r["step"] for r in recs if r["stage"] == "rl"] == [1, 2, 3, 4]
+    status = json.loads((w / "seed0" / name / ablate.STATUS).read_text())
+    assert status["state"] == "finished"
+    assert f"--config.model.critic_path={stage[0] / 'reward_model'}" in status["command"]

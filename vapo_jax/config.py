@@ -102,6 +102,7 @@ class DataSection:
   synthetic_max_steps: int = 3
   synthetic_max_operand: int = 9
   synthetic_ops: str = "+-*"
+  synthetic_max_value: int = 99  # chain task: the running value stays in [0, max_value]
   num_train: int = 4096
   num_eval: int = 256
 

@@ -57,8 +57,9 @@ def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
   if d.source == "synthetic":
     task = {"arithmetic": (data_lib.synthetic.ArithmeticSpec, data_lib.synthetic.arithmetic),
             "chain": (data_lib.chain.ChainSpec, data_lib.chain.chains)}[d.synthetic_task]
+    extra = {"max_value": d.synthetic_max_value} if d.synthetic_task == "chain" else {}
     spec = task[0](min_steps=d.synthetic_min_steps, max_steps=d.synthetic_max_steps,
-                   max_operand=d.synthetic_max_operand, ops=d.synthetic_ops)
+                   max_operand=d.synthetic_max_operand, ops=d.synthetic_ops, **extra)
     train = task[1](d.num_train, "train", cfg.seed, spec)
     test = task[1](d.num_eval, "test", cfg.seed, spec)
   else:

@@ -86,6 +86,12 @@ CRITIC_START = ("model.critic_start", "model.critic_path")  # read by neither SF
 VALUE_PRETRAIN_READS = SFT_READS + (
     "value_pretrain", "reward", "rl.use_critic", "rl.gamma", "rl.value_clip", "rl.ppo_epochs",
     "rl.num_minibatches", "rl.micro_batch_size", "rl.gae_impl")
+# The reward-model stage (model.critic_start = "reward_model") reads what the RM's rollouts
+# and updates read; its model lands in <stage>/reward_model, which rows load as critic_path.
+REWARD_MODEL_READS = SFT_READS + (
+    "reward_model", "reward", "rl.value_clip", "rl.num_minibatches", "rl.micro_batch_size",
+    "rl.prompts_per_step", "rl.responses_per_prompt")
+REWARD_MODEL_DIR = "reward_model"  # = run.trainer.REWARD_MODEL_DIR (not imported: no jax here)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,15 +199,27 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str) -> list[
             **small_eval}, seed, workdir, ()))
         overrides.update({"sft.enabled": False, "model.init_from": sft.directory})
         needs = (sft.directory,)
+        critic_from: dict[str, Any] = {}  # how the critic starts, where it is not the policy
+        if cfg["rl"]["use_critic"] and cfg["model"]["critic_start"] == "reward_model":
+          rm = add(_stage("reward_model", cfg, base, REWARD_MODEL_READS, {
+              "sft.enabled": False, "model.init_from": sft.directory, "rl.steps": 0,
+              "value_pretrain.enabled": False, "model.critic_start": "reward_model",
+              "checkpoint.save_critic": True, "metrics.plot": False, **small_eval},
+                          seed, workdir, needs))
+          critic_from = {"model.critic_start": "path",
+                         "model.critic_path": os.path.join(rm.directory, REWARD_MODEL_DIR)}
+          needs = (rm.directory,)
         if cfg["value_pretrain"]["enabled"] and cfg["rl"]["use_critic"]:
           vp = add(_stage("value_pretrain", cfg, base, VALUE_PRETRAIN_READS, {
               "sft.enabled": False, "model.init_from": sft.directory, "rl.steps": 0,
-              "checkpoint.save_critic": True, "metrics.plot": False, **small_eval},
-                          seed, workdir, needs))
+              "checkpoint.save_critic": True, "metrics.plot": False, **critic_from,
+              **small_eval}, seed, workdir, needs))
           overrides.update({"value_pretrain.enabled": False, "model.init_from": vp.directory,
                             "model.critic_start": "path",
                             "model.critic_path": os.path.join(vp.directory, "critic")})
           needs = (vp.directory,)
+        else:
+          overrides.update(critic_from)
       add(Run(row.name, "row", seed, os.path.join(workdir, f"seed{seed}", row.name),
               row.preset, tuple(sorted(overrides.items())), needs))
   return runs
