@@ -186,7 +186,10 @@ if [ "$DRY" = 1 ]; then
   TINY+=(--config.rl.steps=2 --config.sft.steps=5 --config.eval.num_examples=32
          --config.value_pretrain.max_steps=2 --config.value_pretrain.min_steps=1)
 fi
-run_step tiny 200 120 bash -c 'set -o pipefail; "$@" | tee /tmp/gpu_check_tiny_stdout.txt' _ \
+# As users run it: JAX_PLATFORMS unset (cli.select_platforms decides) and JAX's own GPU
+# memory preallocation; --progress=false only keeps progress bars out of the log.
+run_step tiny 200 120 env -u XLA_PYTHON_CLIENT_PREALLOCATE \
+  bash -c 'set -o pipefail; "$@" | tee /tmp/gpu_check_tiny_stdout.txt' _ \
   $PY -m vapo_jax.main "${TINY[@]}"
 TINY_RC=$STEP_RC TINY_S=$STEP_S
 [ -f "$TINY_DIR/metrics.jsonl" ] && cp "$TINY_DIR/metrics.jsonl" "$OUT/tiny_metrics.jsonl"
