@@ -7,8 +7,9 @@ JAX_PLATFORMS unset, JAX's first backend initialisation also tries the TPU backe
 libtpu logs several lines ("Failed to find host bounds for accelerator type", "could not
 determine TPU worker hostnames", ...) before it gives up on a host with no TPU chip.
 `select_platforms()` sets JAX_PLATFORMS=cpu when the host has no accelerator at all (no
-TPU chip on its PCI bus, no NVIDIA or AMD GPU device), so libtpu is never probed there. A
-TPU VM, a GPU host, an explicit JAX_PLATFORMS or JAX_FORCE_TPU_INIT is left alone.
+TPU chip nor NVIDIA or AMD GPU on its PCI bus, no GPU device node, no NVIDIA driver entry),
+so libtpu is never probed there. A TPU VM, a GPU host, an explicit JAX_PLATFORMS or
+JAX_FORCE_TPU_INIT is left alone.
 
 **Errors.** A mistake a user makes — an unknown config field (with ml_collections' "Did
 you mean" suggestion), an invalid config value, a missing file or directory, a Hub id that
@@ -28,19 +29,38 @@ from typing import Callable
 
 EXIT_USER_ERROR = 2
 _GOOGLE_PCI_VENDOR = "0x1ae0"   # TPU chips (and only TPU chips here) carry Google's vendor id
+_GPU_PCI_VENDORS = ("0x10de", "0x1002")   # NVIDIA, AMD
+_GPU_PCI_CLASSES = ("0x0300", "0x0302", "0x0380", "0x1200")  # VGA, 3D, other display, accel
 
 
-def has_accelerator() -> bool:
-  """Whether this host shows a TPU chip or a GPU device (read from /sys and /dev only)."""
-  for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
-    try:
-      with open(vendor, encoding="ascii") as f:
-        if f.read().strip() == _GOOGLE_PCI_VENDOR:
-          return True
-    except OSError:
-      continue
-  return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd")
-              or glob.glob("/dev/accel[0-9]*"))
+def has_accelerator(root: str = "/") -> bool:
+  """Whether this host shows a TPU chip or a GPU (read from /sys, /proc and /dev only).
+
+  A GPU counts by its device node, or by the PCI bus (an NVIDIA or AMD display or 3D
+  controller) or the loaded NVIDIA driver's /proc entry: the /dev/nvidia* nodes can be
+  missing until the first CUDA call creates them (nvidia-modprobe), and a GPU host must
+  not be pinned to the CPU for that. `root` is for tests.
+  """
+  def path(p):
+    return os.path.join(root, p.lstrip("/"))
+
+  for dev in glob.glob(path("/sys/bus/pci/devices/*")):
+    vendor, cls = _read(os.path.join(dev, "vendor")), _read(os.path.join(dev, "class"))
+    if vendor == _GOOGLE_PCI_VENDOR:
+      return True
+    if vendor in _GPU_PCI_VENDORS and cls.startswith(_GPU_PCI_CLASSES):
+      return True
+  return bool(glob.glob(path("/dev/nvidia[0-9]*")) or os.path.exists(path("/dev/kfd"))
+              or glob.glob(path("/dev/accel[0-9]*"))
+              or glob.glob(path("/proc/driver/nvidia/gpus/*")))
+
+
+def _read(file: str) -> str:
+  try:
+    with open(file, encoding="ascii") as f:
+      return f.read().strip().lower()
+  except (OSError, ValueError):
+    return ""
 
 
 def select_platforms(environ=None) -> str | None:

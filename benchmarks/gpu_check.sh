@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# One GPU session's checks, in one command (~7-8 minutes on an H200):
+#
+#   bash benchmarks/gpu_check.sh                      # on the GPU machine (carry .whl, .whl-pin)
+#   GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh      # here, on a CPU: small shapes, ~3 minutes
+#
+# 0. missing packages from the wheels in .whl/ (ml-collections, tensorboardX) into /tmp/site;
+#    a smoke test of flax / optax / orbax as vapo_jax uses them, and if it fails, the pinned
+#    flax 0.12.8 / optax 0.2.8 / orbax-checkpoint 0.12.8 from .whl-pin/ into /tmp/site2.
+# 1. nvidia-smi, versions, jax.devices(), what cli.select_platforms picks with JAX_PLATFORMS
+#    unset, and whether a float32 matmul at JAX's default precision is TF32.
+# 2. the model and kernel tests on the GPU against float64 / PyTorch (CPU) references, with
+#    JAX_DEFAULT_MATMUL_PRECISION=highest (the tolerances assume float32 products); then the
+#    transformers-parity test at the default precision, for information only.
+# 3. configs/tiny.py end to end as users run it (JAX_PLATFORMS unset, default precision).
+# 4. speed against peers: train step vs transformers/PyTorch, sampler vs `generate`.
+#
+# Logs and figures go to $OUT (a temporary folder if unset): gpu_check.log (everything),
+# bench.json (every step's figures and status), tiny_metrics.jsonl, tiny_curves.png.
+# Every step has its own timeout inside one overall budget (GPU_CHECK_BUDGET seconds, default
+# 470); a step that fails or times out is reported and the next one runs.
+# GPU_CHECK_FORCE_PIN=1 takes the pinned-wheel fallback whatever the smoke test says.
+
+set -u
+cd "$(dirname "$0")/.." || exit 1
+DRY=${GPU_CHECK_DRY:-0}
+OUT=${OUT:-$(mktemp -d /tmp/gpu_check_out.XXXXXX)}
+mkdir -p "$OUT"
+LOG=$OUT/gpu_check.log
+JSON=$OUT/bench.json
+rm -f "$JSON"
+exec > >(tee -a "$LOG") 2>&1
+
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TOKENIZERS_PARALLELISM=false
+unset JAX_PLATFORMS JAX_DEFAULT_MATMUL_PRECISION
+START=$(date +%s)
+BUDGET=${GPU_CHECK_BUDGET:-470}
+END=$((START + BUDGET))
+PY=python3
+PYTEST_LOG=
+SITE=/tmp/site
+SITE2=/tmp/site2
+if [ "$DRY" = 1 ]; then
+  SITE=/tmp/gpu_check_site SITE2=/tmp/gpu_check_site2
+  export JAX_PLATFORMS=cpu   # a CPU host with libtpu installed: no TPU probing
+fi
+
+elapsed() { echo $(( $(date +%s) - START )); }
+record() { $PY benchmarks/gpu_check.py step --json "$JSON" --name "$1" --status "$2" \
+             --seconds "$3" ${4:+--pytest-log "$4"} >/dev/null 2>&1; }
+
+# run_step NAME CAP RESERVE CMD...: CMD under `timeout`, at most CAP seconds and never into
+# the RESERVE seconds kept for the steps after it. GPU_CHECK_DEADLINE (epoch s) tells the
+# Python side when it will be stopped. Sets STEP_RC and STEP_S.
+run_step() {
+  local name=$1 cap=$2 reserve=$3
+  shift 3
+  local now t t0
+  now=$(date +%s)
+  t=$((END - now - reserve))
+  [ "$t" -gt "$cap" ] && t=$cap
+  if [ "$t" -lt 10 ]; then
+    echo "### [$(elapsed) s] $name: SKIPPED (overall budget of ${BUDGET} s)"
+    record "$name" skipped 0
+    STEP_RC=125 STEP_S=0
+    return 125
+  fi
+  echo
+  echo "### [$(elapsed) s] $name (timeout ${t} s): $*"
+  export GPU_CHECK_DEADLINE=$((now + t))
+  t0=$(date +%s.%N)
+  timeout -k 10 "$t" "$@"
+  STEP_RC=$?
+  STEP_S=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  local status=ok
+  if [ "$STEP_RC" = 124 ] || [ "$STEP_RC" = 137 ]; then status="TIMEOUT after ${t} s"
+  elif [ "$STEP_RC" != 0 ]; then status="FAILED rc=$STEP_RC"; fi
+  echo "### [$(elapsed) s] $name: $status (${STEP_S} s)"
+  record "$name" "$status" "$STEP_S" "${PYTEST_LOG:-}"
+  return "$STEP_RC"
+}
+
+echo "### gpu_check: $(date -u +%FT%TZ), dry=$DRY, OUT=$OUT, budget ${BUDGET} s, $(nproc) cores"
+echo "### git: $(git log -1 --format='%h %s' 2>/dev/null || echo 'no git')"
+
+# --- 0. packages --------------------------------------------------------------------------
+if ls .whl/*.whl >/dev/null 2>&1; then
+  if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" .whl/*.whl; then
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+    echo "### wheels: $(ls .whl | tr '\n' ' ')-> $SITE"
+  else
+    echo "### wheels: install from .whl FAILED"
+  fi
+else
+  echo "### wheels: no .whl/ folder (carry it): ml-collections may be missing"
+fi
+# The trainer skips TensorBoard when tensorboardX is missing, but would crash on one that
+# imports and then fails (an incompatible protobuf): such a carried copy is removed.
+if ! timeout 60 $PY -c "
+import tempfile; from tensorboardX import SummaryWriter
+w = SummaryWriter(tempfile.mkdtemp()); w.add_scalar('x', 1.0, 0); w.close()"; then
+  echo "### tensorboardX does not work here: removed from $SITE (metrics.jsonl only)"
+  rm -rf "$SITE"/tensorboardX "$SITE"/tensorboardx-*.dist-info
+fi
+$PY - <<'EOF'
+import sys
+from importlib import metadata
+names = ("jax", "jaxlib", "jax-cuda13-plugin", "flax", "optax", "orbax-checkpoint", "chex",
+         "ml_collections", "tensorboardX", "numpy", "torch", "transformers", "pytest-xdist")
+def v(n):
+  try:
+    return metadata.version(n)
+  except metadata.PackageNotFoundError:
+    return "-"
+print("### python", sys.version.split()[0], sys.executable)
+print("### versions:", ", ".join(f"{n} {v(n)}" for n in names))
+EOF
+
+PIN=device
+run_step smoke 90 300 $PY benchmarks/gpu_check.py smoke
+if [ "$STEP_RC" != 0 ] || [ "${GPU_CHECK_FORCE_PIN:-0}" = 1 ]; then
+  echo "### smoke failed (or GPU_CHECK_FORCE_PIN=1): pinned flax/optax/orbax from .whl-pin"
+  if ls .whl-pin/*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-index --no-deps \
+      --no-compile --no-cache-dir --upgrade --target "$SITE2" .whl-pin/*.whl; then
+    OLD_PYTHONPATH=${PYTHONPATH:-}
+    export PYTHONPATH=$SITE2${PYTHONPATH:+:$PYTHONPATH}
+    PIN=pinned
+    if ! run_step smoke_pinned 90 300 $PY benchmarks/gpu_check.py smoke; then
+      echo "### pinned wheels fail the smoke test too: back to the device's own packages"
+      export PYTHONPATH=$OLD_PYTHONPATH
+      PIN=device
+    fi
+  else
+    echo "### no .whl-pin wheels to fall back on"
+  fi
+fi
+echo "### packages: $PIN (PYTHONPATH=${PYTHONPATH:-})"
+export GPU_CHECK_PACKAGES=$PIN
+
+# --- 1. the machine -----------------------------------------------------------------------
+if command -v nvidia-smi >/dev/null; then nvidia-smi; else echo "### no nvidia-smi"; fi
+echo "### /dev/nvidia*: $(ls /dev/nvidia* 2>/dev/null | tr '\n' ' ')"
+echo "### /proc/driver/nvidia/gpus: $(ls /proc/driver/nvidia/gpus 2>/dev/null | tr '\n' ' ')"
+run_step env 60 300 $PY benchmarks/gpu_check.py env --json "$JSON"
+
+# --- 2. correctness on the GPU ------------------------------------------------------------
+# Eight-device mesh tests need the CPU's fake devices: left out. pytest-xdist, if there,
+# spreads the (compile-bound) tests over worker processes sharing the GPU.
+XDIST=()
+if $PY -c "import xdist" 2>/dev/null; then
+  if [ "$DRY" = 1 ]; then XDIST=(-n 2); else XDIST=(-n 8); fi
+fi
+if [ "$DRY" = 1 ]; then
+  TEST_PLATFORM=cpu
+  TESTS=(tests/test_kernels.py tests/test_models_hf.py tests/test_platforms.py)
+  SELECT="(rope or mixed or clear_errors or (logits_match and qwen3)) and not tokenizer"
+else
+  TEST_PLATFORM=cuda
+  TESTS=(tests/test_kernels.py tests/test_models_transformer.py tests/test_models_hf.py
+         tests/test_attention.py tests/test_decode.py tests/test_sampler.py
+         tests/test_sampler_hf.py tests/test_update_oracle.py)
+  SELECT="not eight_devices and not 8_devices and not activation_sharding"
+fi
+PYTEST_LOG=/tmp/gpu_check_pytest.log
+run_step pytest 110 265 env JAX_PLATFORMS=$TEST_PLATFORM JAX_DEFAULT_MATMUL_PRECISION=highest \
+  bash -c 'set -o pipefail; "$@" 2>&1 | tee '$PYTEST_LOG _ \
+  $PY -m pytest -q -p no:cacheprovider --maxfail=5 -rfE --tb=short --durations=8 \
+  "${XDIST[@]}" -k "$SELECT" "${TESTS[@]}"
+# For information: the transformers-parity tolerance (1e-4) at JAX's default matmul
+# precision, which on a GPU may round float32 products to TF32.
+SELECT="logits_match or greedy_equals"
+[ "$DRY" = 1 ] && SELECT="logits_match and qwen3"
+PYTEST_LOG=/tmp/gpu_check_pytest_default.log
+run_step pytest_default_precision 40 265 env JAX_PLATFORMS=$TEST_PLATFORM \
+  bash -c 'set -o pipefail; "$@" 2>&1 | tee '$PYTEST_LOG _ \
+  $PY -m pytest -q -p no:cacheprovider -rfE --tb=line "${XDIST[@]}" -k "$SELECT" \
+  tests/test_models_hf.py tests/test_sampler_hf.py
+PYTEST_LOG=
+
+# --- 3. configs/tiny.py end to end --------------------------------------------------------
+TINY_DIR=/tmp/gpu_check_tiny
+rm -rf "$TINY_DIR"
+TINY=(--config=configs/tiny.py --workdir="$TINY_DIR" --progress=false)
+if [ "$DRY" = 1 ]; then
+  TINY+=(--config.rl.steps=2 --config.sft.steps=5 --config.eval.num_examples=32
+         --config.value_pretrain.max_steps=2 --config.value_pretrain.min_steps=1)
+fi
+# As users run it: JAX_PLATFORMS unset (cli.select_platforms decides) and JAX's own GPU
+# memory preallocation; --progress=false only keeps progress bars out of the log.
+run_step tiny 200 120 env -u XLA_PYTHON_CLIENT_PREALLOCATE \
+  bash -c 'set -o pipefail; "$@" | tee /tmp/gpu_check_tiny_stdout.txt' _ \
+  $PY -m vapo_jax.main "${TINY[@]}"
+TINY_RC=$STEP_RC TINY_S=$STEP_S
+[ -f "$TINY_DIR/metrics.jsonl" ] && cp "$TINY_DIR/metrics.jsonl" "$OUT/tiny_metrics.jsonl"
+[ -f "$TINY_DIR/curves.png" ] && cp "$TINY_DIR/curves.png" "$OUT/tiny_curves.png"
+timeout 30 $PY benchmarks/gpu_check.py tiny --json "$JSON" \
+  --stdout /tmp/gpu_check_tiny_stdout.txt --metrics "$TINY_DIR/metrics.jsonl" \
+  --wall "$TINY_S" --rc "$TINY_RC"
+
+# --- 4. speed against peers ---------------------------------------------------------------
+DRYFLAG=()
+[ "$DRY" = 1 ] && DRYFLAG=(--dry)
+[ "$DRY" = 1 ] && [ "${GPU_CHECK_DRY_COMPILE:-0}" != 1 ] && DRYFLAG+=(--no-compile)
+run_step bench_train 150 55 $PY benchmarks/gpu_check.py train --json "$JSON" "${DRYFLAG[@]}"
+run_step bench_sample 90 5 $PY benchmarks/gpu_check.py sample --json "$JSON" "${DRYFLAG[@]}"
+
+# --- summary ------------------------------------------------------------------------------
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used \
+    --format=csv
+fi
+echo "### done in $(elapsed) s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+timeout 30 $PY benchmarks/gpu_check.py table --json "$JSON"
+sleep 1  # let tee write the last lines to the log
