@@ -34,7 +34,7 @@ exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TOKENIZERS_PARALLELISM=false
 unset JAX_PLATFORMS JAX_DEFAULT_MATMUL_PRECISION
 START=$(date +%s)
-BUDGET=${GPU_CHECK_BUDGET:-470}
+BUDGET=${GPU_CHECK_BUDGET:-520}
 END=$((START + BUDGET))
 PY=python3
 PYTEST_LOG=
@@ -204,6 +204,18 @@ DRYFLAG=()
 [ "$DRY" = 1 ] && [ "${GPU_CHECK_DRY_COMPILE:-0}" != 1 ] && DRYFLAG+=(--no-compile)
 run_step bench_train 150 55 $PY benchmarks/gpu_check.py train --json "$JSON" "${DRYFLAG[@]}"
 run_step bench_sample 90 5 $PY benchmarks/gpu_check.py sample --json "$JSON" "${DRYFLAG[@]}"
+
+# --- 5. the long-CoT toy's step times on a GPU (sizes the ablation table for a GPU) --------
+# One VAPO run of configs/longcot.py, short: its metrics.jsonl times each SFT / value /
+# RL step (on 2 CPU cores an RL step of 128 responses × ~120 tokens takes ~4.5 s).
+LC_DIR=/tmp/gpu_check_longcot
+rm -rf "$LC_DIR"
+LC=(--config=configs/longcot.py --workdir="$LC_DIR" --progress=false --config.sft.steps=60
+    --config.rl.steps=12 --config.eval.every=6 --config.checkpoint.every=0)
+[ "$DRY" = 1 ] && LC+=(--config.sft.steps=3 --config.rl.steps=1 --config.eval.num_examples=16
+                       --config.value_pretrain.max_steps=1 --config.value_pretrain.min_steps=1)
+run_step longcot 120 0 $PY -m vapo_jax.main "${LC[@]}"
+[ -f "$LC_DIR/metrics.jsonl" ] && cp "$LC_DIR/metrics.jsonl" "$OUT/longcot_metrics.jsonl"
 
 # --- summary ------------------------------------------------------------------------------
 if command -v nvidia-smi >/dev/null; then

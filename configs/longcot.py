@@ -34,18 +34,20 @@ def get_config(preset: str = "vapo"):
   c.data.source = "synthetic"
   c.data.synthetic_task = "chain"
   c.data.template = "{problem}\n"
-  c.data.max_prompt_tokens = 96       # "start 99: " + 20 × "T+9 " + "\n" + BOS = 91
-  c.data.synthetic_min_steps = 12
-  c.data.synthetic_max_steps = 20
-  c.data.synthetic_max_operand = 9
+  c.data.max_prompt_tokens = 72       # "start 19: " + 14 × "N+3 " + "\n" + BOS = 68
+  c.data.synthetic_min_steps = 10
+  c.data.synthetic_max_steps = 14
+  c.data.synthetic_max_operand = 3
+  c.data.synthetic_max_value = 19
+  c.data.synthetic_ops = "+-"
   c.data.num_train = 8192
   c.data.num_eval = 128
 
-  c.sampling.max_new_tokens = 240     # the longest solution is 20 × 10 + 10 characters + EOS
+  c.sampling.max_new_tokens = 160     # solutions are 89–150 characters (+ EOS)
   c.sampling.temperature = 1.0
 
   c.sft.enabled = True
-  c.sft.steps = 150
+  c.sft.steps = 600
   c.sft.batch_size = 32
   c.optim.sft_lr = 2e-3
   c.optim.policy_lr = 2e-4
