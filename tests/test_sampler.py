@@ -71,6 +71,10 @@ def test_rollout_contract_and_teacher_forced_logprobs():
 
 
 def test_prefill_runs_once_per_prompt_and_loop_stops_early():
+  try:  # jax.debug.callback runs its Python on a CPU device
+    jax.devices("cpu")
+  except RuntimeError:
+    pytest.skip("needs the CPU backend (JAX_PLATFORMS without cpu)")
   calls = []
 
   class Counting(toy_lm.ToyLM):
