@@ -1,17 +1,25 @@
-"""A CPU toy where VAPO's mechanisms have room to act: long chain-of-thought arithmetic.
+"""A toy where VAPO's mechanisms have room to act: long chain-of-thought arithmetic.
 
-Responses are 100–230 tokens (one line per step of a 12–20 step chain, `data.chain`), the
-reward is the checker's verdict on the final `\\boxed{}` only, and a short SFT teaches the
-format while leaving the policy well below the ceiling (one wrong step anywhere fails the
-answer).
+Responses are 89–150 tokens (one line per step of a 10–14 step chain of ±1..3 in [0, 19],
+`data.chain`), the reward is the checker's verdict on the final `\\boxed{}` only, and SFT
+teaches the format while leaving the policy well below the ceiling (one wrong step anywhere
+fails the answer).
 
-Measured (2026-11-30, 2 CPU cores at load ~10 from other jobs, seed 0): SFT 7 m 39 s, value
-pretraining 4 m 22 s, the VAPO row 16 m 13 s (27 s per RL step). The start is too low for
-30 RL steps to show anything: held-out avg@4 2.0% after SFT, 1.6 / 2.1 / 1.0% at RL steps
-10 / 20 / 30 (pass@4 7.8% → 3.9%; 1–4% of each RL batch correct). Not yet sized: a longer
-SFT (a start nearer 10–20%) and the ~30 minutes for one seed of all rows on a quiet machine.
-Twice the SFT (300 steps, 7 m 30 s at load ~6) only reaches avg@4 2.7% (pass@4 10.2%, greedy
-1.6%): shorter chains (8–12 steps) or a larger model are the next things to try.
+Sizing so far (2026-11-30, seed 0, held-out avg@4 / pass@4 / greedy on 128 problems):
+- 12–20 steps of ±1..9, ×2..3 in [0, 99]: 2.0 / 7.8 / – % after 150 SFT steps, 2.7 / 10.2 /
+  1.6 % after 300; 30 VAPO steps did not raise it.
+- 10–14 steps of ±1..5 in [0, 29], 600 SFT steps: 6.8 / 23.4 / 6.3 %; 30 VAPO steps:
+  3.0, 5.1, 3.7 % at steps 10, 20, 30.
+- This config (600 SFT steps, loss 0.064 and still falling steeply): 12.9 / 42.2 / 18.8 %.
+  60 VAPO steps (advantages whitened) lowered it: 11.5, 7.8, 7.6 % at steps 20, 40, 60 (train
+  accuracy 17 → 5–10 %,
+  the critic's explained variance ≈ 0 throughout, approx KL ~5e-4 per step); at a policy
+  lr of 1e-3 the responses drifted to the 160-token cap within 8 steps.
+So on this toy VAPO has not yet been seen to learn; a start nearer 40% (more SFT: the loss
+was still falling) is the next thing to try. Speed: an RL step (128 responses) takes ~4.5 s
+on 2 quiet CPU cores and 0.21 s on one H200 (`benchmarks/gpu_check.sh`), an SFT step ~0.3 s
+and 4 ms. At ~4.5 s per RL step, one seed of all eleven rows at 30 RL steps each is ~40
+minutes on 2 cores: the three-seed table on this toy is a GPU job.
 
   python -m vapo_jax.tools.ablate --config=configs/longcot.py --rows=all --seeds=3 \\
       --workdir=/tmp/ablate
