@@ -35,6 +35,25 @@ def test_t_interval_against_hand_values():
   assert ablate.first_step_reaching([(0, 0.1), (10, 0.5)], 0.6) is None
 
 
+def test_paired_difference_cancels_the_seeds_starts():
+  # Seeds whose starts differ by 20 points, the row 2 points below VAPO in each: the plain
+  # intervals overlap widely, the paired difference is -2 with no spread.
+  row = ablate.ROWS[1]
+  vapo = {0: 0.50, 1: 0.70, 2: 0.60}
+  recs = [{"state": "finished", "seed": s, "avg": v - 0.02, "pass": v, "curve": [(0, v)],
+           "response_length": 10.0, "entropy": 0.1} for s, v in vapo.items()]
+  recs.append({"state": "crashed", "seed": 3})
+  out = ablate.row_summary(row, recs, 0.6, vapo)
+  assert math.isclose(out["avg_minus_vapo"], -0.02) and out["avg_minus_vapo_ci95"] < 1e-9
+  assert out["paired_seeds"] == 3 and out["avg_ci95"] > 0.2
+  # A seed VAPO did not finish is left out of the pairs.
+  out = ablate.row_summary(row, recs, 0.6, {0: 0.50, 1: 0.75})
+  assert out["paired_seeds"] == 2
+  mean, half = ablate.mean_interval([-0.02, -0.07])
+  assert math.isclose(out["avg_minus_vapo"], mean) and math.isclose(
+      out["avg_minus_vapo_ci95"], half)
+
+
 def test_outcome():
   assert ablate.outcome(0, "... {", False) == "finished"
   assert ablate.outcome(0, '"preempted": "stopped by SIGTERM after rl step 3"', False) == (
@@ -193,9 +212,14 @@ def test_reports_from_the_runs_files(tmp_path):
   assert math.isclose(nch["avg"], 0.5) and math.isclose(nch["steps_to_vapo"], 10)
   assert math.isclose(nch["avg_ci95"], 12.706 * math.sqrt(0.02) / math.sqrt(2))
   md = (tmp_path / "ablation.md").read_text()
-  assert ("| vapo (VAPO) | 60.4 | 60.0 ± 24.8 | 80.0 ± 24.8 | 120.0 ± 0.0 | 22.000 ± 2.484 "
+  assert ("| vapo (VAPO) | 60.4 | 60.0 ± 24.8 | 0.0 ± 0.0 | 80.0 ± 24.8 | 120.0 ± 0.0 | "
+          "22.000 ± 2.484 "
           "| 13 (3/3) | 0/3 | 3/3 |") in md, md
-  assert ("| no_clip_higher (without Clip-Higher) | 46 | 50.0 ± 127.1 | 70.0 ± 127.1 | "
+  # Paired: seeds 0 and 1 finished, 0.4 and 0.6 against VAPO's 0.5 and 0.6: Δ -0.1 and 0.
+  assert math.isclose(nch["avg_minus_vapo"], -0.05) and nch["paired_seeds"] == 2
+  assert math.isclose(nch["avg_minus_vapo_ci95"], 12.706 * math.sqrt(0.005) / math.sqrt(2))
+  assert ("| no_clip_higher (without Clip-Higher) | 46 | 50.0 ± 127.1 | -5.0 ± 63.5 | "
+          "70.0 ± 127.1 | "
           "120.0 ± 0.0 | 21.000 ± 0.000 | 10 (1/2) | 1/3 | 2/3 |") in md, md
   lines = [json.loads(x) for x in (tmp_path / "ablation.jsonl").read_text().splitlines()]
   assert [x["kind"] for x in lines] == ["run"] * 6 + ["row"] * 2

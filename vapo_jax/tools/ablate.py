@@ -397,8 +397,14 @@ def _num(v) -> float:
     return math.nan
 
 
-def row_summary(row: Row, records: Sequence[dict], target: float | None) -> dict:
-  """A row's figures over its seeds (finished runs; crashed ones are counted)."""
+def row_summary(row: Row, records: Sequence[dict], target: float | None,
+                vapo_by_seed: dict[int, float] | None = None) -> dict:
+  """A row's figures over its seeds (finished runs; crashed ones are counted).
+
+  `vapo_by_seed` (seed -> VAPO's final avg@k) gives the paired difference: per seed, this
+  row's final avg@k minus VAPO's from the same shared stages (so the seeds' different SFT
+  starts cancel), then mean and 95% t-interval over the seeds both finished.
+  """
   done = [r for r in records if r["state"] == "finished" and "avg" in r]
   out = {"kind": "row", "row": row.name, "label": row.label, "paper": row.paper,
          "seeds": len(records), "finished": len(done),
@@ -406,6 +412,12 @@ def row_summary(row: Row, records: Sequence[dict], target: float | None) -> dict
   for key in ("avg", "pass", "response_length", "entropy"):
     mean, half = mean_interval([r[key] for r in done if key in r and not math.isnan(r[key])])
     out[key], out[f"{key}_ci95"] = mean, half
+  if vapo_by_seed:
+    diffs = [r["avg"] - vapo_by_seed[r["seed"]] for r in done
+             if r["seed"] in vapo_by_seed and not math.isnan(r["avg"])]
+    out["avg_minus_vapo"], out["avg_minus_vapo_ci95"] = (
+        mean_interval(diffs) if diffs else (math.nan, None))
+    out["paired_seeds"] = len(diffs)
   if target is not None:
     steps = [first_step_reaching(r["curve"], target) for r in done]
     reached = [s for s in steps if s is not None]
@@ -418,9 +430,11 @@ def summarize(runs: Sequence[Run], rows: Sequence[Row]) -> tuple[list[dict], lis
   """(run records, row summaries) from the runs' files."""
   records = [run_record(r, read_status(r)) for r in runs if r.kind == "row"]
   by_row = {row.name: [r for r in records if r["row"] == row.name] for row in rows}
-  vapo = [r["avg"] for r in by_row.get("vapo", []) if r["state"] == "finished" and "avg" in r]
+  vapo_by_seed = {r["seed"]: r["avg"] for r in by_row.get("vapo", [])
+                  if r["state"] == "finished" and "avg" in r}
+  vapo = list(vapo_by_seed.values())
   target = sum(vapo) / len(vapo) if vapo else None
-  return records, [row_summary(row, by_row[row.name], target) for row in rows]
+  return records, [row_summary(row, by_row[row.name], target, vapo_by_seed) for row in rows]
 
 
 def _fmt(mean: float, half: float | None, digits: int = 3, scale: float = 1.0) -> str:
@@ -439,10 +453,13 @@ def markdown(summaries: Sequence[dict], records: Sequence[dict], header: dict) -
            f"(mean ± half-width of the 95% t-interval over the finished seeds); response "
            f"length (held-out, tokens) and policy entropy (last RL batch) at the end; RL "
            f"steps until held-out avg@{k} first reaches VAPO's final mean (seeds that reach "
-           f"it). Paper: Qwen2.5-32B, AIME 2024 avg@32.", "",
-           f"| row | paper AIME | avg@{k} % | pass@{k} % | response length | entropy | "
-           "steps to VAPO's final | crashed | seeds done |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           f"it). Paired Δ: per seed, the row's final avg@{k} minus VAPO's from the same "
+           f"shared stages, mean ± 95% t-interval over the seeds (the seeds' SFT starts "
+           f"cancel; an interval that excludes 0 is a difference). Paper: Qwen2.5-32B, AIME "
+           f"2024 avg@32.", "",
+           f"| row | paper AIME | avg@{k} % | paired Δ vs VAPO, points | pass@{k} % | "
+           "response length | entropy | steps to VAPO's final | crashed | seeds done |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   for s in summaries:
     steps = ("—" if s.get("steps_to_vapo") is None
              else f"{s['steps_to_vapo']:.0f} ({s['reached_vapo']}/{s['finished']})")
@@ -450,7 +467,9 @@ def markdown(summaries: Sequence[dict], records: Sequence[dict], header: dict) -
       steps = "— (no VAPO row)"
     lines.append(
         f"| {s['row']} ({s['label']}) | {'—' if s['paper'] is None else s['paper']} | "
-        f"{_fmt(s['avg'], s['avg_ci95'], 1, 100)} | {_fmt(s['pass'], s['pass_ci95'], 1, 100)} | "
+        f"{_fmt(s['avg'], s['avg_ci95'], 1, 100)} | "
+        f"{_fmt(s.get('avg_minus_vapo'), s.get('avg_minus_vapo_ci95'), 1, 100)} | "
+        f"{_fmt(s['pass'], s['pass_ci95'], 1, 100)} | "
         f"{_fmt(s['response_length'], s['response_length_ci95'], 1)} | "
         f"{_fmt(s['entropy'], s['entropy_ci95'], 3)} | {steps} | "
         f"{s['crashed']}/{s['seeds']} | {s['finished']}/{s['seeds']} |")
