@@ -4,6 +4,7 @@ benchmark)."""
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -160,3 +161,23 @@ def test_header_marks_a_loaded_start(capsys):
   quiet.print_header(quiet.machine_facts(), load)
   out = capsys.readouterr().out
   assert "load average (1 min) at start: 3.00" in out and quiet.LOADED in out
+
+
+def test_own_cpu_counts_live_worker_processes():
+  """A benchmark's worker processes (a checker pool) are its own CPU, not another process's:
+  while a child burns CPU, this process's CPU seconds grow with it."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  child = subprocess.Popen([sys.executable, "-c",
+                            "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+  try:
+    time.sleep(0.3)
+    _, own0, _ = quiet.cpu_seconds()
+    time.sleep(1.2)
+    _, own1, _ = quiet.cpu_seconds()
+    assert child.poll() is None, "the child ended before the second sample"
+  finally:
+    child.kill()
+    child.wait()
+  assert own1 - own0 > 0.5, (own0, own1)
+  assert quiet.descendants_ticks(root=1 << 30) == 0  # no such process: no descendants
