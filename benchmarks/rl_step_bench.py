@@ -13,14 +13,17 @@ the figures of a run whose load went above 1 are marked LOADED — not a result.
 
 import argparse
 import importlib.util
+import os
 import statistics
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vapo_jax import config as config_lib
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
+from vapo_jax import config as config_lib  # noqa: E402  pylint: disable=wrong-import-position
 from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.models import config as model_config
 
@@ -135,7 +138,7 @@ def measure(args, load):
   lines.append(f"  alone: reward scoring {med['reward']:.3f} s, forward passes (old log-probs "
                f"+ values) {med['forward']:.3f} s")
   peak = matmul_peak()
-  mcfg = t.model_cfg
+  mcfg = t.parts.model_cfg
   seq = t.cfg.data.max_prompt_tokens + t.cfg.sampling.max_new_tokens
   flops_tok = model_config.flops_per_token(mcfg, seq)  # forward FLOPs per token
   nets = 2 if cfg.rl.use_critic else 1

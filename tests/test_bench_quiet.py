@@ -181,3 +181,18 @@ def test_own_cpu_counts_live_worker_processes():
     child.wait()
   assert own1 - own0 > 0.5, (own0, own1)
   assert quiet.descendants_ticks(root=1 << 30) == 0  # no such process: no descendants
+
+
+def test_rl_step_bench_runs(tmp_path):
+  """benchmarks/rl_step_bench.py end to end on a small tiny config (it once broke on a
+  renamed Trainer attribute with nothing to notice)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "rl.json"
+  res = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "rl_step_bench.py"), "--steps", "2",
+       "--json", str(out)], cwd=root, capture_output=True, text=True, timeout=600,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+  got = json.loads(out.read_text())
+  assert got["results"]["step_s"] > 0 and got["results"]["median_warm"]["rollout"] > 0, got
