@@ -41,7 +41,6 @@ import signal
 import sys
 import tempfile
 import time
-from importlib import metadata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -73,16 +72,6 @@ def _update_json(path: str | None, section: str, value) -> None:
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(data, f, indent=1, default=str)
   os.replace(tmp, path)
-
-
-def _versions() -> dict[str, str]:
-  out = {}
-  for name in PACKAGES:
-    try:
-      out[name] = metadata.version(name)
-    except metadata.PackageNotFoundError:
-      out[name] = "-"
-  return out
 
 
 def _left(deadline: float | None) -> float:
@@ -121,10 +110,11 @@ def _matmul_peak(jax, jnp, n: int, dtype, reps: int = 10) -> float:
 
 # ---------------------------------------------------------------------------------- env
 def cmd_env(a) -> int:
+  import quiet  # pylint: disable=import-outside-toplevel
   from vapo_jax import cli  # pylint: disable=import-outside-toplevel
   info = {"python": sys.version.split()[0], "executable": sys.executable,
           "platform": platform.platform(), "cores": os.cpu_count(),
-          "versions": _versions(),
+          "versions": quiet.versions(PACKAGES),
           "env": {k: os.environ.get(k) for k in (
               "JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_FLAGS",
               "JAX_DEFAULT_MATMUL_PRECISION", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")},
