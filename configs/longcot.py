@@ -20,9 +20,11 @@ Sizing so far (2026-11-30, seed 0, held-out avg@4 / pass@4 / greedy on 128 probl
   54.3 / 74.2 / 64.8 % at step 40 (train accuracy 29 → 40–70 %). VAPO learns from here.
   Two things changed at once (the start and whitening); which one mattered is not separated.
 Speed: an RL step (128 responses) takes ~4.5 s on 2 quiet CPU cores and 0.21 s on one H200
-(`benchmarks/gpu_check.sh`), an SFT step ~0.3 s and 4 ms. At ~4.5 s per RL step, one seed of
-all eleven rows at 40 RL steps each is ~50 minutes on 2 cores (three seeds ~2.5 hours; the
-ablation tool resumes across sessions) and ~7 minutes on an H200.
+(`benchmarks/gpu_check.sh`), an SFT step ~0.35 s and 4 ms. The ablation budget is 24 RL steps
+per row (fixed 2026-12-01, before any ablation row ran, from the sizing run above: VAPO had
+gained 23 points by step 20): one seed of all eleven rows is then ~35 minutes on 2 cores
+(SFT ~5.5 minutes, each row ~2.5 minutes with its start-up) and three seeds ~1.7 hours; 40
+steps were ~50 minutes a seed.
 
   python -m vapo_jax.tools.ablate --config=configs/longcot.py --rows=all --seeds=3 \\
       --workdir=/tmp/ablate
@@ -71,7 +73,7 @@ def get_config(preset: str = "vapo"):
   c.value_pretrain.min_steps = 3
   c.value_pretrain.stop_explained_variance = 0.6
 
-  c.rl.steps = 40
+  c.rl.steps = 24                     # rollout steps; see the docstring for the budget
   c.rl.prompts_per_step = 16
   c.rl.responses_per_prompt = 8
   c.rl.num_minibatches = 2
@@ -84,12 +86,12 @@ def get_config(preset: str = "vapo"):
   c.rl.whiten_advantages = False      # as configs/tiny.py; whitened, 60 steps from a lower
                                       # start lost ground (see above)
 
-  c.eval.every = 20
+  c.eval.every = 6
   c.eval.num_examples = 128
   c.eval.samples_per_problem = 4
   c.eval.batch_prompts = 64
 
-  c.checkpoint.every = 10
+  c.checkpoint.every = 12
   c.metrics.tensorboard = False
   c.mesh.data = 1
   c.mesh.fsdp = -1
