@@ -2,7 +2,8 @@
 
 The end-to-end test runs `python -m vapo_jax.tools.ablate` as users do, on a few steps of
 the tiny config: first one row, then two (the first row and the shared stages are not run
-again), then the same command again (nothing runs, the table is unchanged).
+again), then the same command again (nothing runs, the table is unchanged); and one row
+stopped with SIGTERM while it trains, then resumed to its end by the same command.
 """
 
 import json
@@ -60,7 +61,27 @@ def test_outcome():
       "interrupted")
   assert ablate.outcome(1, "NonFiniteError", False) == "crashed"
   assert ablate.outcome(1, "KeyboardInterrupt", True) == "interrupted"
-  assert ablate.outcome(-9, "", False) == "interrupted"
+  assert ablate.outcome(-15, "", False) == "interrupted"   # SIGTERM from outside: resumes
+  assert ablate.outcome(-9, "", False) == "crashed"        # the OOM killer: recorded
+  assert ablate.outcome(-11, "", False) == "crashed"       # a segfault: recorded
+  assert ablate.outcome(-9, "", True) == "interrupted"     # while the tool was stopping
+
+
+def test_a_resumed_run_that_finishes_is_finished(tmp_path):
+  """The log is appended to across attempts; only this attempt's output decides."""
+  run = ablate.Run("vapo", "row", 0, str(tmp_path / "vapo"), "vapo", ())
+  say = lambda text, code=0: [sys.executable, "-c",  # noqa: E731
+                              f"import sys; print({text!r}); sys.exit({code})"]
+  runner = ablate.Runner()
+  first = runner.run(run, say('"preempted": "stopped by SIGTERM after rl step 3"'))
+  assert first["state"] == "interrupted" and ablate.read_status(run) is None
+  second = runner.run(run, say('{"wall_s": 1.0}'))
+  assert second["state"] == "finished" and ablate.read_status(run)["state"] == "finished"
+  log = (tmp_path / "vapo" / ablate.LOG).read_text()
+  assert "stopped by SIGTERM" in log and log.count("$ ") == 2  # both attempts kept
+  crashed = ablate.Run("ppo", "row", 0, str(tmp_path / "ppo"), "ppo", ())
+  third = runner.run(crashed, say("Traceback: NonFiniteError", 3))
+  assert third["state"] == "crashed" and "NonFiniteError" in third["log_tail"]
 
 
 def test_rows_are_the_papers_and_presets():
@@ -325,3 +346,36 @@ def test_rows_that_start_from_the_reward_model_share_its_stage(tmp_path):
     status = json.loads((w / "seed0" / name / ablate.STATUS).read_text())
     assert status["state"] == "finished"
     assert f"--config.model.critic_path={stage[0] / 'reward_model'}" in status["command"]
+
+
+def test_the_command_stopped_mid_row_resumes_it_to_the_end(tmp_path):
+  """SIGTERM to the tool while a row trains: the row checkpoints and is not recorded; the
+  same command again resumes it from there, and then it counts as finished."""
+  import signal  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+  w = tmp_path / "w"
+  flags = [*FLAGS, "--config.rl.steps=8", "--config.eval.every=4"]
+  tool = subprocess.Popen([sys.executable, "-m", "vapo_jax.tools.ablate",
+                           "--config=configs/tiny.py", "--rows=vapo", "--seeds=1",
+                           f"--workdir={w}", *flags],
+                          cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  metrics = w / "seed0" / "vapo" / "metrics.jsonl"
+  deadline = time.time() + 600
+  while not (metrics.exists() and '"stage": "rl"' in metrics.read_text()):
+    assert tool.poll() is None and time.time() < deadline, tool.stdout.read()[-3000:]
+    time.sleep(0.2)
+  tool.send_signal(signal.SIGTERM)
+  out = tool.communicate(timeout=300)[0]
+  assert tool.returncode == 0, out[-3000:]
+  assert "seed 0 vapo: interrupted; rerun the same command to resume" in out, out
+  assert ablate.read_status(ablate.Run("vapo", "row", 0, str(w / "seed0" / "vapo"), "vapo",
+                                       ())) is None
+  stopped_at = max(r["step"] for r in _records(w / "seed0" / "vapo") if r["stage"] == "rl")
+  assert stopped_at < 8
+
+  out = _ablate(w, "vapo", "--config.rl.steps=8", "--config.eval.every=4")
+  assert "2 done before, 1 to run" in out and "1/1 seed 0 vapo: finished in" in out, out
+  rl_steps = [r["step"] for r in _records(w / "seed0" / "vapo") if r["stage"] == "rl"]
+  assert sorted(rl_steps) == sorted(set(rl_steps)) and max(rl_steps) == 8, rl_steps
+  assert "| vapo (VAPO) | 60.4 |" in (w / "ablation.md").read_text()

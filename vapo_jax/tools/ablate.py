@@ -255,11 +255,23 @@ def read_status(run: Run) -> dict | None:
     return json.load(f)
 
 
+# Signals that stop a run on purpose (the tool's own SIGTERM, Ctrl-C, a closed terminal, a
+# scheduler's preemption): the run resumes next time. Any other death (SIGKILL from the
+# out-of-memory killer, SIGSEGV, SIGABRT, ...) is a crash, recorded like a non-zero exit.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def outcome(returncode: int, log_text: str, stopping: bool) -> str:
-  """"finished", "interrupted" (stopped by a signal: resumes next time) or "crashed"."""
+  """"finished", "interrupted" (stopped on purpose: resumes next time) or "crashed".
+
+  `log_text` is this attempt's output only: an earlier attempt's preemption line must not
+  make a resumed run that finished look interrupted again.
+  """
   if returncode == 0:
     return "interrupted" if "stopped by SIGTERM after" in log_text else "finished"
-  return "interrupted" if stopping or returncode < 0 else "crashed"
+  if stopping or -returncode in _STOP_SIGNALS:
+    return "interrupted"
+  return "crashed"
 
 
 class Runner:
@@ -283,15 +295,19 @@ class Runner:
     """Runs one command to its end; returns (and, unless interrupted, saves) its status."""
     os.makedirs(run.directory, exist_ok=True)
     t0 = time.time()
-    with open(os.path.join(run.directory, LOG), "a", encoding="utf-8") as log:
+    path = os.path.join(run.directory, LOG)
+    # This attempt's output begins here: a resumed run appends to the earlier attempts' log.
+    start = os.path.getsize(path) if os.path.exists(path) else 0
+    with open(path, "a", encoding="utf-8") as log:
       log.write(f"\n$ {' '.join(cmd)}\n")
       log.flush()
       self.child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                     preexec_fn=_die_with_parent, start_new_session=True)
       returncode = self.child.wait()
       self.child = None
-    with open(os.path.join(run.directory, LOG), encoding="utf-8", errors="replace") as f:
-      text = f.read()
+    with open(path, "rb") as f:
+      f.seek(start)
+      text = f.read().decode("utf-8", errors="replace")
     state = outcome(returncode, text[-20000:], self.stopping)
     status = {"state": state, "returncode": returncode, "wall_s": time.time() - t0,
               "command": cmd}
