@@ -9,8 +9,10 @@ stopped with SIGTERM while it trains, then resumed to its end by the same comman
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -351,8 +353,6 @@ def test_rows_that_start_from_the_reward_model_share_its_stage(tmp_path):
 def test_the_command_stopped_mid_row_resumes_it_to_the_end(tmp_path):
   """SIGTERM to the tool while a row trains: the row checkpoints and is not recorded; the
   same command again resumes it from there, and then it counts as finished."""
-  import signal  # pylint: disable=import-outside-toplevel
-  import time  # pylint: disable=import-outside-toplevel
   w = tmp_path / "w"
   flags = [*FLAGS, "--config.rl.steps=8", "--config.eval.every=4"]
   tool = subprocess.Popen([sys.executable, "-m", "vapo_jax.tools.ablate",

@@ -3,6 +3,7 @@ benchmark)."""
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -166,8 +167,6 @@ def test_header_marks_a_loaded_start(capsys):
 def test_own_cpu_counts_live_worker_processes():
   """A benchmark's worker processes (a checker pool) are its own CPU, not another process's:
   while a child burns CPU, this process's CPU seconds grow with it."""
-  import subprocess  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
   child = subprocess.Popen([sys.executable, "-c",
                             "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
   try:
@@ -186,7 +185,6 @@ def test_own_cpu_counts_live_worker_processes():
 def test_rl_step_bench_runs(tmp_path):
   """benchmarks/rl_step_bench.py end to end on a small tiny config (it once broke on a
   renamed Trainer attribute with nothing to notice)."""
-  import subprocess  # pylint: disable=import-outside-toplevel
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = tmp_path / "rl.json"
   res = subprocess.run(
