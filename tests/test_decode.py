@@ -24,7 +24,8 @@ def test_decode_attention_equals_dot_product_attention(h, k):
   mask = jax.random.uniform(keys[3], (b, s)) < 0.6
   mask = mask.at[:, -1].set(True).at[0].set(False).at[0, 3].set(True)
   mask_Bx1x1xS = mask[:, None, None, :]
-  got = layers.decode_attention(q, kc, vc, mask_Bx1x1xS)
+  got = layers.decode_attention(q, kc.transpose(0, 2, 1, 3),
+                                vc.transpose(0, 2, 1, 3), mask_Bx1x1xS)
   want = jax.nn.dot_product_attention(q, kc, vc, mask=mask_Bx1x1xS)
   assert got.shape == (b, 1, h, dh)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

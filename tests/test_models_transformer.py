@@ -77,7 +77,7 @@ def test_kv_cache_decoding_matches_full_forward(qk_norm, attention):
   dec = jnp.concatenate(outs, axis=1)
   m = np.asarray(mask) == 1
   assert np.abs(np.asarray(dec) - np.asarray(full))[m].max() < 1e-5
-  assert cache[0]["k"].shape == (b, s, 2, 32)
+  assert cache[0]["k"].shape == (b, 2, s, 32)  # [B, K, S, Dh]
 
 
 def test_remat_same_loss_and_grads():

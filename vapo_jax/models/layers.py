@@ -138,37 +138,48 @@ def _bias(x: jax.Array, b: jax.Array) -> jax.Array:
   return x + b.reshape((1,) * (x.ndim - b.ndim) + b.shape)
 
 
-def decode_attention(q_Bx1xHxDh: jax.Array, k_BxSxKxDh: jax.Array,
-                     v_BxSxKxDh: jax.Array, mask_Bx1x1xS: jax.Array
+def decode_attention(q_Bx1xHxDh: jax.Array, k_BxKxSxDh: jax.Array,
+                     v_BxKxSxDh: jax.Array, mask_Bx1x1xS: jax.Array
                      ) -> jax.Array:
-  """Softmax attention of one query per row over a [B, S, K, Dh] cache.
+  """Softmax attention of one query per row over a [B, K, S, Dh] cache.
 
   With G = H / K query heads per key/value head (GQA),
 
-    s[b, s, k, g] = q[b, k, g] . k[b, s, k] / sqrt(Dh)  (masked: -inf)
-    out[b, k, g] = sum_s softmax_s(s)[b, s, k, g] * v[b, s, k]
+    s[b, k, g, s] = q[b, k, g] . k[b, k, s] / sqrt(Dh)  (masked: -inf)
+    e = exp(s - max_s s)
+    out[b, k, g] = (sum_s e[b, k, g, s] v[b, k, s]) / sum_s e[b, k, g, s]
 
-  written as broadcast products and reductions rather than batched dots, so
-  XLA reads the cache in its stored layout: as a batched dot over (b, k) it
-  first copied both cache tensors to [B, K, Dh, S] at every step (on CPU ~40%
-  of the attention time of a decode step). Same result as
-  `jax.nn.dot_product_attention` up to float32 summation order.
+  Both passes read the cache in its stored layout: the output as a dot
+  batched over (b, k) that contracts S, the scores as one that contracts the
+  minor axis Dh (on CPU a product and a reduction over Dh instead: 25% less
+  time than XLA CPU's batched dot for B=16, S=192, K=2, G=4, Dh=64). The
+  softmax is normalised after the output dot, on [B, K, G, Dh] instead of
+  [B, K, G, S]. Against the [B, S, K, Dh] cache of earlier versions, a
+  decode step of an 8-layer, D=512 model (B=16, S=192, 2 CPU cores) takes
+  11.3 instead of 12.3 ms. Same result as
+  `jax.nn.dot_product_attention` (on the cache moved to [B, S, K, Dh]) up to
+  float32 summation order; a row with no visible key gives NaN, as there.
 
   Returns:
     [B, 1, H, Dh] in the dtype of q.
   """
   b, _, h, dh = q_Bx1xHxDh.shape
-  s, k = k_BxSxKxDh.shape[1], k_BxSxKxDh.shape[2]
-  q_Bx1xKxGxDh = q_Bx1xHxDh.reshape(b, 1, k, h // k, dh).astype(jnp.float32)
-  scores_BxSxKxG = jnp.sum(
-      q_Bx1xKxGxDh * k_BxSxKxDh.astype(jnp.float32)[:, :, :, None, :],
-      axis=-1) * (1.0 / math.sqrt(dh))
-  ok_BxSx1x1 = mask_Bx1x1xS.reshape(b, s, 1, 1)
-  scores_BxSxKxG = jnp.where(ok_BxSx1x1, scores_BxSxKxG, -jnp.inf)
-  p_BxSxKxG = jax.nn.softmax(scores_BxSxKxG, axis=1)
-  out_BxKxGxDh = jnp.sum(
-      p_BxSxKxG[..., None] * v_BxSxKxDh.astype(jnp.float32)[:, :, :, None, :],
-      axis=1)
+  k, s = k_BxKxSxDh.shape[1], k_BxKxSxDh.shape[2]
+  q_BxKxGxDh = q_Bx1xHxDh.reshape(b, k, h // k, dh).astype(jnp.float32)
+  k_BxKxSxDh = k_BxKxSxDh.astype(jnp.float32)
+  if platform.target() == "cpu":
+    scores_BxKxGxS = jnp.sum(
+        q_BxKxGxDh[:, :, :, None, :] * k_BxKxSxDh[:, :, None, :, :], axis=-1)
+  else:
+    scores_BxKxGxS = jnp.einsum("bkgd,bksd->bkgs", q_BxKxGxDh, k_BxKxSxDh)
+  scores_BxKxGxS = scores_BxKxGxS * (1.0 / math.sqrt(dh))
+  ok_Bx1x1xS = mask_Bx1x1xS.reshape(b, 1, 1, s)
+  scores_BxKxGxS = jnp.where(ok_Bx1x1xS, scores_BxKxGxS, -jnp.inf)
+  e_BxKxGxS = jnp.exp(scores_BxKxGxS
+                      - jnp.max(scores_BxKxGxS, axis=-1, keepdims=True))
+  out_BxKxGxDh = jnp.einsum("bkgs,bksd->bkgd", e_BxKxGxS,
+                            v_BxKxSxDh.astype(jnp.float32))
+  out_BxKxGxDh = out_BxKxGxDh / jnp.sum(e_BxKxGxS, axis=-1)[..., None]
   return out_BxKxGxDh.reshape(b, 1, h, dh).astype(q_Bx1xHxDh.dtype)
 
 
@@ -220,20 +231,29 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if kv is not None:
+      # The cache is [B, K, S, Dh]: this step's keys/values go in at slot
+      # cache_index as [B, K, T, Dh].
       idx = jnp.asarray(cache_index, jnp.int32)
       zero = jnp.zeros((), jnp.int32)
-      start = (zero, idx, zero, zero)
-      k_all = jax.lax.dynamic_update_slice(kv["k"], k.astype(kv["k"].dtype),
-                                           start)
-      v_all = jax.lax.dynamic_update_slice(kv["v"], v.astype(kv["v"].dtype),
-                                           start)
+      start = (zero, zero, idx, zero)
+      k_all = jax.lax.dynamic_update_slice(
+          kv["k"], jnp.swapaxes(k, 1, 2).astype(kv["k"].dtype), start)
+      v_all = jax.lax.dynamic_update_slice(
+          kv["v"], jnp.swapaxes(v, 1, 2).astype(kv["v"].dtype), start)
       kv = {"k": k_all, "v": v_all}
-      k, v = k_all.astype(dt), v_all.astype(dt)
-      if q.shape[1] == 1 and platform.target() == "cpu":
-        # One decode step on CPU: no transposed copy of the cache.
-        out = decode_attention(q, k, v, mask_Bx1xTxS)
+      if q.shape[1] == 1:
+        # One decode step: attend over the cache as stored. A [B, S] key
+        # mask gets the causal rule here (slots <= cache_index).
+        mask = mask_Bx1xTxS
+        if mask.ndim == 2:
+          mask = mask.astype(bool) & (jnp.arange(mask.shape[1]) <= idx)[None]
+        out = decode_attention(q, k_all.astype(dt), v_all.astype(dt),
+                               mask.reshape(mask.shape[0], 1, 1, -1))
         y = lora.project(self, "o", out, 2, dt)
         return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), kv
+      # A prefill (T > 1): the attention kernels take [B, S, K, Dh].
+      k = jnp.swapaxes(k_all, 1, 2).astype(dt)
+      v = jnp.swapaxes(v_all, 1, 2).astype(dt)
     if mask_Bx1xTxS.ndim == 2:
       out = attention.blocked_attention(q, k, v, mask_Bx1xTxS, cache_index,
                                         cfg.attention_block)

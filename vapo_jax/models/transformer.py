@@ -4,7 +4,7 @@
 
 Left-padded batches are handled by the caller's positions (for a mask m:
 `positions = max(cumsum(m) - 1, 0)`) and the key mask. Decoding uses a KV
-cache: a tuple of L dicts {"k", "v"} of plain arrays [B, S, K, Dh] (batch is
+cache: a tuple of L dicts {"k", "v"} of plain arrays [B, K, S, Dh] (batch is
 axis 0 of every leaf, so `jax.tree.map(lambda x: jnp.repeat(x, n, 0), cache)`
 expands a prompt cache for group sampling).
 """
@@ -168,10 +168,10 @@ class Transformer(nnx.Module):
 
 def init_cache(cfg_or_model: ModelConfig | Transformer, batch: int,
                max_len: int, dtype: Any = None) -> KVCache:
-  """Zero KV cache: L dicts {"k", "v"} of [batch, max_len, K, Dh]."""
+  """Zero KV cache: L dicts {"k", "v"} of [batch, K, max_len, Dh]."""
   cfg = getattr(cfg_or_model, "cfg", cfg_or_model)
   dtype = cfg.dtype if dtype is None else dtype
-  shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                for _ in range(cfg.num_layers))
 
