@@ -159,26 +159,31 @@ def decode_attention(q_Bx1xHxDh: jax.Array, k_BxKxSxDh: jax.Array,
   11.3 instead of 12.3 ms. Same result as
   `jax.nn.dot_product_attention` (on the cache moved to [B, S, K, Dh]) up to
   float32 summation order; a row with no visible key gives NaN, as there.
+  Products run in the cache's dtype (the weights e cast to it), sums in
+  float32.
 
   Returns:
     [B, 1, H, Dh] in the dtype of q.
   """
   b, _, h, dh = q_Bx1xHxDh.shape
   k, s = k_BxKxSxDh.shape[1], k_BxKxSxDh.shape[2]
-  q_BxKxGxDh = q_Bx1xHxDh.reshape(b, k, h // k, dh).astype(jnp.float32)
-  k_BxKxSxDh = k_BxKxSxDh.astype(jnp.float32)
+  q_BxKxGxDh = q_Bx1xHxDh.reshape(b, k, h // k, dh)
   if platform.target() == "cpu":
     scores_BxKxGxS = jnp.sum(
-        q_BxKxGxDh[:, :, :, None, :] * k_BxKxSxDh[:, :, None, :, :], axis=-1)
+        q_BxKxGxDh.astype(jnp.float32)[:, :, :, None, :]
+        * k_BxKxSxDh.astype(jnp.float32)[:, :, None, :, :], axis=-1)
   else:
-    scores_BxKxGxS = jnp.einsum("bkgd,bksd->bkgs", q_BxKxGxDh, k_BxKxSxDh)
+    scores_BxKxGxS = jnp.einsum(
+        "bkgd,bksd->bkgs", q_BxKxGxDh.astype(k_BxKxSxDh.dtype), k_BxKxSxDh,
+        preferred_element_type=jnp.float32)
   scores_BxKxGxS = scores_BxKxGxS * (1.0 / math.sqrt(dh))
   ok_Bx1x1xS = mask_Bx1x1xS.reshape(b, 1, 1, s)
   scores_BxKxGxS = jnp.where(ok_Bx1x1xS, scores_BxKxGxS, -jnp.inf)
   e_BxKxGxS = jnp.exp(scores_BxKxGxS
                       - jnp.max(scores_BxKxGxS, axis=-1, keepdims=True))
-  out_BxKxGxDh = jnp.einsum("bkgs,bksd->bkgd", e_BxKxGxS,
-                            v_BxKxSxDh.astype(jnp.float32))
+  out_BxKxGxDh = jnp.einsum(
+      "bkgs,bksd->bkgd", e_BxKxGxS.astype(v_BxKxSxDh.dtype), v_BxKxSxDh,
+      preferred_element_type=jnp.float32)
   out_BxKxGxDh = out_BxKxGxDh / jnp.sum(e_BxKxGxS, axis=-1)[..., None]
   return out_BxKxGxDh.reshape(b, 1, h, dh).astype(q_Bx1xHxDh.dtype)
 
