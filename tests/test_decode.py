@@ -31,6 +31,31 @@ def test_decode_attention_equals_dot_product_attention(h, k):
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_decode_step_with_a_key_mask_sees_no_slot_after_its_own():
+  """A [B, S] key mask gets the causal rule: stale slots past cache_index stay unseen."""
+  from vapo_jax.models import transformer  # pylint: disable=import-outside-toplevel
+  from vapo_jax.models.config import tiny_config  # pylint: disable=import-outside-toplevel
+  cfg = tiny_config(remat=False)
+  attn = layers.Attention(cfg, rngs=nnx.Rngs(0))
+  b, s, idx = 3, 10, 4
+  keys = jax.random.split(jax.random.key(1), 3)
+  shape = (b, cfg.num_kv_heads, s, cfg.head_dim)
+  stale = {"k": jax.random.normal(keys[0], shape), "v": jax.random.normal(keys[1], shape)}
+  x = jax.random.normal(keys[2], (b, 1, cfg.hidden_size))
+  cos, sin = layers.rope_tables(jax.numpy.full((b, 1), idx),
+                                layers.rope_inv_freq(cfg))
+  key_mask = jax.numpy.ones((b, s), jax.numpy.int32)  # every slot "real", stale ones too
+  got, _ = attn(x, cos, sin, key_mask, stale, idx)
+  dense = transformer.attention_mask(key_mask, 1, idx)  # [B, 1, 1, S], slots <= idx
+  want, _ = attn(x, cos, sin, dense, stale, idx)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  # The rule matters here: the kernel itself attends wherever its mask says.
+  q = jax.random.normal(keys[2], (b, 1, cfg.num_heads, cfg.head_dim))
+  all_slots = layers.decode_attention(q, stale["k"], stale["v"], key_mask[:, None, None, :])
+  causal = layers.decode_attention(q, stale["k"], stale["v"], dense)
+  assert not np.allclose(all_slots, causal, atol=1e-3)
+
+
 @pytest.mark.parametrize("p,r,n", [(4, 1, 3), (4, 2, 3), (8, 7, 1), (8, 7, 3),
                                    (16, 128, 4), (3, 5, 10)])
 def test_decode_windows_cover_every_step_once(p, r, n):
