@@ -142,3 +142,26 @@ def test_last_logits_equals_model_logits(tied):
   jaxpr = str(jax.make_jaxpr(lambda h: sampler_lib.last_logits(model, h))(hidden))
   vocab_major = "optimization_barrier" in jaxpr
   assert vocab_major == (tied and jax.default_backend() == "cpu")
+
+
+def test_decode_step_over_a_bfloat16_cache_of_a_float32_model():
+  """The cache's own dtype is read as is: bf16 keys/values, float32 model, float32 out."""
+  from vapo_jax.models import transformer  # pylint: disable=import-outside-toplevel
+  from vapo_jax.models.config import tiny_config  # pylint: disable=import-outside-toplevel
+  cfg = tiny_config(remat=False)
+  model = transformer.Transformer(cfg, rngs=nnx.Rngs(0))
+  b, p, s = 2, 5, 8
+  tokens = jax.random.randint(jax.random.key(2), (b, p + 1), 1, cfg.vocab_size)
+  pos = jax.numpy.broadcast_to(jax.numpy.arange(p + 1), (b, p + 1))
+  kv_mask = jax.numpy.ones((b, s), jax.numpy.int32).at[:, p + 1:].set(0)
+  outs = {}
+  for dt in (jax.numpy.float32, jax.numpy.bfloat16):
+    cache = transformer.init_cache(model, b, s, dtype=dt)
+    _, cache = model(tokens[:, :p], pos[:, :p], kv_mask.at[:, p:].set(0), cache=cache,
+                     cache_index=0)
+    assert cache[0]["k"].dtype == dt
+    h, cache = model(tokens[:, p:], pos[:, p:], kv_mask, cache=cache, cache_index=p)
+    assert h.dtype == jax.numpy.float32 and cache[0]["v"].dtype == dt
+    outs[dt] = np.asarray(h)
+  np.testing.assert_allclose(outs[jax.numpy.bfloat16], outs[jax.numpy.float32],
+                             rtol=5e-2, atol=5e-2)

@@ -153,15 +153,14 @@ def decode_attention(q_Bx1xHxDh: jax.Array, k_BxKxSxDh: jax.Array,
   batched over (b, k) that contracts S, the scores as one that contracts the
   minor axis Dh (on CPU a float32 product and a reduction over Dh instead:
   ~23% less time than XLA CPU's batched dot for B=16, S=192, K=2, G=4,
-  Dh=64). The
-  softmax is normalised after the output dot, on [B, K, G, Dh] instead of
-  [B, K, G, S]. Against the [B, S, K, Dh] cache of earlier versions, a
-  decode step of an 8-layer, D=512 model (B=16, S=192, 2 CPU cores) takes
-  11.3 instead of 12.3 ms. Same result as
+  Dh=64). The softmax is normalised after the output dot, on [B, K, G, Dh]
+  instead of [B, K, G, S]. Against the [B, S, K, Dh] cache of earlier
+  versions, a decode step of an 8-layer, D=512 model (B=16, S=192, 2 CPU
+  cores) takes 11.3 instead of 12.3 ms. Same result as
   `jax.nn.dot_product_attention` (on the cache moved to [B, S, K, Dh]) up to
   float32 summation order; a row with no visible key gives NaN, as there.
   The dots take the cache's dtype (q and the weights e cast to it) and sum
-  in float32, so a bfloat16 cache is never copied to float32.
+  in float32, so the cache is never copied to another dtype.
 
   Returns:
     [B, 1, H, Dh] in the dtype of q.
@@ -253,7 +252,7 @@ class Attention(nnx.Module):
         mask = mask_Bx1xTxS
         if mask.ndim == 2:
           mask = mask.astype(bool) & (jnp.arange(mask.shape[1]) <= idx)[None]
-        out = decode_attention(q, k_all.astype(dt), v_all.astype(dt),
+        out = decode_attention(q, k_all, v_all,
                                mask.reshape(mask.shape[0], 1, 1, -1))
         y = lora.project(self, "o", out, 2, dt)
         return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), kv
