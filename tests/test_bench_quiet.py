@@ -194,3 +194,18 @@ def test_rl_step_bench_runs(tmp_path):
   assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
   got = json.loads(out.read_text())
   assert got["results"]["step_s"] > 0 and got["results"]["median_warm"]["rollout"] > 0, got
+
+
+def test_decode_split_runs(tmp_path):
+  """benchmarks/decode_split.py end to end on a small model: it runs and writes the split."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "split.json"
+  res = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "decode_split.py"), "--vocab", "512",
+       "--hidden", "64", "--intermediate", "128", "--layers", "2", "--heads", "4",
+       "--kv_heads", "2", "--rows", "4", "--n", "2", "--prompt", "8", "--new", "8",
+       "--rounds", "1", "--json", str(out)], cwd=root, capture_output=True, text=True,
+      timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+  ms = json.loads(out.read_text())["results"]["per_step_ms"]
+  assert ms["step"] > 0 and ms["layer_matmuls"] > 0 and set(ms) >= {"head", "rest"}, ms
