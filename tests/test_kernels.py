@@ -1,4 +1,5 @@
-"""Hand-written backward passes (models.matmul, attention.dense_attention) against
+"""Hand-written backward passes (models.matmul, attention.dense_attention and its causal
+query blocks) against
 autodiff, finite differences and a float64 NumPy reference."""
 
 import jax
@@ -119,6 +120,40 @@ def test_dense_attention_matches_jax_nn_forward_and_backward(dtype, tol):
                   jax.grad(loss(ref), argnums=(0, 1, 2))(q, k, v)):
     assert a.dtype == dtype
     np.testing.assert_allclose(np.float32(a), np.float32(c), atol=10 * tol, rtol=10 * tol)
+
+
+@pytest.mark.parametrize("t,blocks", [(64, 2), (100, 3), (257, 8), (40, 1)])
+def test_causal_dense_attention_float64_reference_and_gradients(t, blocks):
+  """Query blocks that skip hidden keys: the float64 reference on every row that sees a key,
+  and the gradients of the unsplit kernel when the rows that see none get no cotangent."""
+  assert attention.causal_query_blocks(t) == blocks
+  rng = np.random.RandomState(t)
+  b, h, nk, dh = 2, 4, 2, 8
+  q, k, v = (jnp.asarray(rng.randn(b, t, n, dh)) for n in (h, nk, nk))
+  m = np.ones((b, t), np.int32)
+  m[1, :37] = 0  # left padding across the first block boundary
+  mask = attention_mask(jnp.asarray(m), t)
+  got = attention.causal_dense_attention(q, k, v, mask)
+  want = _numpy_attention(*map(np.asarray, (q, k, v)), np.asarray(mask))
+  real = m == 1
+  np.testing.assert_allclose(np.asarray(got)[real], want[real], rtol=1e-10, atol=1e-12)
+  assert np.all(np.isfinite(got))
+  r = jnp.asarray(rng.randn(b, t, h, dh) * real[:, :, None, None])
+
+  def loss(fn):
+    return lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v, mask)) * r)
+
+  ours = jax.jit(jax.grad(loss(attention.causal_dense_attention), argnums=(0, 1, 2)))(q, k, v)
+  ref = jax.grad(loss(attention.dense_attention), argnums=(0, 1, 2))(q, k, v)
+  for a, c in zip(ours, ref):
+    np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-11)
+
+
+def test_causal_dense_attention_needs_self_attention_shapes():
+  q = jnp.zeros((1, 64, 2, 4))
+  k = jnp.zeros((1, 80, 2, 4))
+  with pytest.raises(ValueError, match="S = T"):
+    attention.causal_dense_attention(q, k, k, jnp.ones((1, 1, 64, 80), bool))
 
 
 def test_rope_backward_is_the_inverse_rotation():

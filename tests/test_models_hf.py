@@ -29,11 +29,13 @@ def ckpt(request, tmp_path_factory):
   return request.param, path, model
 
 
-@pytest.mark.parametrize("padded,attention", [(False, "auto"), (True, "auto"),
-                                               (True, "blocked")])
-def test_logits_match_transformers(ckpt, padded, attention):
+@pytest.mark.parametrize("padded,attention,t", [
+    (False, "auto", 9), (True, "auto", 9), (True, "blocked", 9),
+    # T = 100: the dense path in 3 causal query blocks (attention.causal_dense_attention).
+    (True, "dense", 100)])
+def test_logits_match_transformers(ckpt, padded, attention, t):
   _, path, ref_model = ckpt
-  tokens, mask, positions = tiny_hf.batch()
+  tokens, mask, positions = tiny_hf.batch(t=t)
   if not padded:
     mask = np.ones_like(mask)
     positions = np.broadcast_to(np.arange(mask.shape[1]), mask.shape)

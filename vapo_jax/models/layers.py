@@ -215,9 +215,14 @@ class Attention(nnx.Module):
 
   def __call__(self, x_BxTxD: jax.Array, cos: jax.Array, sin: jax.Array,
                mask_Bx1xTxS: jax.Array, kv: dict[str, jax.Array] | None,
-               cache_index: jax.Array | int
+               cache_index: jax.Array | int, causal: bool = False
                ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
     """y [B, T, D] and the updated kv cache entry (or None).
+
+    `causal=True` promises that a dense mask hides every key after its
+    query (no cache, S = T): the dense path then skips those keys
+    (`attention.causal_dense_attention`). `transformer.Transformer` sets it
+    for cache-free calls.
 
     `mask_Bx1xTxS` is either the dense boolean mask of
     `transformer.attention_mask`, or a [B, S] key mask: then the blocked
@@ -262,6 +267,8 @@ class Attention(nnx.Module):
     if mask_Bx1xTxS.ndim == 2:
       out = attention.blocked_attention(q, k, v, mask_Bx1xTxS, cache_index,
                                         cfg.attention_block)
+    elif causal and kv is None:
+      out = attention.causal_dense_attention(q, k, v, mask_Bx1xTxS)
     else:
       out = attention.dense_attention(q, k, v, mask_Bx1xTxS)
     y = lora.project(self, "o", out, 2, dt)
@@ -312,8 +319,9 @@ class Block(nnx.Module):
                             cfg.param_dtype)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, cos, sin, mask, kv, cache_index):
-    y, kv = self.attn(self.attn_norm(x), cos, sin, mask, kv, cache_index)
+  def __call__(self, x, cos, sin, mask, kv, cache_index, causal=False):
+    y, kv = self.attn(self.attn_norm(x), cos, sin, mask, kv, cache_index,
+                      causal)
     x = shd.constrain(x + y, _ROWS)
     x = shd.constrain(x + self.mlp(self.mlp_norm(x)), _ROWS)
     return x, kv

@@ -45,7 +45,7 @@ def attention_mask(kv_mask_BxS: jax.Array, t: int,
 
 def _run_block(graphdef, state, x, cos, sin, mask):
   """One cache-free decoder block as a function of its parameters."""
-  return nnx.merge(graphdef, state)(x, cos, sin, mask, None, 0)[0]
+  return nnx.merge(graphdef, state)(x, cos, sin, mask, None, 0, True)[0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -148,7 +148,7 @@ class Transformer(nnx.Module):
         x = remat_block(graphdef, state, x, cos, sin, mask)
         continue
       x, kv = block(x, cos, sin, mask, None if cache is None else cache[i],
-                    cache_index)
+                    cache_index, cache is None)
       new_cache.append(kv)
     x = self.final_norm(x)
     return x, (None if cache is None else tuple(new_cache))
