@@ -31,8 +31,8 @@ def ckpt(request, tmp_path_factory):
 
 @pytest.mark.parametrize("padded,attention,t", [
     (False, "auto", 9), (True, "auto", 9), (True, "blocked", 9),
-    # T = 100: the dense path in 3 causal query blocks (attention.causal_dense_attention).
-    (True, "dense", 100)])
+    # T = 200: the dense path in 3 causal query blocks (attention.causal_dense_attention).
+    (True, "dense", 200)])
 def test_logits_match_transformers(ckpt, padded, attention, t):
   _, path, ref_model = ckpt
   tokens, mask, positions = tiny_hf.batch(t=t)

@@ -214,22 +214,26 @@ def blocked_attention(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array,
 
 
 def _heads_major(x_BxTxNxDh: jax.Array, nk: int) -> jax.Array:
-  """[B, T, N, Dh] -> [B, K, (N / K) * T, Dh]: rows m = g * T + t."""
+  """[B, T, N, Dh] -> [B, K, N / K, T, Dh] (head n = k * (N / K) + g)."""
   b, t, n, dh = x_BxTxNxDh.shape
-  x = x_BxTxNxDh.reshape(b, t, nk, n // nk, dh).transpose(0, 2, 3, 1, 4)
-  return x.reshape(b, nk, (n // nk) * t, dh)
+  return x_BxTxNxDh.reshape(b, t, nk, n // nk, dh).transpose(0, 2, 3, 1, 4)
 
 
-def _heads_minor(x_BxKxMxDh: jax.Array, t: int) -> jax.Array:
-  """Inverse of `_heads_major`: [B, K, G * T, Dh] -> [B, T, K * G, Dh]."""
-  b, nk, m, dh = x_BxKxMxDh.shape
-  x = x_BxKxMxDh.reshape(b, nk, m // t, t, dh).transpose(0, 3, 1, 2, 4)
-  return x.reshape(b, t, nk * (m // t), dh)
+def _heads_minor(x_BxKxGxTxDh: jax.Array) -> jax.Array:
+  """Inverse of `_heads_major`: [B, K, G, T, Dh] -> [B, T, K * G, Dh]."""
+  b, nk, g, t, dh = x_BxKxGxTxDh.shape
+  return x_BxKxGxTxDh.transpose(0, 3, 1, 2, 4).reshape(b, t, nk * g, dh)
 
 
 _BATCHED = (((3,), (3,)), ((0, 1), (0, 1)))     # [B,K,M,Dh] x [B,K,S,Dh]
 _PV = (((3,), (2,)), ((0, 1), (0, 1)))          # [B,K,M,S] x [B,K,S,Dh]
 _TN = (((2,), (2,)), ((0, 1), (0, 1)))          # [B,K,M,S] x [B,K,M,Dh]
+
+
+def _rows(x_BxKxGxTxDh: jax.Array) -> jax.Array:
+  """[B, K, G, T, Dh] -> [B, K, M = G * T, Dh] (a copy only for a strided slice)."""
+  b, nk, g, t, dh = x_BxKxGxTxDh.shape
+  return x_BxKxGxTxDh.reshape(b, nk, g * t, dh)
 
 
 def _visible_rows(mask_Bx1xTxS: jax.Array, g: int) -> jax.Array:
@@ -250,6 +254,51 @@ def _dense_probs(qh, kh, ok_Bx1xMxS):
 
 
 @jax.custom_vjp
+def _dense_core(qh_BxKxGxTxDh: jax.Array, kh_BxKxSxDh: jax.Array,
+                vh_BxKxSxDh: jax.Array, mask_Bx1xTxS: jax.Array) -> jax.Array:
+  """Dense attention on heads-major operands: o [B, K, G, T, Dh] in q's dtype."""
+  return _core_forward(qh_BxKxGxTxDh, kh_BxKxSxDh, vh_BxKxSxDh, mask_Bx1xTxS)[0]
+
+
+def _core_forward(q5, kh, vh, mask):
+  g = q5.shape[2]
+  qh = _rows(q5)
+  p = _dense_probs(qh, kh, _visible_rows(mask, g))
+  o = jax.lax.dot_general(p.astype(vh.dtype), vh, _PV)
+  return o.reshape(q5.shape).astype(q5.dtype), (qh, kh, vh, p, o, mask)
+
+
+def _core_bwd(res, do_BxKxGxTxDh):
+  qh, kh, vh, p, o, mask = res
+  dh = qh.shape[3]
+  g = do_BxKxGxTxDh.shape[2]
+  acc = p.dtype
+  doh = _rows(do_BxKxGxTxDh).astype(vh.dtype)
+  dv = jax.lax.dot_general(p.astype(vh.dtype), doh, _TN, preferred_element_type=acc)
+  dp = jax.lax.dot_general(doh, vh, _BATCHED, preferred_element_type=acc)
+  d_i = jnp.sum(doh.astype(acc) * o.astype(acc), axis=-1, keepdims=True)
+  ds = p * (dp - d_i) * jnp.asarray(1.0 / math.sqrt(dh), acc)
+  # A hidden key's score is a constant: no gradient, even in a row that sees
+  # no key at all (there p is uniform, not 0).
+  ds = jnp.where(_visible_rows(mask, g), ds, 0.0)
+  dq = jax.lax.dot_general(ds.astype(kh.dtype), kh, _PV,
+                           preferred_element_type=acc)
+  dk = jax.lax.dot_general(ds.astype(qh.dtype), qh, _TN,
+                           preferred_element_type=acc)
+  return (dq.reshape(do_BxKxGxTxDh.shape).astype(qh.dtype), dk.astype(kh.dtype),
+          dv.astype(vh.dtype), None)
+
+
+_dense_core.defvjp(lambda q, k, v, m: _core_forward(q, k, v, m), _core_bwd)
+
+
+def _heads(q, k, v):
+  nk = k.shape[2]
+  kh = k.transpose(0, 2, 1, 3)
+  vh = v.transpose(0, 2, 1, 3)
+  return _heads_major(q, nk), kh, vh
+
+
 def dense_attention(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array,
                     v_BxSxKxDh: jax.Array, mask_Bx1xTxS: jax.Array
                     ) -> jax.Array:
@@ -260,58 +309,19 @@ def dense_attention(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array,
   v's dtype before the value product; a query that sees no key gets the mean
   of all values), with the backward pass described above.
   """
-  return _dense_forward(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_Bx1xTxS)[0]
-
-
-def _dense_forward(q, k, v, mask):
-  t, nk = q.shape[1], k.shape[2]
-  g = q.shape[2] // nk
-  qh, kh, vh = _heads_major(q, nk), _heads_major(k, nk), _heads_major(v, nk)
-  p = _dense_probs(qh, kh, _visible_rows(mask, g))
-  o = jax.lax.dot_general(p.astype(v.dtype), vh, _PV)
-  return _heads_minor(o, t).astype(q.dtype), (qh, kh, vh, p, o, mask)
-
-
-def _dense_fwd(q, k, v, mask):
-  return _dense_forward(q, k, v, mask)
-
-
-def _dense_bwd(res, do_BxTxHxDh):
-  qh, kh, vh, p, o, mask = res
-  nk, dh = qh.shape[1], qh.shape[3]
-  t = do_BxTxHxDh.shape[1]
-  acc = p.dtype
-  doh = _heads_major(do_BxTxHxDh, nk).astype(vh.dtype)
-  pv = p.astype(vh.dtype)
-  dv = jax.lax.dot_general(pv, doh, _TN, preferred_element_type=acc)
-  dp = jax.lax.dot_general(doh, vh, _BATCHED, preferred_element_type=acc)
-  d_i = jnp.sum(doh.astype(acc) * o.astype(acc), axis=-1, keepdims=True)
-  ds = p * (dp - d_i) * jnp.asarray(1.0 / math.sqrt(dh), acc)
-  # A hidden key's score is a constant: no gradient, even in a row that sees
-  # no key at all (there p is uniform, not 0).
-  ds = jnp.where(_visible_rows(mask, qh.shape[2] // t), ds, 0.0)
-  dq = jax.lax.dot_general(ds.astype(kh.dtype), kh, _PV,
-                           preferred_element_type=acc)
-  dk = jax.lax.dot_general(ds.astype(qh.dtype), qh, _TN,
-                           preferred_element_type=acc)
-  dq = _heads_minor(dq, t)
-  s = kh.shape[2]
-  return (dq.astype(qh.dtype), _heads_minor(dk, s).astype(kh.dtype),
-          _heads_minor(dv, s).astype(vh.dtype), None)
-
-
-dense_attention.defvjp(_dense_fwd, _dense_bwd)
+  qh, kh, vh = _heads(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh)
+  return _heads_minor(_dense_core(qh, kh, vh, mask_Bx1xTxS))
 
 
 def causal_query_blocks(t: int) -> int:
   """How many query blocks `causal_dense_attention` uses for T = t.
 
-  Blocks of at least 32 queries, at most 8 of them: on the
-  `benchmarks/model_bench.py` config (T = 256) 8 blocks made one layer's
-  attention forward + backward 8.5 ms against 14.7 ms unsplit (2 CPU
-  cores), while 16 blocks of 16 queries were slower than 8.
+  Blocks of at least 64 queries, at most 8 of them. On the
+  `benchmarks/model_bench.py` config (T = 256, 2 CPU cores) the whole train
+  step took 3% less time with 4 blocks than unsplit, and 1% less with 8
+  blocks of 32 (interleaved A/B in one process).
   """
-  return max(1, min(8, t // 32))
+  return max(1, min(8, t // 64))
 
 
 def causal_dense_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
@@ -324,24 +334,23 @@ def causal_dense_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
   a cache). The queries are cut into n = `causal_query_blocks(T)` blocks
   [a, e); a block attends keys [0, e) only, the ones it can see, so the score
   and probability tensors shrink from T^2 to about T^2 (n + 1) / (2n) entries
-  (56% of them at n = 8) in both passes:
+  (62% of them at n = 4, 56% at n = 8) in both passes:
 
     o[:, a:e] = dense_attention(q[:, a:e], k[:, :e], v[:, :e], mask[..., a:e, :e])
 
-  Same result as `dense_attention` for every query that sees a key; a query
-  that sees none (left padding) gets the mean of the values [0, e) of its
-  block instead of all values (neither reaches a real token).
+  The operands are moved to heads-major layout once, not per block. Same
+  result as `dense_attention` for every query that sees a key; a query that
+  sees none (left padding) gets the mean of the values [0, e) of its block
+  instead of all values (neither reaches a real token).
   """
   t = q_BxTxHxDh.shape[1]
   if k_BxTxKxDh.shape[1] != t or mask_Bx1xTxT.shape[-1] != t:
     raise ValueError(f"causal_dense_attention needs S = T = {t}, got keys "
                      f"{k_BxTxKxDh.shape} and mask {mask_Bx1xTxT.shape}.")
   n = causal_query_blocks(t)
-  if n == 1:
-    return dense_attention(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_Bx1xTxT)
+  qh, kh, vh = _heads(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
   edges = [round(i * t / n) for i in range(n + 1)]
-  outs = [dense_attention(q_BxTxHxDh[:, a:e], k_BxTxKxDh[:, :e],
-                          v_BxTxKxDh[:, :e], mask_Bx1xTxT[:, :, a:e, :e])
+  outs = [_dense_core(qh[:, :, :, a:e], kh[:, :, :e], vh[:, :, :e],
+                      mask_Bx1xTxT[:, :, a:e, :e])
           for a, e in zip(edges[:-1], edges[1:])]
-  return jnp.concatenate(outs, axis=1)
-
+  return _heads_minor(outs[0] if n == 1 else jnp.concatenate(outs, axis=3))
