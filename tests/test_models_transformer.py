@@ -114,3 +114,14 @@ def test_untied_head_and_real_vocab():
   model = _model(tie_word_embeddings=False, real_vocab_size=37)
   assert model.real_vocab_size == 37
   assert model.head_weight().shape == (128, 40)
+
+
+def test_cache_index_needs_a_cache():
+  """A cache-free call starts at slot 0: its dense path skips the keys after each query."""
+  cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
+                    num_heads=2, num_kv_heads=1)
+  m = Transformer(cfg, rngs=nnx.Rngs(0))
+  tok = jnp.zeros((1, 4), jnp.int32)
+  pos = jnp.arange(4)[None]
+  with pytest.raises(ValueError, match="without a cache"):
+    m(tok, pos, jnp.ones((1, 4), jnp.int32), cache_index=2)

@@ -126,13 +126,16 @@ class Transformer(nnx.Module):
         the slots written by this call.
       cache: None, or the cache from `init_cache`.
       cache_index: slot where this call's keys/values are written (int or
-        traced int32 scalar, one for the whole batch).
+        traced int32 scalar, one for the whole batch); 0 without a cache.
     """
     cfg = self.cfg
     t = tokens_BxT.shape[1]
     if cache is None and kv_mask_BxS.shape[1] != t:
       raise ValueError(f"Without a cache kv_mask must be [B, T={t}], got "
                        f"{kv_mask_BxS.shape}.")
+    if cache is None and not (isinstance(cache_index, int) and cache_index == 0):
+      raise ValueError(f"cache_index={cache_index!r} without a cache: a cache-free call "
+                       "starts at slot 0.")
     x = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(cfg.dtype)
     x = shd.constrain(x, ("batch", None, None))
     cos, sin = layers.rope_tables(positions_BxT,
@@ -141,6 +144,9 @@ class Transformer(nnx.Module):
       mask = kv_mask_BxS  # [B, S]: each block builds its own causal mask
     else:
       mask = attention_mask(kv_mask_BxS, t, cache_index)
+    # Without a cache, queries and keys share slots 0..T-1 and the mask hides
+    # later keys: the dense path may skip them (`attention.causal_dense_attention`).
+    causal = cache is None
     new_cache = []
     for i, block in enumerate(self.blocks):
       if cache is None and cfg.remat:
@@ -148,7 +154,7 @@ class Transformer(nnx.Module):
         x = remat_block(graphdef, state, x, cos, sin, mask)
         continue
       x, kv = block(x, cos, sin, mask, None if cache is None else cache[i],
-                    cache_index, cache is None)
+                    cache_index, causal)
       new_cache.append(kv)
     x = self.final_norm(x)
     return x, (None if cache is None else tuple(new_cache))
