@@ -13,7 +13,7 @@ import pytest
 
 from vapo_jax import sharding as shd
 from vapo_jax.models import Transformer, positions_from_mask, tiny_config
-from vapo_jax.models.attention import blocked_attention
+from vapo_jax.models.attention import blocked_attention, causal_blocked_attention
 from vapo_jax.models.transformer import attention_mask
 from test_models_transformer import _batch as _model_batch  # left-padded model batch
 
@@ -133,6 +133,36 @@ def test_model_blocked_equals_dense():
   np.testing.assert_allclose(v1, v0, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("t,block", [(37, 8), (100, 8), (64, 64)])
+def test_causal_blocked_skips_hidden_blocks_same_values_and_grads(t, block):
+  """Query groups over key prefixes: the float64 reference, and blocked_attention's values and
+  gradients (rows with no visible key: 0 and no gradient, as there)."""
+  q, k, v, mask = _inputs(t=t, seed=t)
+  rows = _real_rows(mask, t)
+  w = jnp.asarray(np.random.RandomState(2).randn(*q.shape), jnp.float32)
+
+  def full(q, k, v):
+    return blocked_attention(q, k, v, mask, 0, block)
+
+  def causal(q, k, v):
+    return causal_blocked_attention(q, k, v, mask, block)
+
+  out = jax.jit(causal)(q, k, v)
+  np.testing.assert_allclose(out, _reference(q, k, v, mask), atol=2e-6)
+  np.testing.assert_array_equal(np.asarray(out)[~rows], 0.0)
+  np.testing.assert_allclose(out, full(q, k, v), atol=1e-6)
+  loss = lambda f: lambda *a: jnp.sum(f(*a) * w)  # noqa: E731
+  for a, b in zip(jax.jit(jax.grad(loss(causal), (0, 1, 2)))(q, k, v),
+                  jax.grad(loss(full), (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_causal_blocked_needs_self_attention_shapes():
+  q, k, v, mask = _inputs(t=16, s=24)
+  with pytest.raises(ValueError, match="S = T"):
+    causal_blocked_attention(q, k, v, mask, 8)
 
 
 def test_auto_picks_blocked_for_long_sequences_only():
