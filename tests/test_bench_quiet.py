@@ -15,6 +15,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import quiet  # noqa: E402  pylint: disable=wrong-import-position
 
 
+# The end-to-end runs below check that each script runs and writes its figures, not the
+# figures: no idle wait for the load to settle at the end (benchmarks/quiet.py).
+_SMOKE_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "BENCH_SETTLE_S": "0"}
+
 def fake_load(values):
   it = iter(values)
   return lambda: next(it)
@@ -190,7 +194,7 @@ def test_rl_step_bench_runs(tmp_path):
   res = subprocess.run(
       [sys.executable, os.path.join(root, "benchmarks", "rl_step_bench.py"), "--steps", "2",
        "--json", str(out)], cwd=root, capture_output=True, text=True, timeout=600,
-      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+      env=_SMOKE_ENV)
   assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
   got = json.loads(out.read_text())
   assert got["results"]["step_s"] > 0 and got["results"]["median_warm"]["rollout"] > 0, got
@@ -205,7 +209,28 @@ def test_decode_split_runs(tmp_path):
        "--hidden", "64", "--intermediate", "128", "--layers", "2", "--heads", "4",
        "--kv_heads", "2", "--rows", "4", "--n", "2", "--prompt", "8", "--new", "8",
        "--rounds", "1", "--json", str(out)], cwd=root, capture_output=True, text=True,
-      timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+      timeout=600, env=_SMOKE_ENV)
   assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
   ms = json.loads(out.read_text())["results"]["per_step_ms"]
   assert ms["step"] > 0 and ms["layer_matmuls"] > 0 and set(ms) >= {"head", "rest"}, ms
+
+
+def test_ab_bench_runs_and_loads_each_checkout(tmp_path):
+  """benchmarks/ab_bench.py with this checkout on both sides: same first loss, both timed."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "ab.json"
+  res = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "ab_bench.py"), f"--old={root}",
+       f"--new={root}", "--layers", "1", "--hidden", "64", "--intermediate", "128",
+       "--heads", "4", "--kv_heads", "2", "--vocab", "256", "--batch", "2", "--seq", "32",
+       "--rounds", "2", "--steps", "1", "--json", str(out)], cwd=root, capture_output=True,
+      text=True, timeout=600, env=_SMOKE_ENV)
+  assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+  got = json.loads(out.read_text())["results"]
+  assert got["first_loss"]["old"] == got["first_loss"]["new"], got
+  assert len(got["ratios"]["new/old"]["per_round"]) == 2 and all(
+      t > 0 for t in got["seconds"]["old"] + got["seconds"]["new"]), got
+  bad = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ab_bench.py"),
+                        f"--old={tmp_path}", f"--new={root}"], cwd=root, capture_output=True,
+                       text=True, timeout=600, env=_SMOKE_ENV)
+  assert bad.returncode != 0 and "not a vapo_jax checkout" in bad.stderr, bad.stderr[-2000:]

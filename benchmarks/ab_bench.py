@@ -1,0 +1,144 @@
+"""A/B of the train step between two checkouts of vapo_jax, in one process, CPU.
+
+  python benchmarks/ab_bench.py --old=../vapo_jax-main --new=.          # model_bench's config
+  python benchmarks/ab_bench.py --old=A --new=B --rounds=6 --layers=2 --hidden=128 ...
+
+Each checkout's `vapo_jax` is imported in turn (a fresh `sys.modules` entry per checkout) and
+builds the same train step as `benchmarks/model_bench.py`: forward + backward + AdamW on the
+mean next-token NLL over full logits, float32, same config, tokens and initial parameters.
+The two steps then run in interleaved rounds (best of --steps per round) and the script
+prints the per-round ratios old/new (> 1: the new checkout is faster) and the losses of the
+first step (equal when the change keeps the math).
+
+Why one process: two model_bench runs on this 2-core machine differed by up to 5% in our
+own step time with the code unchanged (631 vs 676 ms); within one process the per-round
+ratios of a 2% change stayed within 1.007-1.025. The load average is printed at start and end
+and a loaded run's figures are marked LOADED - not a result (benchmarks/quiet.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quiet  # noqa: E402  load recording, interleaved rounds, LOADED marking
+
+
+def _flags():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--old", required=True, help="checkout (repository root) of side A")
+  p.add_argument("--new", required=True, help="checkout (repository root) of side B")
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--hidden", type=int, default=512)
+  p.add_argument("--intermediate", type=int, default=1408)
+  p.add_argument("--heads", type=int, default=8)
+  p.add_argument("--kv_heads", type=int, default=2)
+  p.add_argument("--head_dim", type=int, default=0, help="0: hidden / heads")
+  p.add_argument("--vocab", type=int, default=8192)
+  p.add_argument("--batch", type=int, default=4)
+  p.add_argument("--seq", type=int, default=256)
+  p.add_argument("--steps", type=int, default=4, help="timed steps per round (best counts)")
+  p.add_argument("--rounds", type=int, default=5)
+  quiet.add_flags(p)
+  return p.parse_args()
+
+
+def load_models(root: str):
+  """`vapo_jax.models` of the checkout at `root`, imported afresh."""
+  root = os.path.abspath(root)
+  if not os.path.isfile(os.path.join(root, "vapo_jax", "__init__.py")):
+    raise SystemExit(f"error: {root} is not a vapo_jax checkout (no vapo_jax/__init__.py)")
+  for name in [m for m in sys.modules if m == "vapo_jax" or m.startswith("vapo_jax.")]:
+    del sys.modules[name]
+  sys.path.insert(0, root)
+  try:
+    models = importlib.import_module("vapo_jax.models")
+  finally:
+    sys.path.remove(root)
+  if not os.path.abspath(models.__file__).startswith(root + os.sep):
+    raise SystemExit(f"error: imported {models.__file__}, not the checkout at {root}")
+  return models
+
+
+def step_fn(models, a, tokens: np.ndarray):
+  """(run, first loss): one jitted train step of this checkout, state kept between calls."""
+  kw = {"head_dim": a.head_dim} if a.head_dim else {}
+  cfg = models.ModelConfig(vocab_size=a.vocab, hidden_size=a.hidden,
+                           intermediate_size=a.intermediate, num_layers=a.layers,
+                           num_heads=a.heads, num_kv_heads=a.kv_heads, qkv_bias=True,
+                           tie_word_embeddings=False, rms_norm_eps=1e-6, **kw)
+  graphdef, params = nnx.split(models.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+  tx = optax.adamw(1e-4, weight_decay=0.01)
+  toks = jnp.asarray(tokens)
+  mask = jnp.ones(tokens.shape, jnp.int32)
+  pos = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+
+  def loss_fn(params):
+    m = nnx.merge(graphdef, params)
+    h, _ = m(toks, pos, mask)
+    lp = jax.nn.log_softmax(m.logits(h[:, :-1]), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(lp, toks[:, 1:, None], -1))
+
+  def step(params, opt_state):
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  step = jax.jit(step)  # traced now, while this checkout's modules are the imported ones
+  state = [params, tx.init(params)]
+
+  def run():
+    state[0], state[1], loss = step(*state)
+    return float(loss)
+
+  return run, run()
+
+
+def main():
+  a = _flags()
+  load = quiet.Load()
+  with load:
+    quiet.print_header(quiet.machine_facts(peers=("optax",)), load)
+    tokens = np.random.RandomState(0).randint(0, a.vocab, (a.batch, a.seq)).astype(np.int32)
+    sides, losses = [], {}
+    for name, root in (("old", a.old), ("new", a.new)):
+      run, losses[name] = step_fn(load_models(root), a, tokens)
+
+      def best(run=run):
+        run()  # untimed first step of the round
+        times = []
+        for _ in range(a.steps):
+          t0 = time.perf_counter()
+          run()
+          times.append(time.perf_counter() - t0)
+        return min(times)
+
+      sides.append((name, best))
+    rounds = quiet.interleave(sides, a.rounds, load=load)
+  print(f"config: layers={a.layers} hidden={a.hidden} mlp={a.intermediate} heads={a.heads}/"
+        f"{a.kv_heads} vocab={a.vocab} batch={a.batch} seq={a.seq}, float32, AdamW; "
+        f"{a.rounds} interleaved round(s), best of {a.steps} steps per round")
+  print(f"first-step loss: old {losses['old']:.6f}, new {losses['new']:.6f}")
+  lines = [f"{name}: {os.path.abspath(root)}, step {rounds.median(name) * 1e3:.0f} ms (median)"
+           for name, root in (("old", a.old), ("new", a.new))]
+  lines.append(rounds.describe_ratio("new", "old", "new checkout vs old (old time / new time)"))
+  for line in lines:
+    print(load.tag(line))
+  print(load.verdict())
+  quiet.write_json(a.json, load, quiet.machine_facts(peers=("optax",)),
+                   {"old": os.path.abspath(a.old), "new": os.path.abspath(a.new),
+                    "first_loss": losses, **rounds.to_json([("new", "old")])})
+
+
+if __name__ == "__main__":
+  main()
