@@ -10,10 +10,12 @@ The two steps then run in interleaved rounds (best of --steps per round) and the
 prints the per-round ratios old/new (> 1: the new checkout is faster) and the losses of the
 first step (equal when the change keeps the math).
 
-Why one process: two model_bench runs on this 2-core machine differed by up to 5% in our
-own step time with the code unchanged (631 vs 676 ms); within one process the per-round
-ratios of a 2% change stayed within 1.007-1.025. The load average is printed at start and end
-and a loaded run's figures are marked LOADED - not a result (benchmarks/quiet.py).
+Why one process: model_bench runs on this 2-core machine differed by up to 8% in our own
+step time with the code unchanged (626-676 ms), and their per-round ratios against PyTorch
+ranged 0.95-1.06; judged here instead, the causal attention blocks of a1176dd gave per-round
+ratios of 1.02-1.08 against 61bd333, all on one side of 1. The load average is printed at
+start and end and a loaded run's figures are marked LOADED - not a result
+(benchmarks/quiet.py).
 """
 
 from __future__ import annotations
