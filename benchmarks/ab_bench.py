@@ -4,8 +4,9 @@
   python benchmarks/ab_bench.py --old=A --new=B --rounds=6 --layers=2 --hidden=128 ...
 
 Each checkout's `vapo_jax` is imported in turn (a fresh `sys.modules` entry per checkout) and
-builds the same train step as `benchmarks/model_bench.py`: forward + backward + AdamW on the
-mean next-token NLL over full logits, float32, same config, tokens and initial parameters.
+builds `benchmarks/model_bench.py`'s train step (`jax_step_fn`) from its own model: forward +
+backward + AdamW on the mean next-token NLL over full logits, float32, same config, tokens and
+initial parameters.
 The two steps then run in interleaved rounds (best of --steps per round) and the script
 prints the per-round ratios old/new (> 1: the new checkout is faster) and the losses of the
 first step (equal when the change keeps the math).
@@ -26,13 +27,10 @@ import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_bench  # noqa: E402  the train step being compared
 import quiet  # noqa: E402  load recording, interleaved rounds, LOADED marking
 
 
@@ -73,37 +71,15 @@ def load_models(root: str):
 
 
 def step_fn(models, a, tokens: np.ndarray):
-  """(run, first loss): one jitted train step of this checkout, state kept between calls."""
+  """(run, first loss): model_bench's train step built from this checkout's model."""
   kw = {"head_dim": a.head_dim} if a.head_dim else {}
   cfg = models.ModelConfig(vocab_size=a.vocab, hidden_size=a.hidden,
                            intermediate_size=a.intermediate, num_layers=a.layers,
                            num_heads=a.heads, num_kv_heads=a.kv_heads, qkv_bias=True,
                            tie_word_embeddings=False, rms_norm_eps=1e-6, **kw)
-  graphdef, params = nnx.split(models.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-  tx = optax.adamw(1e-4, weight_decay=0.01)
-  toks = jnp.asarray(tokens)
-  mask = jnp.ones(tokens.shape, jnp.int32)
-  pos = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-
-  def loss_fn(params):
-    m = nnx.merge(graphdef, params)
-    h, _ = m(toks, pos, mask)
-    lp = jax.nn.log_softmax(m.logits(h[:, :-1]), axis=-1)
-    return -jnp.mean(jnp.take_along_axis(lp, toks[:, 1:, None], -1))
-
-  def step(params, opt_state):
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  step = jax.jit(step)  # traced now, while this checkout's modules are the imported ones
-  state = [params, tx.init(params)]
-
-  def run():
-    state[0], state[1], loss = step(*state)
-    return float(loss)
-
-  return run, run()
+  # Traced on the first call, while this checkout's modules are the imported ones.
+  run = model_bench.jax_step_fn(cfg, tokens, False, transformer=models.Transformer)
+  return run, float(run())
 
 
 def main():

@@ -86,8 +86,14 @@ def _time(fn) -> float:
   return time.perf_counter() - t0
 
 
-def jax_step_fn(cfg: ModelConfig, tokens: np.ndarray, chunked: bool):
-  model = Transformer(cfg, rngs=nnx.Rngs(0))
+def jax_step_fn(cfg: ModelConfig, tokens: np.ndarray, chunked: bool,
+                transformer=Transformer):
+  """run(): one jitted train step (state kept between calls), returning the loss.
+
+  `transformer`: the model class to build (`benchmarks/ab_bench.py` passes each
+  checkout's own).
+  """
+  model = transformer(cfg, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
   tx = optax.adamw(1e-4, weight_decay=0.01)
   opt_state = tx.init(params)
@@ -115,7 +121,7 @@ def jax_step_fn(cfg: ModelConfig, tokens: np.ndarray, chunked: bool):
 
   def run():
     state[0], state[1], loss = step(*state)
-    loss.block_until_ready()
+    return loss.block_until_ready()
 
   return run
 
