@@ -193,7 +193,7 @@ def _train_temp_bytes(t: int, **kw) -> int:
 def test_train_step_temporaries_grow_linearly_in_sequence_length():
   # Dense attention holds T x T scores (about 9/16 of them in its 8 causal query blocks at
   # these lengths): doubling T quadruples that part (512 -> 1024: x3.15 in all). The default
-  # (auto -> blocked here) holds T x block: doubling T about doubles everything (x2.06).
+  # (auto -> blocked here) holds T x block: doubling T about doubles everything (x2.01).
   blocked = [_train_temp_bytes(t, attention_block=32) for t in (512, 1024)]
   dense = [_train_temp_bytes(t, attention_impl="dense") for t in (512, 1024)]
   assert blocked[1] / blocked[0] < 2.3, blocked
