@@ -125,3 +125,18 @@ def test_cache_index_needs_a_cache():
   pos = jnp.arange(4)[None]
   with pytest.raises(ValueError, match="without a cache"):
     m(tok, pos, jnp.ones((1, 4), jnp.int32), cache_index=2)
+
+
+@pytest.mark.parametrize("attention,t", [("dense", 200), ("blocked", 40)])
+def test_prefill_at_slot_zero_into_a_cache_of_t_slots_matches_the_full_forward(attention, t):
+  """The sampler's prefill (slot 0, a cache of exactly T slots) takes the causal paths, which
+  skip the keys after each query: 3 query blocks (dense) or 5 groups of 8-key blocks."""
+  model = _model(attention_impl=attention, attention_block=8)
+  tokens, mask = _batch(t=t)
+  b = tokens.shape[0]
+  full = forward_logits(model, tokens, mask)
+  h, cache = model(tokens, positions_from_mask(mask), mask,
+                   cache=init_cache(model, b, t, jnp.float32), cache_index=0)
+  m = np.asarray(mask) == 1
+  assert np.abs(np.asarray(model.logits(h)) - np.asarray(full))[m].max() < 1e-5
+  assert cache[0]["k"].shape == (b, 2, t, 32)

@@ -219,10 +219,11 @@ class Attention(nnx.Module):
                ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
     """y [B, T, D] and the updated kv cache entry (or None).
 
-    `causal=True` promises a cache-free call from slot 0 (S = T, every key
-    after its query hidden): both paths then skip those keys
+    `causal=True` promises a call from slot 0 whose keys are its queries'
+    slots (S = T, every key after its query hidden; no cache, or a prefill
+    at slot 0 into a cache of T slots): both paths then skip those keys
     (`attention.causal_dense_attention`, `attention.causal_blocked_attention`).
-    `transformer.Transformer` sets it for cache-free calls.
+    `transformer.Transformer` sets it for such calls.
 
     `mask_Bx1xTxS` is either the dense boolean mask of
     `transformer.attention_mask`, or a [B, S] key mask: then the blocked
@@ -264,13 +265,13 @@ class Attention(nnx.Module):
       # A prefill (T > 1): the attention kernels take [B, S, K, Dh].
       k = jnp.swapaxes(k_all, 1, 2).astype(dt)
       v = jnp.swapaxes(v_all, 1, 2).astype(dt)
-    if mask_Bx1xTxS.ndim == 2 and causal and kv is None:
+    if mask_Bx1xTxS.ndim == 2 and causal:
       out = attention.causal_blocked_attention(q, k, v, mask_Bx1xTxS,
                                                cfg.attention_block)
     elif mask_Bx1xTxS.ndim == 2:
       out = attention.blocked_attention(q, k, v, mask_Bx1xTxS, cache_index,
                                         cfg.attention_block)
-    elif causal and kv is None:
+    elif causal:
       out = attention.causal_dense_attention(q, k, v, mask_Bx1xTxS)
     else:
       out = attention.dense_attention(q, k, v, mask_Bx1xTxS)
