@@ -147,8 +147,9 @@ class Transformer(nnx.Module):
     # Queries and keys share slots 0..T-1 (no cache, or a prefill at slot 0 into
     # a cache of T slots) and the mask hides later keys: the attention may skip
     # them (`attention.causal_dense_attention`, `causal_blocked_attention`).
-    causal = cache is None or (isinstance(cache_index, int) and cache_index == 0
-                               and kv_mask_BxS.shape[1] == t)
+    # (A cache-free call passed the checks above, so it always qualifies.)
+    causal = (isinstance(cache_index, int) and cache_index == 0
+              and kv_mask_BxS.shape[1] == t)
     new_cache = []
     for i, block in enumerate(self.blocks):
       if cache is None and cfg.remat:
