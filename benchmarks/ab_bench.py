@@ -38,15 +38,7 @@ def _flags():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--old", required=True, help="checkout (repository root) of side A")
   p.add_argument("--new", required=True, help="checkout (repository root) of side B")
-  p.add_argument("--layers", type=int, default=4)
-  p.add_argument("--hidden", type=int, default=512)
-  p.add_argument("--intermediate", type=int, default=1408)
-  p.add_argument("--heads", type=int, default=8)
-  p.add_argument("--kv_heads", type=int, default=2)
-  p.add_argument("--head_dim", type=int, default=0, help="0: hidden / heads")
-  p.add_argument("--vocab", type=int, default=8192)
-  p.add_argument("--batch", type=int, default=4)
-  p.add_argument("--seq", type=int, default=256)
+  model_bench.add_config_flags(p)
   p.add_argument("--steps", type=int, default=4, help="timed steps per round (best counts)")
   p.add_argument("--rounds", type=int, default=5)
   quiet.add_flags(p)
@@ -72,11 +64,7 @@ def load_models(root: str):
 
 def step_fn(models, a, tokens: np.ndarray):
   """(run, first loss): model_bench's train step built from this checkout's model."""
-  kw = {"head_dim": a.head_dim} if a.head_dim else {}
-  cfg = models.ModelConfig(vocab_size=a.vocab, hidden_size=a.hidden,
-                           intermediate_size=a.intermediate, num_layers=a.layers,
-                           num_heads=a.heads, num_kv_heads=a.kv_heads, qkv_bias=True,
-                           tie_word_embeddings=False, rms_norm_eps=1e-6, **kw)
+  cfg = model_bench.model_config(a, models.ModelConfig)
   # Traced on the first call, while this checkout's modules are the imported ones.
   run = model_bench.jax_step_fn(cfg, tokens, False, transformer=models.Transformer)
   return run, float(run())

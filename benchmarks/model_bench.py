@@ -42,16 +42,31 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import quiet  # noqa: E402  benchmarks/quiet.py: load, interleaved rounds, LOADED marking
 
 
-def _flags():
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_config_flags(p) -> None:
+  """The model and batch flags (also `benchmarks/ab_bench.py`'s)."""
   p.add_argument("--layers", type=int, default=4)
   p.add_argument("--hidden", type=int, default=512)
   p.add_argument("--intermediate", type=int, default=1408)
   p.add_argument("--heads", type=int, default=8)
   p.add_argument("--kv_heads", type=int, default=2)
+  p.add_argument("--head_dim", type=int, default=0, help="0: hidden / heads")
   p.add_argument("--vocab", type=int, default=8192)
   p.add_argument("--batch", type=int, default=4)
   p.add_argument("--seq", type=int, default=256)
+
+
+def model_config(a, config_cls=ModelConfig):
+  """The Qwen2-style config of the flags (`config_cls`: a checkout's own ModelConfig)."""
+  kw = {"head_dim": a.head_dim} if a.head_dim else {}
+  return config_cls(vocab_size=a.vocab, hidden_size=a.hidden,
+                    intermediate_size=a.intermediate, num_layers=a.layers,
+                    num_heads=a.heads, num_kv_heads=a.kv_heads, qkv_bias=True,
+                    tie_word_embeddings=False, rms_norm_eps=1e-6, **kw)
+
+
+def _flags():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  add_config_flags(p)
   p.add_argument("--steps", type=int, default=5, help="timed steps per round")
   p.add_argument("--rounds", type=int, default=3,
                  help="interleaved jax/torch rounds; medians and per-round ratios")
@@ -157,10 +172,7 @@ def main():
 
 def _measure(a, load):
   """Interleaved jax/torch rounds; returns (figure lines, JSON results, machine facts)."""
-  cfg = ModelConfig(vocab_size=a.vocab, hidden_size=a.hidden,
-                    intermediate_size=a.intermediate, num_layers=a.layers,
-                    num_heads=a.heads, num_kv_heads=a.kv_heads, qkv_bias=True,
-                    tie_word_embeddings=False, rms_norm_eps=1e-6)
+  cfg = model_config(a)
   facts = quiet.machine_facts(peers=("optax", "torch", "transformers"))
   quiet.print_header(facts, load)
   tokens = np.random.RandomState(0).randint(0, a.vocab, (a.batch, a.seq))
@@ -209,7 +221,8 @@ def _measure(a, load):
            f"vapo_jax train step: {ours:10.1f} tokens/s  "
            f"(step {n_tok / ours * 1e3:.0f} ms)"]
   results = {"config": {k: getattr(a, k) for k in (
-      "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "batch", "seq",
+      "layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab", "batch",
+      "seq",
       "steps", "rounds", "chunked")},
              "compile_s": compile_s, "matmul_peak_gflops": peak,
              "jax_tokens_per_s": ours}
