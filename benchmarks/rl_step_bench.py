@@ -66,8 +66,9 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   ex = t.parts.experience
   jax.block_until_ready(ex.logprobs(t.state.policy_params, tokens, mask, prompt_len=p,
                                     temperature=cfg.sampling.temperature))
-  if t.state.critic_state is not None:
-    jax.block_until_ready(ex.values(t.state.critic_state.params, tokens, mask, prompt_len=p))
+  if t.state.train_state("critic") is not None:
+    jax.block_until_ready(t.critic_values(t.state.train_state("critic").params, tokens, mask,
+                                          prompt_len=p))
   out["forward"] = time.perf_counter() - t0
   n = cfg.responses_per_prompt
   resp, rmask = np.asarray(tokens)[:, p:], np.asarray(batch["response_mask_BxR"])
@@ -78,7 +79,7 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   out["reward"] = time.perf_counter() - t0
   t0 = time.perf_counter()
   t.update(batch, stage="rl", step=i, policy=True)
-  t.state.policy_params = t.state.policy_state.params
+  t.state.policy_params = t.state.train_state("policy").params
   jax.block_until_ready(t.state.policy_params)
   out["updates"] = time.perf_counter() - t0
   out["response_tokens"] = float(rmask.sum())

@@ -78,7 +78,7 @@ class Recorder:
 
 
 def final_state(t):
-  return jax.device_get({"policy": t.state.policy_state, "critic": t.state.critic_state})
+  return jax.device_get({n: t.state.train_state(n) for n in ("policy", "critic")})
 
 
 def run_to_end(cfg, workdir):
@@ -194,7 +194,8 @@ def stopped_in_rl(tmp_path_factory):
     t = trainer_lib.Trainer(rl_only(), str(workdir), progress=False)
     try:
       assert "preempted" in t.run()
-      saved = jax.device_get({"policy": t.state.policy_state, "critic": t.state.critic_state,
+      saved = jax.device_get({"policy": t.state.train_state("policy"),
+                              "critic": t.state.train_state("critic"),
                               "key": jax.random.key_data(t.state.key)})
       saved["prompts"] = t.state.prompts.get_state()
     finally:
@@ -242,17 +243,18 @@ def test_weights_only_restore_continues_with_a_fresh_optimizer(stopped_in_rl, tm
       assert t.resume() == 1
     assert (t.ctl.stage, t.ctl.step, t.ctl.global_step) == ("rl", 1, 1)
     s = t.state
-    assert_bitwise_equal(s.policy_state.params, saved["policy"].params)
-    assert_bitwise_equal(s.critic_state.params, saved["critic"].params)
+    assert_bitwise_equal(s.train_state("policy").params, saved["policy"].params)
+    assert_bitwise_equal(s.train_state("critic").params, saved["critic"].params)
     assert_bitwise_equal(s.policy_params, saved["policy"].params)
     np.testing.assert_array_equal(jax.random.key_data(s.key), saved["key"])
-    for st in (s.policy_state, s.critic_state):  # fresh AdamW: no updates, zero moments
+    # Fresh AdamW: no updates, zero moments.
+    for st in (s.train_state("policy"), s.train_state("critic")):
       assert int(st.step) == 0
       assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(st.opt_state))
     assert s.prompts.get_state() == saved["prompts"]
     summary = t.run()  # the remaining RL step with the new optimizer, then eval
     assert "preempted" not in summary and summary["eval_after_rl"]
-    assert int(t.state.policy_state.step) > 0
+    assert int(t.state.train_state("policy").step) > 0
   finally:
     t.close()
   assert not os.path.exists(tmp_path / "run" / "checkpoints_corrupt")

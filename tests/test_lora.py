@@ -20,7 +20,7 @@ from vapo_jax import policy as policy_lib
 from vapo_jax import sharding as shd
 from vapo_jax.models import lora, transformer
 from vapo_jax.models.config import LORA_TARGETS, tiny_config
-from vapo_jax.rl import update
+from vapo_jax.rl import forward
 from vapo_jax.run import checkpoint_store as checkpointing
 from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.sampler import engine as sampler_lib
@@ -140,8 +140,8 @@ def test_sampler_logprobs_equal_the_train_steps():
   sampler = sampler_lib.Sampler.for_transformer(graphdef, model.cfg, cfg)
   out = sampler(state, [[5, 17, 33, 2, 7], [3, 14], [9]], jax.random.key(1))
   tokens_BxL, mask_BxL = rollout_lib.rollout_tokens(out)
-  # What the policy step scores the rollout with: update.policy_logprobs on the params.
-  logp, _ = update.policy_logprobs(graphdef, state, tokens_BxL, mask_BxL, out.prompt_len,
+  # What the policy step scores the rollout with: forward.policy_logprobs on the params.
+  logp, _ = forward.policy_logprobs(graphdef, state, tokens_BxL, mask_BxL, out.prompt_len,
                                    temperature=0.7)
   m = np.asarray(out.response_mask_BxR)
   assert m.sum() > 10

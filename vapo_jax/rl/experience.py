@@ -49,8 +49,6 @@ class Experience:
   scorer: the reward checker (`rewards.RewardScorer`).
   logprobs: jitted (params, tokens_BxL, mask_BxL, *, prompt_len, temperature) ->
     (log-probs, entropies) [B, R].
-  values: jitted (critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R]
-    (None until the run has a critic).
   advantages, monte_carlo: jitted (scores_B, lengths_B, mask_BxR, values_BxR,
     group_ids_B) -> `rl.advantages.Advantages`, with the run's settings / with λ_critic = 1 (value
     pretraining).
@@ -64,7 +62,6 @@ class Experience:
   text: Any
   scorer: Any
   logprobs: Callable
-  values: Callable | None
   advantages: Callable
   monte_carlo: Callable
   temperature: float
@@ -73,11 +70,13 @@ class Experience:
   dynamic_rounds: int = -1
   group_size: int = 1
 
-  def __call__(self, policy_params, critic_params, examples, key, *,
+  def __call__(self, policy_params, examples, key, *, values: Callable | None = None,
                for_value_pretraining: bool = False, ref_params=None,
                more_examples: Callable[[], list] | None = None) -> tuple[dict, dict]:
     """Samples, scores and annotates one rollout batch: (device batch, metrics).
 
+    values: the critic, (tokens_BxL, mask_BxL, prompt_len) -> V(s_t) [B, R] (jitted, its
+      parameters bound: `run.parts.values_fn`), or None without a critic.
     ref_params: the reference policy's parameters (adds `ref_logp_BxR`), or None.
     more_examples: () -> the next global list of prompts, for dynamic sampling's extra
       rounds (dynamic sampling is on when `dynamic_rounds` >= 0 and this is given; never
@@ -105,8 +104,7 @@ class Experience:
     ref_logp = (self.logprobs(ref_params, tokens, mask, prompt_len=p,
                               temperature=self.temperature)[0]
                 if ref_params is not None else None)
-    values = (self.values(critic_params, tokens, mask, prompt_len=p)
-              if critic_params is not None else None)
+    values = values(tokens, mask, p) if values is not None else None
     if not dynamic:
       scored = reward_lib.score(self.scorer, rollout, self.text.decode,
                                 [ex.problem for ex in examples], [ex.answer for ex in examples])

@@ -34,7 +34,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from vapo_jax import critic as critic_lib
 from vapo_jax import sharding as shd
 from vapo_jax.models import transformer
-from vapo_jax.rl import update
+from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import train_state
 from vapo_jax.run import inputs, parts
 from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax.sampler import ops as sampling
@@ -54,12 +55,13 @@ def abstract_model(build: Callable[[nnx.Rngs], nnx.Module], mesh, rules):
   return graphdef, jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), abs_state, shardings)
 
 
-def abstract_train_state(params, tx, mesh) -> update.TrainState:
-  """The TrainState `update.init_state` would create, as shapes with shardings."""
-  opt_sh = update.opt_state_shardings(params, tx)
+def abstract_train_state(params, tx, mesh) -> train_state.TrainState:
+  """The TrainState `train_state.init_state` would create, as shapes with shardings."""
+  opt_sh = train_state.opt_state_shardings(params, tx)
   opt = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s),
-                     jax.eval_shape(tx.init, update.trainable(params)), opt_sh)
-  return update.TrainState(params, opt, _sds((), jnp.int32, NamedSharding(mesh, PartitionSpec())))
+                     jax.eval_shape(tx.init, train_state.trainable(params)), opt_sh)
+  step = _sds((), jnp.int32, NamedSharding(mesh, PartitionSpec()))
+  return train_state.TrainState(params, opt, step)
 
 
 def per_device_bytes(tree) -> int:
@@ -100,7 +102,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
   rules = parts.rules_of(cfg)
   batch_axes = parts.batch_axes(mesh, rules)
   parts.device_count_check(cfg, mesh, rules)
-  rows_sh = update.batch_sharding(mesh, batch_axes)
+  rows_sh = batch_lib.batch_sharding(mesh, batch_axes)
   rep = NamedSharding(mesh, PartitionSpec())
   graphdef, params = abstract_model(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
   c_graphdef, c_params = abstract_model(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, rules)
@@ -113,7 +115,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
   p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
 
   def batch(b):
-    shapes = update.batch_shapes(b, p_len, r_len, reference=cfg.rl.kl_coef > 0)
+    shapes = batch_lib.batch_shapes(b, p_len, r_len, reference=cfg.rl.kl_coef > 0)
     return {k: _sds(shape, dtype, rows_sh) for k, (shape, dtype) in shapes.items()}
 
   rollout_batch = batch(rows.rollout)
