@@ -111,7 +111,7 @@ def measure(args, load):
   print(f"jax {jax.__version__} ({jax.device_count()} {jax.devices()[0].platform} devices)")
   t = trainer_lib.Trainer(cfg, progress=False)
   try:
-    if cfg.rl.use_critic:
+    if cfg.uses_critic:
       t.setup("critic")
     t.setup("policy")
     runs = []
@@ -142,7 +142,7 @@ def measure(args, load):
   mcfg = t.parts.model_cfg
   seq = t.cfg.data.max_prompt_tokens + t.cfg.sampling.max_new_tokens
   flops_tok = model_config.flops_per_token(mcfg, seq)  # forward FLOPs per token
-  nets = 2 if cfg.rl.use_critic else 1
+  nets = 2 if cfg.uses_critic else 1
   update_flops = 3 * flops_tok * med["train_tokens"] * nets
   lines.append(
       f"rollout: {med['response_tokens'] / med['rollout']:.0f} response tokens/s; "

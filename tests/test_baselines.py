@@ -180,7 +180,7 @@ def test_qwen32b_budget_is_the_papers_5000_updates():
 
 def critic_free(**overrides):
   """tiny() as a critic-free baseline: 4 prompts × 4 responses, 8-token responses."""
-  base = {"rl.use_critic": False, "value_pretrain.enabled": False, "rl.nll_coef": 0.0,
+  base = {"rl.advantage_estimator": "group", "value_pretrain.enabled": False, "rl.nll_coef": 0.0,
           "rl.prompts_per_step": 4, "rl.responses_per_prompt": 4, "rl.whiten_advantages": False,
           "mesh.fsdp": 1}
   return tiny(**{**base, **overrides})
@@ -321,7 +321,7 @@ def test_baseline_fields_are_checked(field, value, message):
   c = load_config_file("tiny.py", "dapo")
   section, name = field.split(".")
   if field == "rl.group_sampling":  # dapo has no critic: keep the critic-free check quiet
-    c.rl.use_critic = True
+    c.rl.advantage_estimator = "gae"
   c[section][name] = value
   with pytest.raises(config_lib.ConfigError, match=message.replace(".", r"\.")):
     config_lib.from_config_dict(c)

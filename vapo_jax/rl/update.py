@@ -40,6 +40,13 @@ class PolicyHParams:
   micro_batches: int
   kl_coef: float = 0.0    # β of GRPO's k3 KL penalty to the reference policy; 0: off
   vocab_chunk: int = 128  # not a config setting: the policy's memory bound over the vocab
+  policy_loss: str = "ppo"  # a key of losses.POLICY_LOSSES
+
+
+# The policy loss's token-mean metrics the step logs (weighted by each micro-batch's tokens),
+# where the loss reports them.
+POLICY_METRICS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "approx_kl",
+                  "ratio_mean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +64,8 @@ class CriticHParams:
 def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
                 state: TrainState, batch: dict) -> tuple[TrainState, dict, jax.Array]:
   """One policy update on a mini-batch: L = L_PPO (eq. 4) + μ·L_NLL (eq. 3) [+ β·L_KL].
+
+  L_PPO is `losses.POLICY_LOSSES[hp.policy_loss]` ("ppo": the clipped surrogate).
 
   batch: tokens_BxL (int32), mask_BxL, old_logp_BxR, advantages_BxR, response_mask_BxR,
   scores_B, and ref_logp_BxR when hp.kl_coef > 0 (GRPO's k3 penalty to the reference
@@ -77,9 +86,9 @@ def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
         model, mb["tokens_BxL"], mb["mask_BxL"], prompt_len, temperature=hp.temperature,
         chunk=hp.vocab_chunk)
     m = mb["response_mask_BxR"]
-    pg = losses.ppo_policy_loss(logp, mb["old_logp_BxR"], mb["advantages_BxR"], m,
-                                eps_low=hp.eps_low, eps_high=hp.eps_high,
-                                dual_clip=hp.dual_clip, mode=hp.loss_mode)
+    pg = losses.POLICY_LOSSES[hp.policy_loss](
+        logp, mb["old_logp_BxR"], mb["advantages_BxR"], m, eps_low=hp.eps_low,
+        eps_high=hp.eps_high, dual_clip=hp.dual_clip, mode=hp.loss_mode)
     loss = losses.safe_divide(pg.loss.total, pg_count)
     nll = losses.positive_nll(logp, m, mb["scores_B"], threshold=hp.nll_threshold)
     if hp.nll_coef:
@@ -89,8 +98,7 @@ def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
       kl = losses.kl_penalty(logp, mb["ref_logp_BxR"], m, mode=hp.loss_mode)
       loss = loss + hp.kl_coef * losses.safe_divide(kl.total, pg_count)
     w = pg.metrics["tokens"] / jnp.maximum(tokens, 1.0)  # token share of this micro-batch
-    metrics = {k: pg.metrics[k] * w for k in
-               ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "approx_kl", "ratio_mean")}
+    metrics = {k: pg.metrics[k] * w for k in POLICY_METRICS if k in pg.metrics}
     metrics["entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * m) / jnp.maximum(tokens, 1.0)
     metrics["pg_loss"] = losses.safe_divide(pg.loss.total, pg_count)
     metrics["nll_loss"] = losses.safe_divide(nll.total, nll_count)

@@ -176,7 +176,7 @@ def advantage_config(cfg: config_lib.Config) -> advantages.AdvantageConfig:
   """The advantage settings of step 3 (`rl.alpha` reaches `gae` only through here)."""
   rl = cfg.rl
   return advantages.AdvantageConfig(
-      use_critic=rl.use_critic, gamma=rl.gamma, decoupled=rl.decoupled_gae,
+      estimator=rl.advantage_estimator, gamma=rl.gamma, decoupled=rl.decoupled_gae,
       lam_critic=rl.lam_critic, length_adaptive=rl.length_adaptive, alpha=rl.alpha,
       lam_policy=rl.lam_policy, group_std_norm=rl.group_std_norm,
       whiten=rl.whiten_advantages, gae_impl=rl.gae_impl)
@@ -188,7 +188,8 @@ def policy_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.Pol
   return update.PolicyHParams(
       temperature=cfg.sampling.temperature, eps_low=rl.eps_low, eps_high=cfg.eps_high,
       dual_clip=rl.dual_clip or None, loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
-      nll_threshold=rl.nll_threshold, micro_batches=micro_batches, kl_coef=rl.kl_coef)
+      nll_threshold=rl.nll_threshold, micro_batches=micro_batches, kl_coef=rl.kl_coef,
+      policy_loss=rl.policy_loss)
 
 
 def critic_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.CriticHParams:
@@ -334,7 +335,7 @@ def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Exp
       sampler=sampler, text=text, scorer=scorer, logprobs=logprobs,
       advantages=jax.jit(functools.partial(advantages.compute_advantages, ac)),
       monte_carlo=jax.jit(functools.partial(advantages.compute_advantages, dataclasses.replace(
-          ac, use_critic=True, decoupled=True, lam_critic=1.0))),
+          ac, estimator="gae", decoupled=True, lam_critic=1.0))),
       temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call,
       overlong=((cfg.sampling.max_new_tokens, cfg.overlong_cache_tokens)
                 if cfg.rl.overlong_shaping else None),

@@ -255,7 +255,7 @@ class Trainer:
   def rl(self) -> dict[str, Any]:
     """VAPO RL (or the preset's variant) for rl.steps steps (continuing a resumed run)."""
     cfg, rl, s = self.cfg, self.cfg.rl, self.state
-    if rl.use_critic:
+    if cfg.uses_critic:
       self.setup("critic")
     if rl.kl_coef > 0:
       self.setup("reference")

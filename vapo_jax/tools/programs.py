@@ -120,7 +120,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
 
   rollout_batch = batch(rows.rollout)
   resident = {"policy_state": per_device_bytes(p_state),
-              "critic_state": per_device_bytes(c_state) if cfg.rl.use_critic else 0,
+              "critic_state": per_device_bytes(c_state) if cfg.uses_critic else 0,
               # GRPO's KL penalty keeps a frozen copy of the initial policy's weights.
               "reference": per_device_bytes(params) if cfg.rl.kl_coef > 0 else 0,
               "rollout_batch": per_device_bytes(rollout_batch)}
@@ -144,7 +144,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
     fn = parts.policy_step(cfg, graphdef, p_tx, p_state, mesh, rules)
     progs.append(Program("policy_step", fn, (p_state, batch(rows.minibatch)), {},
                          resident["policy_state"], trips=micro))
-  if "critic_step" in names and cfg.rl.use_critic:
+  if "critic_step" in names and cfg.uses_critic:
     fn = parts.critic_step(cfg, c_graphdef, c_tx, c_state, mesh, rules)
     progs.append(Program("critic_step", fn, (c_state, batch(rows.minibatch)), {},
                          resident["critic_state"], trips=micro))
@@ -155,7 +155,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
     progs.append(Program("logprobs", fn, (params, tokens, mask),
                          {"prompt_len": p_len, "temperature": cfg.sampling.temperature},
                          per_device_bytes(params) + in_rollout, trips=chunks))
-  if "values" in names and cfg.rl.use_critic:
+  if "values" in names and cfg.uses_critic:
     fn = parts.values_fn(cfg, c_graphdef, mesh, rules)
     progs.append(Program("values", fn, (c_params, tokens, mask), {"prompt_len": p_len},
                          per_device_bytes(c_params) + in_rollout, trips=chunks))
