@@ -28,7 +28,7 @@ def root() -> str:
   return os.path.dirname(os.path.dirname(os.path.abspath(vapo_jax.__file__)))
 
 PRESETS = ("vapo", "ppo", "grpo", "dapo")
-TIMING = ("time/", "_per_s", "wall_s", "tokens_per_s")
+TIMING = ("time/", "_per_s", "wall_s", "_seconds")  # timings: not reproducible
 
 SHRINK = {
     "model": dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
@@ -59,6 +59,10 @@ def config_of(preset: str):
     for k, v in fields.items():
       c[section][k] = v
   return config_lib.from_config_dict(c)
+
+
+def _untimed(record: dict) -> dict:
+  return {k: v for k, v in record.items() if k != "time" and not any(s in k for s in TIMING)}
 
 
 def _sha(x) -> str:
@@ -103,8 +107,7 @@ def run(preset: str) -> dict:
     records = []
     for line in open(os.path.join(workdir, "metrics.jsonl")):
       r = json.loads(line)
-      records.append({k: v for k, v in r.items() if k != "time"
-                      and not any(s in k for s in TIMING)})
+      records.append(_untimed(r))
     return {"metrics": records,
             "checkpoints": checkpoint_hashes(os.path.join(workdir, "checkpoints"))}
 
@@ -147,7 +150,11 @@ def compare(a_path: str, b_path: str) -> int:
         bad += not same
       continue
     for part in ("metrics", "checkpoints"):
-      same = a[preset][part] == b[preset][part]
+      if part == "metrics":
+        same = ([_untimed(r) for r in a[preset][part]]
+                == [_untimed(r) for r in b[preset][part]])
+      else:
+        same = a[preset][part] == b[preset][part]
       n = (len(a[preset][part]) if part == "metrics"
            else sum(len(v["arrays"]) for v in a[preset][part].values()))
       print(f"{preset:5s} {part:11s} {'identical' if same else 'DIFFERENT'} ({n} "

@@ -60,8 +60,8 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   jax.block_until_ready(batch)
   out = {"rollout": em["time/rollout_s"],
          "overlapped": time.perf_counter() - t0 - em["time/rollout_s"]}
-  tokens, mask = batch["tokens_BxL"], batch["mask_BxL"]
-  p = tokens.shape[1] - batch["response_mask_BxR"].shape[1]
+  tokens, mask = batch.tokens_BxL, batch.mask_BxL
+  p = tokens.shape[1] - batch.response_mask_BxR.shape[1]
   t0 = time.perf_counter()
   ex = t.parts.experience
   jax.block_until_ready(ex.logprobs(t.state.policy_params, tokens, mask, prompt_len=p,
@@ -71,7 +71,7 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
                                           prompt_len=p))
   out["forward"] = time.perf_counter() - t0
   n = cfg.responses_per_prompt
-  resp, rmask = np.asarray(tokens)[:, p:], np.asarray(batch["response_mask_BxR"])
+  resp, rmask = np.asarray(tokens)[:, p:], np.asarray(batch.response_mask_BxR)
   texts = [t.parts.text.decode(r[m > 0].tolist()) for r, m in zip(resp, rmask)]
   t0 = time.perf_counter()
   t.parts.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,

@@ -1,6 +1,7 @@
 """Faults: a NaN gradient skips its update (counted, training goes on); too many in a row stop
 the run with a clear message and its checkpoints intact."""
 
+import dataclasses
 import functools
 import os
 
@@ -23,7 +24,7 @@ def poison(monkeypatch, calls):
   def patched(trainer, examples, **kw):
     batch, metrics = experience(trainer, examples, **kw)
     if count[0] in calls:
-      batch["advantages_BxR"] = batch["advantages_BxR"] * jnp.nan
+      batch = dataclasses.replace(batch, advantages_BxR=batch.advantages_BxR * jnp.nan)
     count[0] += 1
     return batch, metrics
 

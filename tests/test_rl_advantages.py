@@ -9,6 +9,7 @@ import pytest
 
 from vapo_jax import losses
 from vapo_jax.rl import advantages
+from vapo_jax.rl import batch as batch_lib
 from vapo_jax.run import trainer as trainer_lib
 from test_trainer import tiny
 
@@ -91,9 +92,14 @@ def test_a_toy_estimator_and_loss_plug_in_through_the_tables_only(monkeypatch):
   finally:
     t.close()
   b = jax.device_get(batch)
-  mask = b["response_mask_BxR"]
-  want = (b["scores_B"][:, None] - 0.5) * mask
-  np.testing.assert_array_equal(b["advantages_BxR"], want)
+  # The batch is the type the compile check lowers its programs from, field for field.
+  like = batch_lib.abstract(cfg.prompts_per_step * cfg.responses_per_prompt,
+                            cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens)
+  assert (jax.tree.map(lambda x: (x.shape, x.dtype), b)
+          == jax.tree.map(lambda x: (x.shape, x.dtype), like))
+  mask = b.response_mask_BxR
+  want = (b.scores_B[:, None] - 0.5) * mask
+  np.testing.assert_array_equal(b.advantages_BxR, want)
   assert m["toy/baseline"] == 0.5 and 0 < m["reward/mean"] < 1
   # One mini-batch at the weights that sampled it: ρ = 1, so L = −2·Σ A / Σ m.
   np.testing.assert_allclose(um["pg_loss"], -2 * want.sum() / mask.sum(), rtol=1e-4,

@@ -148,6 +148,7 @@ def run_step(step_fn, hp, graphdef, params, mesh, batch):
   before = jax.device_get(state.params)
   step = train_state.compile_step(functools.partial(step_fn, graphdef, SGD, hp), state, mesh,
                                   shd.batch_axes(mesh))
+  batch = batch_lib.RolloutBatch(**batch)
   state, metrics, skipped = step(state, batch_lib.shard_batch(batch, mesh, shd.batch_axes(mesh)))
   metrics = dict(metrics, skipped=skipped)
   after = jax.device_get(state.params)

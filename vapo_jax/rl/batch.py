@@ -3,6 +3,7 @@
 Shapes: B rows (responses), P prompt columns (left-padded), R response columns, L = P + R.
 """
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -40,22 +41,58 @@ def shard_batch(batch: Any, mesh, batch_axes) -> Any:
                                              lambda idx, v=np.asarray(v): v[idx]), batch)
 
 
-# The batch every train step takes: key -> (shape in B, L = P + R, R; dtype).
-BATCH_SPEC = {"tokens_BxL": (("B", "L"), jnp.int32), "mask_BxL": (("B", "L"), jnp.float32),
-              "old_logp_BxR": (("B", "R"), jnp.float32),
-              "advantages_BxR": (("B", "R"), jnp.float32),
-              "returns_BxR": (("B", "R"), jnp.float32),
-              "old_values_BxR": (("B", "R"), jnp.float32),
-              "response_mask_BxR": (("B", "R"), jnp.float32), "scores_B": (("B",), jnp.float32)}
-# With GRPO's KL penalty (rl.kl_coef > 0) the batch also holds the reference's log-probs.
-REF_SPEC = {"ref_logp_BxR": (("B", "R"), jnp.float32)}
+def _field(axes: tuple[str, ...], dtype, doc: str):
+  return dataclasses.field(default=None, metadata={"axes": axes, "dtype": dtype, "doc": doc})
 
 
-def batch_shapes(rows: int, prompt_len: int, response_len: int, *,
-                 reference: bool = False) -> dict[str, tuple]:
-  """{key: (shape, dtype)} of a train-step batch of `rows` rows (BATCH_SPEC, and REF_SPEC
-  with `reference`)."""
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RolloutBatch:
+  """The batch every train step takes, [B, ...] arrays (a pytree: None fields hold no leaf).
+
+  Which fields a batch holds depends on who made it: a rollout (`rl.experience`) fills all
+  but `ref_logp_BxR`, which comes with GRPO's KL penalty (rl.kl_coef > 0); the reward-model
+  stage's batch holds tokens_BxL, mask_BxL, response_mask_BxR and scores_B; SFT's the first
+  three. The fields are in alphabetical order, the leaf order of the dict this type
+  replaced, so the compiled programs' arguments did not change with it.
+  """
+  advantages_BxR: jax.Array | None = _field(("B", "R"), jnp.float32, "A_t (step 3)")
+  mask_BxL: jax.Array | None = _field(("B", "L"), jnp.float32, "1 on real prompt+response")
+  old_logp_BxR: jax.Array | None = _field(("B", "R"), jnp.float32, "log π_old of the tokens")
+  old_values_BxR: jax.Array | None = _field(("B", "R"), jnp.float32,
+                                            "V_old(s_t) (zeros without a critic)")
+  ref_logp_BxR: jax.Array | None = _field(("B", "R"), jnp.float32,
+                                          "log π_ref (with the KL penalty only)")
+  response_mask_BxR: jax.Array | None = _field(("B", "R"), jnp.float32,
+                                               "1 on real response tokens")
+  returns_BxR: jax.Array | None = _field(("B", "R"), jnp.float32, "the critic's targets")
+  scores_B: jax.Array | None = _field(("B",), jnp.float32, "the checker's score")
+  tokens_BxL: jax.Array | None = _field(("B", "L"), jnp.int32,
+                                        "prompt (left-padded) + response ids")
+
+  @property
+  def prompt_len(self) -> int:
+    """P = L − R (static: from the shapes)."""
+    return self.tokens_BxL.shape[1] - self.response_mask_BxR.shape[1]
+
+  @property
+  def rows(self) -> int:
+    return self.tokens_BxL.shape[0]
+
+
+# The fields a rollout batch holds (RolloutBatch's docstring); REFERENCE with the KL penalty.
+ROLLOUT = ("advantages_BxR", "mask_BxL", "old_logp_BxR", "old_values_BxR",
+           "response_mask_BxR", "returns_BxR", "scores_B", "tokens_BxL")
+REFERENCE = ("ref_logp_BxR",)
+
+
+def abstract(rows: int, prompt_len: int, response_len: int, sharding=None, *,
+             reference: bool = False) -> RolloutBatch:
+  """A rollout batch of `rows` rows as `jax.ShapeDtypeStruct`s (the compile check's), from
+  RolloutBatch's own field shapes and dtypes."""
   dims = {"B": rows, "L": prompt_len + response_len, "R": response_len}
-  spec = {**BATCH_SPEC, **REF_SPEC} if reference else BATCH_SPEC
-  return {k: (tuple(dims[d] for d in axes), dtype) for k, (axes, dtype) in spec.items()}
-
+  names = ROLLOUT + REFERENCE * reference
+  fields = {f.name: f for f in dataclasses.fields(RolloutBatch)}
+  return RolloutBatch(**{
+      n: jax.ShapeDtypeStruct(tuple(dims[d] for d in fields[n].metadata["axes"]),
+                              fields[n].metadata["dtype"], sharding=sharding) for n in names})

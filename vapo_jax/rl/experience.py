@@ -6,7 +6,7 @@
       ──checker──▶ scores                                                       [rl.reward]
       ──▶ advantages (λ_policy) and critic targets (λ_critic)               [rl.advantages]
 
-The batch it returns is what the update (`rl.update`, BATCH_SPEC) takes. Value pretraining
+It returns the `rl.batch.RolloutBatch` the update (`rl.update`) takes. Value pretraining
 uses the same experience with Monte Carlo targets (λ = 1) for the critic.
 
 The baselines' extras (`rl.dapo`, config `rl.*`): overlong shaping adds DAPO's soft length
@@ -34,6 +34,7 @@ import numpy as np
 
 from vapo_jax import distributed as dist
 from vapo_jax.rewards.scorer import BatchScores
+from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import dapo
 from vapo_jax.rl import reward as reward_lib
 from vapo_jax.rl import rollout as rollout_lib
@@ -72,7 +73,8 @@ class Experience:
 
   def __call__(self, policy_params, examples, key, *, values: Callable | None = None,
                for_value_pretraining: bool = False, ref_params=None,
-               more_examples: Callable[[], list] | None = None) -> tuple[dict, dict]:
+               more_examples: Callable[[], list] | None = None
+               ) -> tuple[batch_lib.RolloutBatch, dict]:
     """Samples, scores and annotates one rollout batch: (device batch, metrics).
 
     values: the critic, (tokens_BxL, mask_BxL, prompt_len) -> V(s_t) [B, R] (jitted, its
@@ -119,12 +121,11 @@ class Experience:
       on_device["reward/overlong_penalty_mean"] = jnp.mean(penalty_B)
     fn = self.monte_carlo if for_value_pretraining else self.advantages
     adv = fn(rewards_B, rollout.lengths_B, resp_mask, values, rollout.group_ids_B)
-    batch = {"tokens_BxL": tokens, "mask_BxL": mask, "old_logp_BxR": old_logp,
-             "advantages_BxR": adv.advantages_BxR, "returns_BxR": adv.returns_BxR,
-             "old_values_BxR": values if values is not None else jnp.zeros_like(old_logp),
-             "response_mask_BxR": resp_mask, "scores_B": scores_B}
-    if ref_logp is not None:
-      batch["ref_logp_BxR"] = ref_logp
+    batch = batch_lib.RolloutBatch(
+        tokens_BxL=tokens, mask_BxL=mask, old_logp_BxR=old_logp,
+        advantages_BxR=adv.advantages_BxR, returns_BxR=adv.returns_BxR,
+        old_values_BxR=values if values is not None else jnp.zeros_like(old_logp),
+        response_mask_BxR=resp_mask, scores_B=scores_B, ref_logp_BxR=ref_logp)
     lengths, truncated = dist.to_host((rollout.lengths_B, rollout.truncated_B))
     ent = jnp.sum(entropy * resp_mask) / jnp.maximum(jnp.sum(resp_mask), 1)
     metrics = {**all_scores.metrics(), **extra,
@@ -144,7 +145,8 @@ class Experience:
     })
     return batch, metrics
 
-  def sample_and_score(self, policy_params, examples, key) -> tuple[dict, dict]:
+  def sample_and_score(self, policy_params, examples, key
+                       ) -> tuple[batch_lib.RolloutBatch, dict]:
     """Steps 1–2 only, for the reward-model stage: (device batch of tokens_BxL, mask_BxL,
     response_mask_BxR and the checker's scores_B, reward and length metrics)."""
     rollout = self._sample(policy_params, examples, key)
@@ -154,8 +156,9 @@ class Experience:
     scored = reward_lib.score(self.scorer, rollout, self.text.decode,
                               [ex.problem for ex in examples], [ex.answer for ex in examples])
     lengths = dist.to_host(rollout.lengths_B)
-    batch = {"tokens_BxL": tokens, "mask_BxL": mask,
-             "response_mask_BxR": rollout.response_mask_BxR, "scores_B": scored.scores_B}
+    batch = batch_lib.RolloutBatch(tokens_BxL=tokens, mask_BxL=mask,
+                                   response_mask_BxR=rollout.response_mask_BxR,
+                                   scores_B=scored.scores_B)
     return batch, {**scored.all_scores.metrics(),
                    "response/length_mean": float(lengths.mean())}
 

@@ -24,6 +24,7 @@ from vapo_jax import distributed
 from vapo_jax import losses
 from vapo_jax import policy as policy_lib
 from vapo_jax.rl import train_state
+from vapo_jax.rl.batch import RolloutBatch
 from vapo_jax.rl.train_state import Learner, TrainState
 
 
@@ -62,7 +63,7 @@ class CriticHParams:
 
 
 def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
-                state: TrainState, batch: dict) -> tuple[TrainState, dict, jax.Array]:
+                state: TrainState, batch: RolloutBatch) -> tuple[TrainState, dict, jax.Array]:
   """One policy update on a mini-batch: L = L_PPO (eq. 4) + μ·L_NLL (eq. 3) [+ β·L_KL].
 
   L_PPO is `losses.POLICY_LOSSES[hp.policy_loss]` ("ppo": the clipped surrogate).
@@ -72,10 +73,10 @@ def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
   policy, `losses.kl_penalty`, aggregated and normalised like L_PPO). The prompt length is
   L − R.
   """
-  resp_mask = batch["response_mask_BxR"]
-  prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
+  resp_mask = batch.response_mask_BxR
+  prompt_len = batch.prompt_len
   pg_count = losses.aggregation_count(resp_mask, hp.loss_mode)
-  correct = (batch["scores_B"] >= hp.nll_threshold).astype(jnp.float32)
+  correct = (batch.scores_B >= hp.nll_threshold).astype(jnp.float32)
   nll_count = jnp.sum(resp_mask * correct[:, None])
   rows = jnp.asarray(resp_mask.shape[0], jnp.float32)
   tokens = jnp.sum(resp_mask)
@@ -83,19 +84,19 @@ def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
   def loss_fn(params, mb):
     model = nnx.merge(graphdef, params)
     logp, entropy = policy_lib.response_logprobs(
-        model, mb["tokens_BxL"], mb["mask_BxL"], prompt_len, temperature=hp.temperature,
+        model, mb.tokens_BxL, mb.mask_BxL, prompt_len, temperature=hp.temperature,
         chunk=hp.vocab_chunk)
-    m = mb["response_mask_BxR"]
+    m = mb.response_mask_BxR
     pg = losses.POLICY_LOSSES[hp.policy_loss](
-        logp, mb["old_logp_BxR"], mb["advantages_BxR"], m, eps_low=hp.eps_low,
+        logp, mb.old_logp_BxR, mb.advantages_BxR, m, eps_low=hp.eps_low,
         eps_high=hp.eps_high, dual_clip=hp.dual_clip, mode=hp.loss_mode)
     loss = losses.safe_divide(pg.loss.total, pg_count)
-    nll = losses.positive_nll(logp, m, mb["scores_B"], threshold=hp.nll_threshold)
+    nll = losses.positive_nll(logp, m, mb.scores_B, threshold=hp.nll_threshold)
     if hp.nll_coef:
       loss = loss + hp.nll_coef * losses.safe_divide(nll.total, nll_count)
     kl = None
     if hp.kl_coef:
-      kl = losses.kl_penalty(logp, mb["ref_logp_BxR"], m, mode=hp.loss_mode)
+      kl = losses.kl_penalty(logp, mb.ref_logp_BxR, m, mode=hp.loss_mode)
       loss = loss + hp.kl_coef * losses.safe_divide(kl.total, pg_count)
     w = pg.metrics["tokens"] / jnp.maximum(tokens, 1.0)  # token share of this micro-batch
     metrics = {k: pg.metrics[k] * w for k in POLICY_METRICS if k in pg.metrics}
@@ -116,20 +117,20 @@ def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
 
 
 def critic_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams,
-                state: TrainState, batch: dict) -> tuple[TrainState, dict, jax.Array]:
+                state: TrainState, batch: RolloutBatch) -> tuple[TrainState, dict, jax.Array]:
   """One critic update: ½(V − R)² against the λ_critic returns (optionally clipped).
 
   batch: tokens_BxL, mask_BxL, returns_BxR, old_values_BxR, response_mask_BxR.
   """
-  resp_mask = batch["response_mask_BxR"]
-  prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
+  resp_mask = batch.response_mask_BxR
+  prompt_len = batch.prompt_len
   count = losses.aggregation_count(resp_mask, hp.loss_mode)
 
   def loss_fn(params, mb):
     critic = nnx.merge(graphdef, params)
-    values = critic_lib.response_values(critic, mb["tokens_BxL"], mb["mask_BxL"], prompt_len)
-    out = losses.value_loss(values, mb["returns_BxR"], mb["response_mask_BxR"],
-                            old_values=mb["old_values_BxR"], clip_eps=hp.value_clip,
+    values = critic_lib.response_values(critic, mb.tokens_BxL, mb.mask_BxL, prompt_len)
+    out = losses.value_loss(values, mb.returns_BxR, mb.response_mask_BxR,
+                            old_values=mb.old_values_BxR, clip_eps=hp.value_clip,
                             mode=hp.loss_mode)
     loss = losses.safe_divide(out.loss.total, count)
     return loss, {"value_clip_frac": out.metrics["value_clip_frac"] * out.metrics["tokens"]
@@ -144,23 +145,23 @@ def critic_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams,
 # --------------------------------------------------------------------------- reward model
 
 
-def reward_model_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams,
-                      state: TrainState, batch: dict) -> tuple[TrainState, dict, jax.Array]:
+def reward_model_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams, state: TrainState,
+                      batch: RolloutBatch) -> tuple[TrainState, dict, jax.Array]:
   """One update of an outcome reward model: ½(r̂ − r)² per response (`losses.outcome_loss`).
 
   r̂ = the model's scalar at the response's last token (`critic.last_token_values`), r the
   checker's score. batch: tokens_BxL, mask_BxL, response_mask_BxR, scores_B.
   """
-  resp_mask = batch["response_mask_BxR"]
-  prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
+  resp_mask = batch.response_mask_BxR
+  prompt_len = batch.prompt_len
   count = jnp.sum((jnp.sum(resp_mask, -1) > 0).astype(jnp.float32))
 
   def loss_fn(params, mb):
     model = nnx.merge(graphdef, params)
-    lengths = jnp.sum(mb["response_mask_BxR"], -1).astype(jnp.int32)
-    pred = critic_lib.last_token_values(model, mb["tokens_BxL"], mb["mask_BxL"], prompt_len,
+    lengths = jnp.sum(mb.response_mask_BxR, -1).astype(jnp.int32)
+    pred = critic_lib.last_token_values(model, mb.tokens_BxL, mb.mask_BxL, prompt_len,
                                         lengths)
-    out = losses.outcome_loss(pred, mb["scores_B"], lengths > 0)
+    out = losses.outcome_loss(pred, mb.scores_B, lengths > 0)
     return losses.safe_divide(out.total, count), {
         "rm_pred_mean": losses.safe_divide(jnp.sum(jnp.where(lengths > 0, pred, 0.0)), count)}
 
@@ -174,17 +175,17 @@ def reward_model_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams,
 
 
 def sft_step(graphdef, tx: train_state.Optimizer, state: TrainState,
-             batch: dict) -> tuple[TrainState, dict, jax.Array]:
+             batch: RolloutBatch) -> tuple[TrainState, dict, jax.Array]:
   """Supervised warm start: token-level NLL of the response (solution) tokens.
 
   batch: tokens_BxL, mask_BxL, response_mask_BxR.
   """
-  resp_mask = batch["response_mask_BxR"]
-  prompt_len = batch["tokens_BxL"].shape[1] - resp_mask.shape[1]
+  resp_mask = batch.response_mask_BxR
+  prompt_len = batch.prompt_len
 
   def loss_fn(params, batch):
     model = nnx.merge(graphdef, params)
-    logp, _ = policy_lib.response_logprobs(model, batch["tokens_BxL"], batch["mask_BxL"],
+    logp, _ = policy_lib.response_logprobs(model, batch.tokens_BxL, batch.mask_BxL,
                                            prompt_len)
     return losses.safe_divide(-jnp.sum(logp * resp_mask), jnp.sum(resp_mask)), {}
 
@@ -209,14 +210,14 @@ class PPOLoop:
   seed: int
 
 
-def ppo_updates(loop: PPOLoop, learners: list[Learner], batch: dict, take, *, stage: str,
+def ppo_updates(loop: PPOLoop, learners: list[Learner], batch: RolloutBatch, take, *, stage: str,
                 step: int):
   """The update: every mini-batch of every epoch goes through each learner's step, in order.
 
   Args:
     loop: the loop's sizes and seed.
     learners: the networks to update, e.g. [policy, critic] (their states are not changed).
-    batch: the rollout batch (BATCH_SPEC).
+    batch: the rollout batch.
     take: take(batch, idx) -> the mini-batch of rows idx, on the mesh.
     stage, step: where the run is (they seed the mini-batch shuffle).
 
@@ -225,7 +226,7 @@ def ppo_updates(loop: PPOLoop, learners: list[Learner], batch: dict, take, *, st
     "skipped" flags: a step dropped a non-finite update).
   """
   states = {learner.name: learner.state for learner in learners}
-  rows = batch["scores_B"].shape[0]
+  rows = batch.scores_B.shape[0]
   records = []
   t0 = time.perf_counter()
   for epoch in range(loop.epochs):
@@ -244,6 +245,6 @@ def ppo_updates(loop: PPOLoop, learners: list[Learner], batch: dict, take, *, st
   dt = time.perf_counter() - t0
   skipped = [max(float(s) for s in skips) > 0 for _, skips in records]
   metrics = {k: float(np.mean([r[k] for r, _ in records])) for k in records[0][0]}
-  tokens = float(jax.device_get(jnp.sum(batch["mask_BxL"]))) * loop.epochs
+  tokens = float(jax.device_get(jnp.sum(batch.mask_BxL))) * loop.epochs
   metrics["train_tokens_per_s"] = tokens / max(dt, 1e-9)
   return states, metrics, skipped

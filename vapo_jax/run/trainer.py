@@ -138,8 +138,9 @@ class Trainer:
     bar = self._bar(cfg.sft.steps, "sft", start)
     metrics = {}
     for i in range(start, cfg.sft.steps):
-      batch = inputs.sft_batch(next(s.sft_prompts), self.parts.text, cfg.data.max_prompt_tokens,
-                               cfg.sampling.max_new_tokens)
+      batch = batch_lib.RolloutBatch(**inputs.sft_batch(
+          next(s.sft_prompts), self.parts.text, cfg.data.max_prompt_tokens,
+          cfg.sampling.max_new_tokens))
       sft.state, m, skipped = sft.step(
           sft.state, batch_lib.shard_batch(batch, self.parts.mesh, self.parts.batch_axes))
       m = {k: float(v) for k, v in jax.device_get(m).items()}
@@ -192,7 +193,8 @@ class Trainer:
     self.setup("critic")
     del s.learners["reward_model"]  # the critic holds the weights now; frees its optimizer
 
-  def experience(self, examples, *, for_value_pretraining: bool = False) -> tuple[dict, dict]:
+  def experience(self, examples, *, for_value_pretraining: bool = False
+                 ) -> tuple[batch_lib.RolloutBatch, dict]:
     """Steps 1–3 on the step's global prompts: (device batch, metrics); see rl.experience.
 
     Dynamic sampling's extra rounds take the next prompts of the same iterator (so a resumed
@@ -208,7 +210,7 @@ class Trainer:
         ref_params=None if for_value_pretraining else s.ref_params,
         more_examples=lambda: next(s.prompts))
 
-  def update(self, batch: dict, *, stage: str, step: int, policy: bool) -> dict:
+  def update(self, batch: batch_lib.RolloutBatch, *, stage: str, step: int, policy: bool) -> dict:
     """Step 4: the PPO loop over one batch; skipped non-finite updates are counted here."""
     names = ["policy"] * policy + ["critic"] * ("critic" in self.state.learners)
     learners = [self.state.learners[n] for n in names]

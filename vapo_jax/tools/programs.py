@@ -115,8 +115,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
   p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
 
   def batch(b):
-    shapes = batch_lib.batch_shapes(b, p_len, r_len, reference=cfg.rl.kl_coef > 0)
-    return {k: _sds(shape, dtype, rows_sh) for k, (shape, dtype) in shapes.items()}
+    return batch_lib.abstract(b, p_len, r_len, rows_sh, reference=cfg.rl.kl_coef > 0)
 
   rollout_batch = batch(rows.rollout)
   resident = {"policy_state": per_device_bytes(p_state),
@@ -148,7 +147,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
     fn = parts.critic_step(cfg, c_graphdef, c_tx, c_state, mesh, rules)
     progs.append(Program("critic_step", fn, (c_state, batch(rows.minibatch)), {},
                          resident["critic_state"], trips=micro))
-  tokens, mask = rollout_batch["tokens_BxL"], rollout_batch["mask_BxL"]
+  tokens, mask = rollout_batch.tokens_BxL, rollout_batch.mask_BxL
   in_rollout = per_device_bytes((tokens, mask))
   if "logprobs" in names:
     fn = parts.logprobs_fn(cfg, graphdef, mesh, rules)
