@@ -21,7 +21,7 @@ from vapo_jax import sharding as shd
 from vapo_jax.models import lora, transformer
 from vapo_jax.models.config import LORA_TARGETS, tiny_config
 from vapo_jax.rl import forward
-from vapo_jax.run import checkpoint_store as checkpointing
+from vapo_jax.run import checkpoint_store
 from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax.sampler import types as rollout_lib
@@ -232,7 +232,7 @@ def test_cli_run_with_lora_exports_a_plain_checkpoint_transformers_loads(tmp_pat
     run("vapo_jax.tools.export", f"--workdir={workdir}", f"--out={tmp_path / what}",
         f"--what={what}", "--dtype=float32")
 
-  store = checkpointing.CheckpointStore(os.path.join(workdir, "checkpoints"), read_only=True)
+  store = checkpoint_store.CheckpointStore(os.path.join(workdir, "checkpoints"), read_only=True)
   try:  # the run's config, as the command built it
     cfg = config_lib.from_config_dict(store.read_meta(store.steps()[-1])["config"])
   finally:

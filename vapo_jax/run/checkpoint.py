@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vapo_jax.data import PromptIterator
-from vapo_jax.run import checkpoint_store as checkpointing
+from vapo_jax.run import checkpoint_store
 from vapo_jax.run import control as run_control
 from vapo_jax.run import metrics as metrics_lib
 from vapo_jax.run import parts
@@ -47,7 +47,7 @@ class RunState:
   prompt iterators, the PRNG key, the metric records written (`log`) and the summary.
   """
   cfg: Any                                   # config.Config
-  ckpt: checkpointing.CheckpointStore | None
+  ckpt: checkpoint_store.CheckpointStore | None
   ctl: run_control.RunControl
   log: metrics_lib.MetricsWriter
   prompts: PromptIterator                    # the RL / value-pretraining prompts
@@ -71,12 +71,12 @@ class RunState:
 
 
 def store(cfg, workdir: str | None, *, read_only: bool = False
-          ) -> checkpointing.CheckpointStore | None:
+          ) -> checkpoint_store.CheckpointStore | None:
   """The run's checkpoint store under `workdir/checkpoints` (None without a workdir)."""
   if not workdir:
     return None
   ck = cfg.checkpoint
-  return checkpointing.CheckpointStore(os.path.join(workdir, CHECKPOINTS), keep=ck.keep,
+  return checkpoint_store.CheckpointStore(os.path.join(workdir, CHECKPOINTS), keep=ck.keep,
                                        keep_best=ck.keep_best, async_save=ck.async_save,
                                        read_only=read_only)
 
@@ -158,7 +158,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
 
   def like(name: str):
     if name not in GROUPS:
-      raise checkpointing.CheckpointError(f"unknown checkpoint group {name!r}")
+      raise checkpoint_store.CheckpointError(f"unknown checkpoint group {name!r}")
     return build(name)
 
   def reset():
@@ -176,7 +176,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
       how = ("rerun with the checkpoint's config, start over with a fresh --workdir"
              + (", or set --config.checkpoint.restore=weights to restore only the model "
                 "weights (fresh optimizer state)" if weights_hint else ""))
-      return checkpointing.CheckpointMismatch(
+      return checkpoint_store.CheckpointMismatch(
           f"{what}; config changed since it was saved: {', '.join(changes) or 'nothing'}; "
           f"every checkpoint was left in place; to go on, {how}")
 
@@ -188,12 +188,12 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     note = None
     try:
       arrays = ckpt.restore(s, likes)
-    except checkpointing.CheckpointMismatch as e:
+    except checkpoint_store.CheckpointMismatch as e:
       weights = {n: _weights(n, t) for n, t in likes.items()}
       subtrees = {n: _weights_path(n) for n in likes}
       try:
         ckpt.check(s, weights, subtrees=subtrees)
-      except checkpointing.CheckpointMismatch as e2:
+      except checkpoint_store.CheckpointMismatch as e2:
         raise mismatch(f"{e2} (its model weights do not fit this run)", False) from e2
       if not weights_ok:  # (only the optimizer state does not fit)
         raise mismatch(f"{e} (the checkpoint does not fit this run)", True) from e
@@ -211,7 +211,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
       return None
   else:
     if step not in ckpt.steps():
-      raise checkpointing.CheckpointError(f"no checkpoint {step} in {ckpt.directory} "
+      raise checkpoint_store.CheckpointError(f"no checkpoint {step} in {ckpt.directory} "
                                           f"(there are {ckpt.steps()})")
     found = attempt(step, ckpt.read_meta(step))
   step, meta, arrays, changes, note = found
@@ -259,17 +259,17 @@ def initial_policy(run: str, like: Any) -> tuple[Any, str]:
   directory = run if os.path.basename(os.path.normpath(run)) == CHECKPOINTS else os.path.join(
       run, CHECKPOINTS)
   if not os.path.isdir(directory):
-    raise checkpointing.CheckpointError(f"model.init_from={run!r}: no {directory}")
-  source = checkpointing.CheckpointStore(directory, keep_best=False, read_only=True)
+    raise checkpoint_store.CheckpointError(f"model.init_from={run!r}: no {directory}")
+  source = checkpoint_store.CheckpointStore(directory, keep_best=False, read_only=True)
   try:
     steps = source.steps()
     if not steps:
-      raise checkpointing.CheckpointError(f"model.init_from={run!r}: no checkpoint in "
+      raise checkpoint_store.CheckpointError(f"model.init_from={run!r}: no checkpoint in "
                                           f"{directory}")
     saved = source.read_meta(steps[-1])["groups"]
     name = next((g for g in ("policy", "sft", "policy_params") if g in saved), None)
     if name is None:
-      raise checkpointing.CheckpointError(f"model.init_from={run!r}: checkpoint {steps[-1]} "
+      raise checkpoint_store.CheckpointError(f"model.init_from={run!r}: checkpoint {steps[-1]} "
                                           f"holds no policy (it has {sorted(saved)})")
     params = source.restore(steps[-1], {name: like}, subtrees={name: _weights_path(name)}
                             )[name]
@@ -298,18 +298,18 @@ def _set_iterators(state: RunState, meta: dict, build: Callable[[str], Any]) -> 
     state.sft_prompts.set_state(meta["iterators"]["sft"])
 
 
-def select_step(ckpt: checkpointing.CheckpointStore | None, which: str) -> int:
+def select_step(ckpt: checkpoint_store.CheckpointStore | None, which: str) -> int:
   """"latest", "best" (highest eval avg@k) or a number, as a checkpoint step of the run."""
   steps = ckpt.steps() if ckpt else []
   if not steps:
-    raise checkpointing.CheckpointError(
+    raise checkpoint_store.CheckpointError(
         f"no checkpoints under {ckpt.directory if ckpt else 'a run without a workdir'}")
   if which == "latest":
     return steps[-1]
   if which == "best":
     best = ckpt.best_step()
     if best is None:
-      raise checkpointing.CheckpointError("no checkpoint has an eval score (best needs "
+      raise checkpoint_store.CheckpointError("no checkpoint has an eval score (best needs "
                                           "eval.every > 0 or a finished RL stage)")
     return best
   return int(which)

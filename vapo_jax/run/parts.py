@@ -35,7 +35,7 @@ from vapo_jax.rl import update
 from vapo_jax.run import inputs
 from vapo_jax.run.inputs import Text
 from vapo_jax.sampler import engine as sampler_lib
-from vapo_jax.sampler import ops as sampling
+from vapo_jax.sampler import ops
 
 
 def rules_of(cfg) -> shd.Rules:
@@ -132,7 +132,7 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
                   temperature: float | None = None, greedy: bool = False):
   """A compiled group sampler with the run's sampling settings."""
   s = cfg.sampling
-  scfg = sampling.SamplingConfig(
+  scfg = ops.SamplingConfig(
       max_new_tokens=s.max_new_tokens, temperature=temperature or s.temperature,
       top_p=s.top_p, top_k=s.top_k, greedy=greedy, stop_token_ids=text.eos_ids,
       pad_id=text.pad_id, vocab_size=text.vocab_size, n_per_prompt=n,

@@ -38,7 +38,7 @@ from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import train_state
 from vapo_jax.run import inputs, parts
 from vapo_jax.sampler import engine as sampler_lib
-from vapo_jax.sampler import ops as sampling
+from vapo_jax.sampler import ops
 
 PROGRAMS = ("policy_step", "critic_step", "logprobs", "values", "prefill", "decode_step",
             "eval_decode_step")
@@ -223,7 +223,7 @@ def _decode(name, sampler, graphdef, params, cache, b, rows_sh, rep, resident_in
     model = nnx.merge(graphdef, state)
     hidden, cache = model(tok_B[:, None], positions_B[:, None], kv_mask_BxS, cache=cache,
                           cache_index=slot)
-    new_B, logp_B = sampling.sample_step(key, model.logits(hidden[:, -1]), sampler.cfg)
+    new_B, logp_B = ops.sample_step(key, model.logits(hidden[:, -1]), sampler.cfg)
     return sampler.constrain(new_B, 0), sampler.constrain(logp_B, 0), cache
 
   fn = jax.jit(decode, donate_argnums=(4,))
