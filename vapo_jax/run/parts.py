@@ -1,10 +1,11 @@
 """The one place that builds a run's parts from a `config.Config`.
 
 Mesh, policy and critic (the tokenizer and examples: `run.inputs`); the samplers; the
-settings of each RL step (every Config → dataclass adapter); the optimizers and the jitted
-programs. The trainer builds its run with `build` and `train_state`, and `tools/programs`
-(the compile check) builds the same programs from abstract parameters with the same
-functions, so the check compiles exactly what a run runs.
+settings of each RL step (every Config → dataclass adapter); the trained networks
+(`LEARNERS`, one row each: optimizer and compiled step) and the jitted programs. The trainer
+builds its run with `build` and `learner`, and `tools/programs` (the compile check) builds
+the same programs from abstract parameters with the same functions, so the check compiles
+exactly what a run runs.
 """
 
 import dataclasses
