@@ -18,7 +18,9 @@ FLOPs (2 per multiply-add):
                      per query group [a, e) of `attention._query_groups`, (e − a) · ⌈e/C⌉ C;
                      causal dense = per `causal_query_blocks` block (e − a) · e; decode = W
                      keys per row at window W
-  train pass         fwd + remat fwd + bwd: 4 m per token, 4.5 a per pair (bwd 2.5 a:
+  train pass         fwd + remat fwd + bwd: 4 m − down per token (the recompute's last
+                     matmul, the MLP down projection 2 L D F, is dead: XLA drops it),
+                     4.5 a per pair (bwd 2.5 a:
                      `attention._backward` has five pair products), LM head 4× (checkpointed
                      chunks of 128 positions over the R response positions)
 Time of a program = its matmul FLOPs / (peak · MFU) + max(attention FLOPs / (peak · MFU),
@@ -86,6 +88,12 @@ class Arch:
     d, dh = self.d, self.dh
     return 2.0 * self.layers * (d * dh * (self.h + 2 * self.k) + self.h * dh * d
                                 + 3 * d * self.f)
+
+  @property
+  def down(self) -> float:
+    """The MLP down projection's FLOPs per token: a remat block's recompute skips it (its
+    output is the block's, which the backward pass does not need; XLA drops it)."""
+    return 2.0 * self.layers * self.d * self.f
 
   @property
   def head(self) -> float:
@@ -167,6 +175,7 @@ class Knobs:
   mfu_ceiling: float = 0.5           # the floor's train MFU
   attn_score_bytes: float = 16.0     # HBM bytes per (pair, head) of a blocked fwd (bwd 2.5×)
   decode_collectives: float | None = None  # per decode step; None: 9 L + 4
+  decode_collective_bytes: float = 0.0  # per decode step and chip, over ICI (decode_hlo)
   decode_weights: str = "stationary"  # or "gathered" (FSDP weights all-gathered per step)
   train: str = "padded"              # or "packed"
   rollout: str = "static"            # or "engine"
@@ -248,7 +257,10 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
                                                             "head": 1.0}
   if floor and train:
     fac = {"matmul": 3.0, "attention": 3.5, "head": 3.0}
-  mm = sum(c * t for c, t, _, _ in rows_t) * a.matmul * fac["matmul"]
+  tokens = sum(c * t for c, t, _, _ in rows_t)
+  mm = tokens * a.matmul * fac["matmul"]
+  if train and a.remat and not floor:
+    mm -= tokens * a.down
   at = sum(c * pr for c, _, pr, _ in rows_t) * a.pair * fac["attention"]
   hd = sum(c * hp for c, _, _, hp in rows_t) * (2.0 * a.d if critic else a.head) * fac["head"]
   chips, rate = st.chips, st.peak * mfu
@@ -321,7 +333,7 @@ def static_rollout(st: Setup, resp: np.ndarray, name: str = "rollout",
   w_bytes = a.params * st.param_bytes / st.chips           # weights read per step, in place
   gathered = a.params * st.param_bytes / st.tensor if k.decode_weights == "gathered" else 0.0
   ncoll = _decode_collectives(st)
-  lat = ncoll * k.collective_latency_us * 1e-6
+  lat = ncoll * k.collective_latency_us * 1e-6 + k.decode_collective_bytes / st.ici
   eff_bw = st.bw * k.bw_efficiency
   terms = {"decode weights": 0.0, "decode KV": 0.0, "decode logits": 0.0, "decode compute": 0.0,
            "decode latency": 0.0, "window copies": 0.0, "prefill": 0.0}
@@ -582,6 +594,7 @@ def define_flags(flags):
                      "head) of a blocked attention forward (0: a fused kernel).")
   flags.DEFINE_float("decode_collectives", None, "Collectives per decode step (decode_hlo); "
                      "default 9 L + 4.")
+  flags.DEFINE_float("decode_collective_bytes", 0.0, "Their bytes per step and chip.")
   flags.DEFINE_enum("decode_weights", d.decode_weights, ["stationary", "gathered"],
                     "Decode reads weights in place, or all-gathers them every step.")
   flags.DEFINE_enum("train", d.train, ["padded", "packed"], "Train-side rows.")
@@ -594,6 +607,7 @@ def knobs_from_flags(f) -> Knobs:
   return Knobs(mfu=f.mfu, bw_efficiency=f.bw_efficiency,
                collective_latency_us=f.collective_latency_us, mfu_ceiling=f.mfu_ceiling,
                attn_score_bytes=f.attn_score_bytes, decode_collectives=f.decode_collectives,
+               decode_collective_bytes=f.decode_collective_bytes,
                decode_weights=f.decode_weights, train=f.train, rollout=f.rollout,
                engine_tp=f.engine_tp, workspace_gb=f.workspace_gb)
 

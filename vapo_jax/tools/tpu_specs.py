@@ -9,7 +9,8 @@ Names, as `gcloud compute tpus tpu-vm create --accelerator-type` spells them:
 
 Per-chip figures (Google Cloud TPU documentation, 2026): HBM capacity, dense bf16 peak,
 HBM bandwidth and inter-chip interconnect bandwidth (ICI: the per-chip Gbps figure / 8).
-Slices of more than one host have 4 chips per host ((2, 2, 1) host bounds); single-host slices of 8 chips (v5e-8, v6e-8) have (2, 4, 1).
+Slices of more than one host have 4 chips per host ((2, 2, 1) host bounds); single-host
+slices of 8 chips (v5e-8, v6e-8) have (2, 4, 1).
 """
 
 from __future__ import annotations
