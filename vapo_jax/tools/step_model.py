@@ -581,10 +581,10 @@ def main(argv):
     print(format_report(label, run(st, spec, f.prompt_lengths)), flush=True)
 
 
-def define_flags(flags):
+def define_flags(flags, lengths_default: str | None = "review"):
   """The model's flags (shared with compile_check)."""
   d = Knobs()
-  flags.DEFINE_string("lengths", "review", "Response lengths: lognormal:MEDIAN,SIGMA, "
+  flags.DEFINE_string("lengths", lengths_default, "Response lengths: lognormal:MEDIAN,SIGMA, "
                       "uniform:A,B, fixed:N, early|mid|late|review, a metrics.jsonl; ';' joins")
   flags.DEFINE_string("prompt_lengths", "uniform:80,400", "Real prompt lengths (same forms).")
   flags.DEFINE_float("mfu_ceiling", d.mfu_ceiling, "The floor's train MFU.")
