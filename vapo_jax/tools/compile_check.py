@@ -27,7 +27,8 @@ The older compile-based step time below counts XLA's loop bodies once and has no
 communication term; it is kept for comparison only. It is: per program max(FLOPs / (peak
 FLOP/s · MFU), bytes accessed / (HBM bandwidth · BW efficiency)), from the compiled
 per-chip cost analysis, summed over one RL step: calls × (prefill + R · decode_step) +
-logprobs + values + minibatches · epochs · (policy_step + critic_step). Decoding is assumed to run all R steps (long tails do).
+logprobs + values + minibatches · epochs · (policy_step + critic_step). Decoding is assumed
+to run all R steps (long tails do).
 
 Exit status: 0 when everything fits on every slice given, 1 otherwise (with the reason).
 """
