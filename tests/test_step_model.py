@@ -238,3 +238,23 @@ def test_no_invariant_gather_in_a_tensor_parallel_loop():
   text = _loop_program(gather_weights=False)
   assert hlo_stats.invariant_gathers(text) == []
   assert [lp.collectives.count.get("all-reduce") for lp in hlo_stats.while_bodies(text)] == [1]
+
+
+def test_compile_check_no_compile_prints_the_model():
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  out = subprocess.run(
+      [sys.executable, "-m", "vapo_jax.tools.compile_check", "--config=configs/qwen32b.py",
+       "--topology=v5p-128", "--arch=qwen2.5-32b", "--no_compile", "--lengths=early",
+       "--decode_collectives=1362", "--train=packed"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "early (lognormal:900,0.7" in out.stdout and "ratio" in out.stdout
+  assert "train=packed" in out.stdout and "1362 collectives/step" in out.stdout
+  bad = subprocess.run(
+      [sys.executable, "-m", "vapo_jax.tools.compile_check", "--config=configs/qwen32b.py",
+       "--topology=v5p-128", "--no_compile", "--lengths=gauss:1"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
+  assert bad.returncode != 0 and "unknown length spec" in bad.stdout + bad.stderr

@@ -295,6 +295,12 @@ def main(argv):
     raise app.UsageError("--no_compile needs --lengths=SPEC (there is nothing else to print)")
   cfg = config_lib.from_command_line(_CONFIG.value)
   mcfg = archs.model_config(cfg, _ARCH.value)
+  if flags.FLAGS.lengths:  # a bad length spec fails now, not after the compiles
+    from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
+    for _, spec in lengths.phases(flags.FLAGS.lengths):
+      lengths.sample(spec, 1, cfg.sampling.max_new_tokens)
+    lengths.sample(flags.FLAGS.prompt_lengths, 1, cfg.data.max_prompt_tokens,
+                   prefix="prompt/length_")
   print(f"model: {mcfg.num_layers} layers, d={mcfg.hidden_size}, "
         f"{mcfg.num_params / 1e9:.2f} B parameters")
   reports = []
