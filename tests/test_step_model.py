@@ -258,3 +258,33 @@ def test_compile_check_no_compile_prints_the_model():
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
   assert bad.returncode != 0 and "unknown length spec" in bad.stdout + bad.stderr
+
+
+def test_collective_counter_reads_async_pairs_once():
+  text = """HloModule m
+
+%body (p: (s32[], bf16[16,2,128])) -> (s32[], bf16[16,2,128]) {
+  %p = (s32[], bf16[16,2,128]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = bf16[16,2,128]{2,1,0} get-tuple-element(%p), index=1
+  %cp = (bf16[16,2,128], bf16[16,2,128], u32[], u32[]) collective-permute-start(%x), channel_id=1
+  %cd = bf16[16,2,128]{2,1,0} collective-permute-done(%cp)
+  %ag = (bf16[16,2,128]{2,1,0}, bf16[64,2,128]{2,1,0}) all-gather-start(%cd), dimensions={0}
+  %agd = bf16[64,2,128]{2,1,0} all-gather-done(%ag)
+  ROOT %t = (s32[], bf16[16,2,128]) tuple(%i, %cd)
+}
+
+ENTRY %main (a: bf16[16,2,128]) -> bf16[16,2,128] {
+  %a = bf16[16,2,128]{2,1,0} parameter(0)
+  %z = s32[] constant(0)
+  %init = (s32[], bf16[16,2,128]) tuple(%z, %a)
+  %w = (s32[], bf16[16,2,128]) while(%init), condition=%cond, body=%body
+  ROOT %r = bf16[16,2,128]{2,1,0} get-tuple-element(%w), index=1
+}
+"""
+  (loop,) = hlo_stats.while_bodies(text)
+  assert loop.collectives.count == {"collective-permute": 1, "all-gather": 1}
+  assert loop.collectives.bytes == {"collective-permute": 16 * 2 * 128 * 2,
+                                    "all-gather": 64 * 2 * 128 * 2}
+  # The gathered array is derived from carry 1, which the body changes: not invariant.
+  assert hlo_stats.invariant_gathers(text) == []

@@ -139,8 +139,9 @@ def _count(comps, name: str, out: Counts, seen_calls=None, skip_bodies=False):
   for instr in comps.get(name, {}).values():
     k = _kind(instr.op)
     if k:
-      # An async start's result is a tuple (operand, result, ...): its last array is the result.
-      shapes = _SHAPE.findall(instr.shape)
+      # An async start's result is a tuple (operands, results, u32[] contexts): the result is
+      # its last non-scalar array.
+      shapes = [sd for sd in _SHAPE.findall(instr.shape) if sd[1]]
       if instr.op.endswith("-start") and len(shapes) > 1:
         dtype, dims = shapes[-1]
         out.add(k, shape_bytes(f"{dtype}[{dims}]"))

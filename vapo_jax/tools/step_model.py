@@ -577,8 +577,21 @@ def main(argv):
         f"{st.max_new} tokens")
   print("assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knobs).items()))
   from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
+  rows = []
   for label, spec in lengths.phases(f.lengths):
-    print(format_report(label, run(st, spec, f.prompt_lengths)), flush=True)
+    r = run(st, spec, f.prompt_lengths)
+    print(format_report(label, r), flush=True)
+    rows.append(markdown_row(label, r, f"train={knobs.train}, rollout={knobs.rollout}"))
+  if f.markdown:
+    print("| phase | code | estimate s | floor s | ratio | dominant terms |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+def markdown_row(label: str, r: dict, code: str) -> str:
+  dom = "; ".join(f"{k} {v:,.0f} s" for k, v in r["dominant"])
+  return (f"| {label} (mean {r['mean_length']:,.0f}) | {code} | {r['estimate_s']:,.0f} | "
+          f"{r['floor_s']:,.0f} | {r['ratio']:.1f}× | {dom} |")
 
 
 def define_flags(flags, lengths_default: str | None = "review"):
@@ -621,5 +634,6 @@ if __name__ == "__main__":
   _flags.DEFINE_string("arch", None, "Architecture (archs.KNOWN name or config.json).")
   _flags.DEFINE_float("mfu", Knobs().mfu, "Assumed train MFU.")
   _flags.DEFINE_float("bw_efficiency", Knobs().bw_efficiency, "Fraction of HBM bandwidth.")
+  _flags.DEFINE_bool("markdown", False, "Also print one markdown table row per phase.")
   define_flags(_flags)
   cli.run(main)
