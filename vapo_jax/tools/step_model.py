@@ -454,7 +454,9 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
       worst_terms = {"decode weights": w_time, "decode KV": kv_time,
                      "decode compute": max(0.0, cost - now * lat - mem),
                      "decode latency": now * lat, "prefill": pre}
-  prog = Program(name, flops / reps, 0.0, 0 if floor else steps_max * (2 * a.layers + 2))
+  mem_time = worst_terms.get("decode weights", 0.0) + worst_terms.get("decode KV", 0.0)
+  prog = Program(name, flops / reps, mem_time * bw,
+                 0 if floor else steps_max * (2 * a.layers + 2))
   if not floor:
     reshard = 2.0 * a.params / tp / st.ici
     worst_terms["bf16 reshard"] = reshard
@@ -543,12 +545,12 @@ def run(st: Setup, spec: str, prompt_spec: str) -> dict:
 def format_report(label: str, r: dict) -> str:
   lines = [f"{label} ({r['spec']}: mean {r['mean_length']:.0f} tokens, "
            f"{r['truncated']:.1%} truncated)",
-           f"  {'program':12s} {'TFLOP/chip':>11s} {'HBM GB/chip':>12s} {'collectives':>12s} "
+           f"  {'program':12s} {'TFLOP/chip':>11s} {'HBM TB/chip':>12s} {'collectives':>12s} "
            f"{'time s':>9s}  terms"]
   for p in r["programs"]:
     terms = ", ".join(f"{k} {v:.0f}" for k, v in sorted(p.terms.items(), key=lambda kv: -kv[1])
                       if v >= 0.5)
-    lines.append(f"  {p.name:12s} {p.flops / 1e12:11.1f} {p.hbm_bytes / GB:12.1f} "
+    lines.append(f"  {p.name:12s} {p.flops / 1e12:11.1f} {p.hbm_bytes / 1e12:12.1f} "
                  f"{p.collectives:12.0f} {p.time:9.0f}  {terms}")
     if p.note:
       lines.append(f"  {'':12s} {p.note}")
