@@ -93,6 +93,8 @@ class Result:
   bytes_accessed: float = 0.0
   compile_s: float = 0.0
   error: str = ""
+  collectives: float = 0.0       # in the compiled HLO, loop bodies once (`hlo_stats`)
+  collective_bytes: float = 0.0  # their result bytes per chip
 
 
 def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
@@ -107,6 +109,8 @@ def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
       raise
     return Result(prog.name, False, compile_s=time.perf_counter() - t0, error=msg)
   m = compiled.memory_analysis()
+  from vapo_jax.tools import hlo_stats  # pylint: disable=import-outside-toplevel
+  coll = hlo_stats.collectives(compiled.as_text())
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   args, temp = m.argument_size_in_bytes, m.temp_size_in_bytes
@@ -118,7 +122,8 @@ def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
   return Result(prog.name, peak <= budget, peak, args, temp, out, alias,
                 prog.trips * float(cost.get("flops", 0.0)),
                 prog.trips * float(cost.get("bytes accessed", 0.0)),
-                time.perf_counter() - t0)
+                time.perf_counter() - t0, collectives=coll.total,
+                collective_bytes=coll.total_bytes)
 
 
 def step_time(results: dict[str, Result], plan, cfg, s: tpu_specs.Slice, mfu: float,
@@ -149,7 +154,8 @@ def extrapolate(ra: Result, rb: Result, la: int, lb: int, layers: int, prog, par
     return ra if ra.error else rb
   lin = lambda a, b: a + (b - a) * (layers - la) / (lb - la)  # noqa: E731
   f = {k: lin(getattr(ra, k), getattr(rb, k)) for k in
-       ("arguments", "temporaries", "outputs", "aliased", "flops", "bytes_accessed")}
+       ("arguments", "temporaries", "outputs", "aliased", "flops", "bytes_accessed",
+        "collectives", "collective_bytes")}
   # Temporaries need not grow with depth (remat keeps one layer's activations); when XLA's
   # schedules of the two probes differ the line can slope down: never go below a probe.
   f["temporaries"] = max(f["temporaries"], ra.temporaries, rb.temporaries)
@@ -218,7 +224,8 @@ def _line(r: Result, budget: float) -> str:
   return (f"  {r.program:12s} peak {r.peak / GB:8.2f} GB of {budget / GB:6.1f} "
           f"[args {r.arguments / GB:7.2f} temp {r.temporaries / GB:7.2f} out "
           f"{r.outputs / GB:7.2f} aliased {r.aliased / GB:7.2f}] "
-          f"{r.flops / 1e12:9.2f} TFLOP/chip  {'ok' if r.fits else 'DOES NOT FIT'}  "
+          f"{r.flops / 1e12:9.2f} TFLOP/chip, {r.collectives:.0f} collectives "
+          f"({r.collective_bytes / 1e6:.0f} MB)  {'ok' if r.fits else 'DOES NOT FIT'}  "
           f"({r.compile_s:.0f} s)")
 
 
