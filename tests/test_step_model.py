@@ -80,6 +80,11 @@ def test_flops_equal_xla_cost_analysis_of_single_trip_programs(one_trip):
           "decode_step": step_model.decode_step_flops(a, b, plan.shapes["cache_len"])}
   for name, want in ours.items():
     assert xla[name] == pytest.approx(want, rel=0.02), (name, xla[name], want)
+  # compile_check's cross-check counts the same, per chip of a slice of 8 chips.
+  st = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-16"))
+  assert st.chips == 8 and plan.shapes["cache_len"] == t
+  for name, want in ours.items():
+    assert step_model.program_flops(st, name) * 8 == pytest.approx(want), name
 
 
 def test_attention_pairs_of_the_kernels():

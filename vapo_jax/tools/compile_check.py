@@ -257,8 +257,10 @@ def summary(report: dict) -> str:
   return "\n".join(lines)
 
 
-def model_report(cfg, mcfg, s: tpu_specs.Slice, *, compile_decode: bool, log=print) -> list:
-  """`step_model` at --lengths on slice s, decode collectives from the compiled loop."""
+def model_report(cfg, mcfg, s: tpu_specs.Slice, *, compile_decode: bool, compiled=None,
+                 log=print) -> list:
+  """`step_model` at --lengths on slice s, decode collectives from the compiled loop; with
+  the compiled programs' figures, their XLA FLOPs beside the analytic ones."""
   knobs = step_model.knobs_from_flags(flags.FLAGS)
   layers = [int(x) for x in _HLO_LAYERS.value or ()]
   if compile_decode and len(layers) == 2 and knobs.decode_collectives is None:
@@ -280,6 +282,11 @@ def model_report(cfg, mcfg, s: tpu_specs.Slice, *, compile_decode: bool, log=pri
     log(f"  decode loop (libtpu, {ra.summary()}; {rb.summary()}); at {mcfg.num_layers} layers: "
         f"{knobs.decode_collectives:.0f} collectives per step")
   st = step_model.Setup.of(cfg, mcfg, s, knobs)
+  if compiled:
+    log("  FLOPs cross-check (XLA counts a loop body once: attention key blocks and LM-head "
+        "chunks are undercounted; the standalone decode steps have no loop):")
+    for line in step_model.crosscheck(st, compiled):
+      log(line)
   log("  assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knobs).items()))
   from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
   out = []
@@ -321,7 +328,8 @@ def main(argv):
                            headroom=_HEADROOM.value, probe_layers=probe))
       print(summary(reports[-1]), flush=True)
     if flags.FLAGS.lengths:
-      model_report(cfg, mcfg, s, compile_decode=not _NO_COMPILE.value)
+      model_report(cfg, mcfg, s, compile_decode=not _NO_COMPILE.value,
+                   compiled=reports[-1].get("programs") if reports else None)
   if _JSON.value:
     with open(_JSON.value, "w", encoding="utf-8") as f:
       json.dump(reports, f, indent=1)

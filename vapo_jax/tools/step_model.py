@@ -207,6 +207,7 @@ class Setup:
   eval_per_call: int          # rows per eval sampler call
   eval_every: int
   knobs: Knobs = Knobs()
+  minibatches: int = 1
 
   @classmethod
   def of(cls, cfg, mcfg, s, knobs: Knobs = Knobs()) -> "Setup":
@@ -222,7 +223,8 @@ class Setup:
                s.gen.hbm_bytes, s.gen.ici_bandwidth, cfg.prompts_per_step * n, n, p, r,
                per_call, wins, cfg.rl.ppo_epochs, cfg.rl.use_critic,
                np.dtype(mcfg.param_dtype).itemsize, eval_rows,
-               ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs)
+               ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
+               cfg.rl.num_minibatches)
 
   @property
   def resident(self) -> float:
@@ -520,6 +522,43 @@ def floor(st: Setup, resp: np.ndarray, prompts: np.ndarray) -> Step:
     ev.terms = {k: v / st.eval_every for k, v in ev.terms.items()}
     progs.append(ev)
   return Step(progs)
+
+
+def program_flops(st: Setup, name: str) -> float:
+  """Analytic FLOPs per chip of one call of a `tools.programs` program (padded shapes; the
+  standalone decode steps attend the whole cache of P + R slots)."""
+  a = st.arch
+  t = st.prompt_len + st.max_new
+  fwd = forward_flops(a, 1, t, padded_head_positions(st.max_new))
+  crit = forward_flops(a, 1, t, t, critic=True)
+  fac = train_factors(a.remat)
+  mb = st.rows // max(1, st.minibatches)
+  down = a.down if a.remat else 0.0
+  per_row = {
+      "policy_step": mb * (sum(fac[k] * v for k, v in fwd.items()) - t * down),
+      "critic_step": mb * (sum(fac[k] * v for k, v in crit.items()) - t * down),
+      "logprobs": st.rows * sum(fwd.values()),
+      "values": st.rows * sum(crit.values()),
+      "prefill": sum(forward_flops(a, st.per_call, st.prompt_len, 1).values()),
+      "decode_step": decode_step_flops(a, st.per_call * st.n, t),
+      "eval_decode_step": decode_step_flops(a, st.eval_per_call, t),
+  }
+  if name not in per_row:
+    raise ValueError(f"no analytic count for program {name!r}; known: {sorted(per_row)}")
+  return per_row[name] / st.chips
+
+
+def crosscheck(st: Setup, programs: dict) -> list[str]:
+  """Lines comparing compile_check's XLA FLOPs (loop bodies once × micro-batch trips) with
+  `program_flops`; programs: {name: {"flops": ...}} (compile_check's report)."""
+  out = []
+  for name, p in programs.items():
+    if p.get("error"):
+      continue
+    ours = program_flops(st, name)
+    out.append(f"  {name:16s} XLA {p['flops'] / 1e12:10.1f} TFLOP/chip, analytic "
+               f"{ours / 1e12:10.1f} (XLA / analytic {p['flops'] / ours:.2f})")
+  return out
 
 
 # ---------------------------------------------------------------------------- report
