@@ -31,9 +31,10 @@ per decode step max(FLOPs / (peak · MFU), bytes / (BW · bw_eff)) + collectives
 Today (`--train=padded --rollout=static`): every train row is P + R tokens; the rollout is
 B / (prompts_per_call · n) sampler calls, each a prefill of P-token prompts and the windowed
 while loops of `sampler.engine._generate` (`ops.decode_windows`), which stop at the call's
-longest row (steps t = 1 .. max ℓ − 1); each step reads the fp32 master weights (N · 4 / chips
-per chip when they stay in place, `--decode_weights=stationary`; `gathered` adds the per-step
-gather of N · 4 / tensor) and the whole window W of the cache for every row.
+longest row (steps t = 1 .. max ℓ − 1); each step reads the weight shards in place
+(`--decode_weights=stationary`: the TPU compile shows no weight gather in the loop, and XLA
+hoists the fp32 -> bf16 casts out of it, so (N − untied embedding) · 2 / chips bytes,
+`--decode_weight_itemsize`; `gathered` adds a per-step gather of N · 4 / tensor) and the whole window W of the cache for every row.
 Alternatives: `--train=packed` (rows of P + R tokens filled with whole sequences of real
 prompt + response tokens by first-fit-decreasing; attention per sequence, block-causal at
 C), `--rollout=engine` (continuous batching on replicas of `--engine_tp` chips, bf16 decode
@@ -73,6 +74,7 @@ class Arch:
   block: int               # attention_block C
   impl: str                # "blocked" | "dense" | "auto"
   remat: bool
+  untied: bool = True      # the LM head is its own matrix (not the embedding)
 
   @classmethod
   def of(cls, m) -> "Arch":
@@ -80,7 +82,7 @@ class Arch:
     head = 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size
     return cls(m.num_layers, m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads,
                m.head_dim, m.vocab_size, n, n - head + m.hidden_size, m.attention_block,
-               m.attention_impl, bool(m.remat))
+               m.attention_impl, bool(m.remat), not m.tie_word_embeddings)
 
   @property
   def matmul(self) -> float:
@@ -88,6 +90,11 @@ class Arch:
     d, dh = self.d, self.dh
     return 2.0 * self.layers * (d * dh * (self.h + 2 * self.k) + self.h * dh * d
                                 + 3 * d * self.f)
+
+  @property
+  def decode_weights(self) -> float:
+    """Parameters a decode step reads whole (all but an untied input embedding)."""
+    return self.params - (self.vocab * self.d if self.untied else 0)
 
   @property
   def down(self) -> float:
@@ -177,6 +184,9 @@ class Knobs:
   decode_collectives: float | None = None  # per decode step; None: 9 L + 4
   decode_collective_bytes: float = 0.0  # per decode step and chip, over ICI (decode_hlo)
   decode_weights: str = "stationary"  # or "gathered" (FSDP weights all-gathered per step)
+  # Bytes per weight a decode step reads: XLA hoists the fp32 -> bf16 casts of the stationary
+  # weight shards out of the decode loop (its carry holds bf16 shards: `decode_hlo`), so 2.
+  decode_weight_itemsize: float = 2.0
   train: str = "padded"              # or "packed"
   rollout: str = "static"            # or "engine"
   engine_tp: int = 4
@@ -332,7 +342,8 @@ def static_rollout(st: Setup, resp: np.ndarray, name: str = "rollout",
   b = rows_per_call or st.per_call * st.n
   calls = -(-len(resp) // b)
   kvb = a.kv_bytes()
-  w_bytes = a.params * st.param_bytes / st.chips           # weights read per step, in place
+  # Weights read per step, in place; an untied embedding is only looked up (B rows).
+  w_bytes = a.decode_weights * k.decode_weight_itemsize / st.chips
   gathered = a.params * st.param_bytes / st.tensor if k.decode_weights == "gathered" else 0.0
   ncoll = _decode_collectives(st)
   lat = ncoll * k.collective_latency_us * 1e-6 + k.decode_collective_bytes / st.ici
@@ -416,7 +427,7 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
   kvb = a.kv_bytes()
   bw = st.bw * (1.0 if floor else k.bw_efficiency)
   rate = st.peak * (1.0 if floor else k.mfu)
-  w = 2.0 * a.params / tp
+  w = 2.0 * a.decode_weights / tp   # bf16 copy; an untied embedding is only looked up
   a_, b_ = w / bw, kvb / tp / bw
   per_tok = (a.matmul + a.head) / tp / rate
   lat = 0.0 if floor else (2.0 * a.layers + 2) * k.collective_latency_us * 1e-6
@@ -651,6 +662,8 @@ def define_flags(flags, lengths_default: str | None = "review"):
   flags.DEFINE_float("decode_collective_bytes", 0.0, "Their bytes per step and chip.")
   flags.DEFINE_enum("decode_weights", d.decode_weights, ["stationary", "gathered"],
                     "Decode reads weights in place, or all-gathers them every step.")
+  flags.DEFINE_float("decode_weight_itemsize", d.decode_weight_itemsize, "Bytes per weight "
+                     "a decode step reads (2: the bf16 casts XLA hoists out of the loop).")
   flags.DEFINE_enum("train", d.train, ["padded", "packed"], "Train-side rows.")
   flags.DEFINE_enum("rollout", d.rollout, ["static", "engine"], "Rollout sampler.")
   flags.DEFINE_integer("engine_tp", d.engine_tp, "Chips per engine replica.")
@@ -662,7 +675,9 @@ def knobs_from_flags(f) -> Knobs:
                collective_latency_us=f.collective_latency_us, mfu_ceiling=f.mfu_ceiling,
                attn_score_bytes=f.attn_score_bytes, decode_collectives=f.decode_collectives,
                decode_collective_bytes=f.decode_collective_bytes,
-               decode_weights=f.decode_weights, train=f.train, rollout=f.rollout,
+               decode_weights=f.decode_weights,
+               decode_weight_itemsize=f.decode_weight_itemsize, train=f.train,
+               rollout=f.rollout,
                engine_tp=f.engine_tp, workspace_gb=f.workspace_gb)
 
 
