@@ -34,7 +34,8 @@ while loops of `sampler.engine._generate` (`ops.decode_windows`), which stop at 
 longest row (steps t = 1 .. max ℓ − 1); each step reads the weight shards in place
 (`--decode_weights=stationary`: the TPU compile shows no weight gather in the loop, and XLA
 hoists the fp32 -> bf16 casts out of it, so (N − untied embedding) · 2 / chips bytes,
-`--decode_weight_itemsize`; `gathered` adds a per-step gather of N · 4 / tensor) and the whole window W of the cache for every row.
+`--decode_weight_itemsize`; `gathered` adds a per-step gather of N · 4 / tensor) and the
+whole window W of the cache for every row.
 Alternatives: `--train=packed` (rows of P + R tokens filled with whole sequences of real
 prompt + response tokens by first-fit-decreasing; attention per sequence, block-causal at
 C), `--rollout=engine` (continuous batching on replicas of `--engine_tp` chips, bf16 decode
