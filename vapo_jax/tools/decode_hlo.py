@@ -40,6 +40,7 @@ class DecodeHLO:
   weight_gathers: list     # [hlo_stats.Gather]
   total: hlo_stats.Counts  # the whole program (loop bodies once)
   text: str = dataclasses.field(repr=False, default="")
+  carry: dict = dataclasses.field(default_factory=dict)  # loop-invariant carry bytes by dtype
 
   @property
   def per_step(self) -> int:
@@ -55,9 +56,10 @@ class DecodeHLO:
                f"decode loop ({sum(g.nbytes for g in self.weight_gathers) / 1e6:.1f} MB/step)"
                if self.weight_gathers else "no all-gather of a loop-invariant carry "
                "(weights stay sharded in place)")
+    carry = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(self.carry.items()))
     return (f"{self.layers} layers, {self.rows} rows: {len(self.loops)} while loops, "
             f"{self.per_step} collectives ({self.per_step_bytes / 1e6:.2f} MB) per decode "
-            f"step; {gathers}")
+            f"step; {gathers}; loop-invariant carry per chip (weights as read): {carry}")
 
 
 def compile_generate(cfg, mcfg, mesh, *, target: str | None = None) -> DecodeHLO:
@@ -89,8 +91,11 @@ def compile_generate(cfg, mcfg, mesh, *, target: str | None = None) -> DecodeHLO
             jax.ShapeDtypeStruct(key.shape, key.dtype,
                                  sharding=NamedSharding(mesh, jax.sharding.PartitionSpec())))
     hlo = sampler._generate.lower(*args).compile().as_text()  # pylint: disable=protected-access
-  return DecodeHLO(mcfg.num_layers, rows, hlo_stats.while_bodies(hlo),
-                   hlo_stats.invariant_gathers(hlo), hlo_stats.collectives(hlo), hlo)
+  loops = hlo_stats.while_bodies(hlo)
+  step = max(loops, key=lambda lp: lp.collectives.total, default=None)
+  return DecodeHLO(mcfg.num_layers, rows, loops, hlo_stats.invariant_gathers(hlo),
+                   hlo_stats.collectives(hlo), hlo,
+                   hlo_stats.invariant_carry_bytes(hlo, step.body) if step else {})
 
 
 class _null:

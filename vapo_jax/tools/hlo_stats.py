@@ -235,6 +235,23 @@ def _traces_to(instrs, name: str, param: str, indices: set[int], depth=0) -> int
   return None
 
 
+def invariant_carry_bytes(text: str, body: str) -> dict[str, int]:
+  """Bytes by dtype of the loop-invariant carry elements of while body `body` (per device):
+  the weights a decode loop reads in place, in the dtype it reads them."""
+  comps = parse(text)
+  instrs = comps.get(body, {})
+  params = [i for i in instrs.values() if i.op == "parameter"]
+  if not params:
+    return {}
+  shapes = re.findall(r"([a-z][a-z0-9]*\[[0-9,]*\])", params[0].shape)
+  out: dict[str, int] = {}
+  for i in _invariant_indices(instrs):
+    if i < len(shapes):
+      dtype = shapes[i].split("[")[0]
+      out[dtype] = out.get(dtype, 0) + shape_bytes(shapes[i])
+  return out
+
+
 @dataclasses.dataclass
 class Gather:
   loop_body: str
