@@ -37,8 +37,10 @@ def test_a_tiny_rl_step_logs_what_the_step_model_reads(tmp_path):
   cfg = tiny(**{"value_pretrain.enabled": False, "mesh.data": 1, "mesh.fsdp": 1,
                 "mesh.tensor": 1})
   t = trainer_lib.Trainer(cfg, progress=False)
-  try:
-    row = t.rl()["history"][-1]
+  try:  # the RL step's experience half (rollout, reward, forwards): where the metrics come from
+    t.setup("critic")
+    t.setup("policy")
+    _, row = t.experience(next(t.state.prompts))
   finally:
     t.close()
   r = cfg.sampling.max_new_tokens
