@@ -177,8 +177,9 @@ def test_length_specs(tmp_path):
   assert (u.min(), u.max(), u.mean()) == (80, 400, pytest.approx(240, abs=1))
   assert [k for k, _ in lengths.phases("review")] == ["early", "mid", "late"]
   path = tmp_path / "metrics.jsonl"
-  rows = [{"step": 1, "response/length_p10": 1, "response/length_p50": 2},
-          {"step": 2, "response/length_min": 10, "response/length_p10": 100,
+  rows = [{"stage": "rl", "step": 1, "response/length_p10": 1, "response/length_p50": 2},
+          {"stage": "value_pretrain", "step": 1, "response/length_p50": 7000},
+          {"stage": "rl", "step": 2, "response/length_min": 10, "response/length_p10": 100,
            "response/length_p50": 500, "response/length_p90": 900,
            "response/length_p99": 990, "response/length_max": 1000}]
   path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")

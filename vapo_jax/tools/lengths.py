@@ -9,7 +9,7 @@
   PATH[@STEP]                a run's metrics.jsonl: the quantiles `response/length_p10, _p50,
                              _p90, _p99, _max` (and `_min`) the trainer logs per RL step
                              (`rl.length_stats`), of the last line that has them, or of
-                             the line whose "step" is STEP; lengths by linear interpolation
+                             the line whose "step" is STEP (lines of the "rl" stage first); lengths by linear interpolation
                              of that quantile function
 
 `sample(spec, n, cap)` gives n lengths deterministically: the quantiles (i + 1/2) / n of the
@@ -81,7 +81,7 @@ def _quantile_fn(spec: str, prefix: str = "response/length_"):
 
 def _metrics_quantiles(path: str, step: int | None, prefix: str = "response/length_"):
   """[(u, length)] of a metrics.jsonl line (see the module docstring)."""
-  best = None
+  best = best_rl = None
   with open(path, encoding="utf-8") as f:
     for i, line in enumerate(f):
       line = line.strip()
@@ -95,6 +95,9 @@ def _metrics_quantiles(path: str, step: int | None, prefix: str = "response/leng
         continue
       if step is None or row.get("step") == step:
         best = row
+        if row.get("stage") == "rl":
+          best_rl = row
+  best = best_rl or best  # RL steps first (value pretraining logs the same keys)
   if best is None:
     raise ValueError(f"{path}: no line with {prefix}p50"
                      + (f" at step {step}" if step is not None else "")
