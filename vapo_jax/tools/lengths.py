@@ -9,8 +9,9 @@
   PATH[@STEP]                a run's metrics.jsonl: the quantiles `response/length_p10, _p50,
                              _p90, _p99, _max` (and `_min`) the trainer logs per RL step
                              (`rl.length_stats`), of the last line that has them, or of
-                             the line whose "step" is STEP (lines of the "rl" stage first); lengths by linear interpolation
-                             of that quantile function
+                             the line whose "step" is STEP (lines of the "rl" stage
+                             first); lengths by linear interpolation of that quantile
+                             function
 
 `sample(spec, n, cap)` gives n lengths deterministically: the quantiles (i + 1/2) / n of the
 distribution (stratified, so a phase's mean and tail are exact at any n), then shuffled with a
