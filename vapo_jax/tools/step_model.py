@@ -110,6 +110,7 @@ class Setup:
   eval_every: int
   knobs: Knobs = Knobs()
   minibatches: int = 1
+  eval_n: int = 1             # samples per evaluation problem
 
   @classmethod
   def of(cls, cfg, mcfg, s, knobs: Knobs = Knobs()) -> "Setup":
@@ -126,7 +127,7 @@ class Setup:
                per_call, wins, cfg.rl.ppo_epochs, cfg.rl.use_critic,
                np.dtype(mcfg.param_dtype).itemsize, eval_rows,
                ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
-               cfg.rl.num_minibatches)
+               cfg.rl.num_minibatches, ev.samples_per_problem)
 
   @property
   def resident(self) -> float:
@@ -228,10 +229,12 @@ def _decode_collectives(st: Setup) -> float:
 
 
 def static_rollout(st: Setup, resp: np.ndarray, name: str = "rollout",
-                   rows_per_call: int | None = None) -> Program:
-  """Today's sampler: sequential calls, each prefill + windowed loops to its longest row."""
+                   rows_per_call: int | None = None, n: int | None = None) -> Program:
+  """Today's sampler: sequential calls, each prefill + windowed loops to its longest row
+  (n responses per prompt: the prefill runs once per prompt)."""
   a, k = st.arch, st.knobs
-  b = rows_per_call or st.per_call * st.n
+  n = n or st.n
+  b = rows_per_call or st.per_call * n
   calls = -(-len(resp) // b)
   kvb = a.kv_bytes()
   # Weights read per step, in place; an untied embedding is only looked up (B rows).
@@ -247,7 +250,7 @@ def static_rollout(st: Setup, resp: np.ndarray, name: str = "rollout",
   for ci in range(calls):
     lmax = int(resp[ci * b:(ci + 1) * b].max())
     # Prefill of the call's prompts (P padded slots), causal, one head position each.
-    bp = b // st.n
+    bp = max(1, b // n)
     pf = forward_flops(a, bp, st.prompt_len, 1)
     pf_flops = sum(pf.values()) / st.chips
     terms["prefill"] += pf_flops / (st.peak * k.mfu) + b * st.prompt_len * kvb / st.chips / eff_bw
@@ -305,7 +308,7 @@ def _interval_cost(m: int, x0: float, n: int, a_: float, b_: float, g: float) ->
 
 
 def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool,
-                       name: str = "rollout") -> Program:
+                       name: str = "rollout", n: int | None = None) -> Program:
   """Continuous batching on replicas of tp chips: event-driven, step cost linear in live KV.
 
   Per replica (sequences dealt round robin, admitted FIFO while live KV tokens < admit ·
@@ -314,6 +317,7 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
   The rollout ends with the slowest replica.
   """
   a, k = st.arch, st.knobs
+  n = n or st.n                  # responses per prompt: one prefill per prompt
   tp = k.engine_tp
   reps = max(1, st.chips // tp)
   kvb = a.kv_bytes()
@@ -336,7 +340,7 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
       while q < len(lens) and (x + ps[q] < cap or live == 0):
         heapq.heappush(heap, (now + int(lens[q]), int(ps[q]) + int(lens[q])))
         x += ps[q]
-        pre += ps[q] * (a.matmul / tp) / (st.peak * (k.mfu_ceiling if floor else k.mfu)) / st.n
+        pre += ps[q] * (a.matmul / tp) / (st.peak * (k.mfu_ceiling if floor else k.mfu)) / n
         live += 1
         q += 1
       nxt = heap[0][0]
@@ -352,7 +356,7 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
         x -= tot
         live -= 1
     total = cost + pre
-    flops += (a.matmul + a.head) * float(lens.sum() + ps.sum() / st.n) / tp
+    flops += (a.matmul + a.head) * float(lens.sum() + ps.sum() / n) / tp
     if total > worst:
       worst, steps_max = total, now
       mem = w_time + kv_time
@@ -403,9 +407,10 @@ def estimate(st: Setup, resp: np.ndarray, prompts: np.ndarray) -> Step:
   progs += train_side(st, resp, prompts)
   ev_resp = _eval_lengths(st, resp)
   if len(ev_resp):
-    ev = (continuous_rollout(st, ev_resp, prompts[:len(ev_resp)], False, "evaluation")
+    ev = (continuous_rollout(st, ev_resp, prompts[:len(ev_resp)], False, "evaluation",
+                             st.eval_n)
           if st.knobs.rollout == "engine" else
-          static_rollout(st, ev_resp, "evaluation", st.eval_per_call))
+          static_rollout(st, ev_resp, "evaluation", st.eval_per_call, st.eval_n))
     ev.terms = {k: v / st.eval_every for k, v in ev.terms.items()}
     ev.flops /= st.eval_every
     ev.hbm_bytes /= st.eval_every
@@ -421,7 +426,8 @@ def floor(st: Setup, resp: np.ndarray, prompts: np.ndarray) -> Step:
   progs += train_side(st, resp, prompts, floor=True)
   ev_resp = _eval_lengths(st, resp)
   if len(ev_resp):
-    ev = continuous_rollout(st, ev_resp, prompts[:len(ev_resp)], True, "evaluation")
+    ev = continuous_rollout(st, ev_resp, prompts[:len(ev_resp)], True, "evaluation",
+                            st.eval_n)
     ev.terms = {k: v / st.eval_every for k, v in ev.terms.items()}
     progs.append(ev)
   return Step(progs)
