@@ -36,6 +36,7 @@ from vapo_jax import distributed as dist
 from vapo_jax.rewards.scorer import BatchScores
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import dapo
+from vapo_jax.rl import length_stats
 from vapo_jax.rl import reward as reward_lib
 from vapo_jax.rl import rollout as rollout_lib
 from vapo_jax.sampler import types as types_lib
@@ -143,6 +144,10 @@ class Experience:
         "time/reward_and_forward_s": t3 - t1,
         "rollout_tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9),
     })
+    metrics.update(length_stats.length_metrics(  # what tools/step_model reads (--lengths)
+        lengths, dist.to_host(jnp.sum(rollout.prompt_mask_BxP, axis=1)), prompt_len=p,
+        max_new_tokens=resp_mask.shape[1],
+        rows_per_call=(self.prompts_per_call or len(examples)) * self.group_size))
     return batch, metrics
 
   def sample_and_score(self, policy_params, examples, key
