@@ -111,7 +111,7 @@ def check(cfg: sampling.SamplingConfig, ecfg: EngineConfig) -> None:
 
 def _is_stop(tok, cfg):
   stop = jnp.asarray(cfg.stop_token_ids or (-1,), jnp.int32)
-  return jnp.any(tok[..., None] == stop, axis=-1)
+  return jnp.any(tok[..., None] == stop.reshape((1,) * tok.ndim + (-1,)), axis=-1)
 
 
 def _sample_rows(keys_S, logits_SxV, cfg):
@@ -256,6 +256,48 @@ class Engine:
                     donate_argnums=(1, 3))
       self._programs[k] = (pre, ins, dec)
     return self._programs[k]
+
+  def lowerable(self, params) -> dict[str, Any]:
+    """The engine's own jitted programs and example args, for an AOT compile check.
+
+    params: the training parameters (concrete or ShapeDtypeStructs with shardings).
+    Returns {"decode_copy", "prefill", "insert", "decode_chunk"} -> jitted function, and
+    "<name>_args" -> a tuple of ShapeDtypeStructs (prompt at the largest bucket) such that
+    `out[name].lower(*out[name + "_args"]).compile()` builds exactly what a rollout runs.
+    """
+    cfg, ecfg = self.cfg, self.ecfg
+    g, build, shardings, abs_copy = decode_weights.decode_layout(
+        self.graphdef, params, jnp.dtype(ecfg.decode_dtype), self.mesh, self.rules)
+    impl = jax.random.key_impl(jax.random.key(0))
+    pre, ins, dec = self.programs(g, impl)
+
+    def sds(x, sh=None):
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
+
+    if shardings is not None:
+      abs_copy = jax.tree.map(lambda a, sh: sds(a, sh), abs_copy, shardings)
+    abs_params = jax.tree.map(lambda x: sds(x, getattr(x, "sharding", None)), params)
+    rep = NamedSharding(self.mesh, P()) if self.mesh is not None else None
+    pages = jax.eval_shape(lambda: transformer.init_pages(
+        self.model_cfg, ecfg.num_pages, ecfg.page_size))
+    pool_sh = self._pool_sharding(pages)
+    pages = tuple(sds(x, pool_sh) for x in pages)
+    s = ecfg.slots
+    kd = jax.random.key_data(jax.random.key(0))
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)  # noqa: E731
+    state = {"tok_S": i32(s), "pos_S": i32(s), "t_S": i32(s),
+             "active_S": jax.ShapeDtypeStruct((s,), jnp.bool_, sharding=rep),
+             "keys_S": jax.ShapeDtypeStruct((s,) + kd.shape, kd.dtype, sharding=rep)}
+    bucket = sampling.prompt_bucket(cfg.max_prompt_len, cfg)
+    pre_args = (abs_copy, i32(1, bucket), i32())
+    cache, logits = jax.eval_shape(pre, *pre_args)
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+    ins_args = (pages, cache, logits, i32(self.max_pages), i32(), i32(), i32(), key, state)
+    dec_args = (abs_copy, pages, i32(s, self.max_pages), state, i32())
+    return {"decode_copy": jax.jit(build, out_shardings=shardings),
+            "decode_copy_args": (abs_params,), "prefill": pre, "prefill_args": pre_args,
+            "insert": ins, "insert_args": ins_args, "decode_chunk": dec,
+            "decode_chunk_args": dec_args}
 
   def _pool(self, dtype):
     if self._pages is None:

@@ -17,6 +17,7 @@ The cast and the reshard run in one jit with `out_shardings`, so no host holds t
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from flax import nnx
@@ -49,6 +50,34 @@ def _cast(dtype):
   return one
 
 
+def decode_layout(graphdef, params, dtype: Any, mesh: jax.sharding.Mesh | None = None,
+                  rules: shd.Rules = shd.DEFAULT_RULES):
+  """(out_graphdef, build, out_shardings, abstract copy) of `decode_copy`, nothing run.
+
+  `params` may be abstract (ShapeDtypeStructs), e.g. for an AOT compile.
+  """
+  dtype = jnp.dtype(dtype)
+  merge = lora.has_adapters(params)
+  model0 = nnx.merge(graphdef, params)
+
+  def build(p):
+    model = nnx.merge(graphdef, p)
+    if merge:
+      model = lora.merged(model)
+    return jax.tree.map(_cast(dtype), nnx.state(model))
+
+  abstract = jax.eval_shape(build, params)
+  out_graphdef = graphdef
+  if merge:
+    base_cfg = lora.base_config(model0.cfg)
+    out_graphdef, _ = nnx.split(nnx.eval_shape(
+        lambda: type(model0)(base_cfg, rngs=nnx.Rngs(0))))
+  shardings = None
+  if mesh is not None:
+    shardings = shd.state_shardings(abstract, mesh, decode_rules(mesh, rules))
+  return out_graphdef, build, shardings, abstract
+
+
 def decode_copy(graphdef, params, dtype: Any, mesh: jax.sharding.Mesh | None = None,
                 rules: shd.Rules = shd.DEFAULT_RULES):
   """(graphdef, params) of the decode copy: adapters merged, cast, decode layout.
@@ -60,25 +89,66 @@ def decode_copy(graphdef, params, dtype: Any, mesh: jax.sharding.Mesh | None = N
   Returns:
     The graphdef to merge the copy with (the adapter-free one for LoRA) and the copy.
   """
-  dtype = jnp.dtype(dtype)
-  merge = lora.has_adapters(params)
-
-  def build(p):
-    model = nnx.merge(graphdef, p)
-    if merge:
-      model = lora.merged(model)
-    state = nnx.state(model)
-    return jax.tree.map(_cast(dtype), state)
-
-  abstract = jax.eval_shape(build, params)
-  if merge:
-    base_cfg = lora.base_config(nnx.merge(graphdef, params).cfg)
-    model_type = type(nnx.merge(graphdef, params))
-    out_graphdef, _ = nnx.split(nnx.eval_shape(
-        lambda: model_type(base_cfg, rngs=nnx.Rngs(0))))
-  else:
-    out_graphdef = graphdef
-  shardings = None
-  if mesh is not None:
-    shardings = shd.state_shardings(abstract, mesh, decode_rules(mesh, rules))
+  out_graphdef, build, shardings, _ = decode_layout(graphdef, params, dtype, mesh, rules)
   return out_graphdef, jax.jit(build, out_shardings=shardings)(params)
+
+
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\S+)\s+([a-z][\w\-]*)\((.*)$")
+_LAYOUT = ("bitcast", "copy", "convert", "reshape", "transpose", "slice", "dynamic-slice",
+           "parameter", "constant")
+
+
+def _parse(hlo_text: str) -> dict[str, dict[str, tuple[str, str, list[str], str]]]:
+  """{computation: {instruction: (shape, opcode, operands, line)}} of HLO text."""
+  comps, cur = {}, None
+  for line in hlo_text.splitlines():
+    m = _INSTR.match(line) if cur is not None else None
+    if m:
+      args = m.group(4)
+      operands = re.findall(r"%([\w.\-]+)", args.split("), ")[0])
+      calls = re.findall(r"calls=%?([\w.\-]+)", args)
+      comps[cur][m.group(1)] = (m.group(2), m.group(3), operands, calls[0] if calls else "")
+      continue
+    head = re.match(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s+\(.*\{\s*$", line)
+    if head:
+      cur = head.group(1)
+      comps[cur] = {}
+    elif line.strip() == "}":
+      cur = None
+  return comps
+
+
+def param_all_gathers(hlo_text: str) -> list[str]:
+  """All-gathers in a while-loop body of compiled HLO whose operand is a loop input (a
+  weight carried into the loop): reached from a get-tuple-element of the body's parameter
+  through layout and slicing only (bitcast, copy, convert, reshape, transpose, (dynamic-)
+  slice, and fusions of those plus scalar index math). Activations computed in the step
+  are not matched. An empty list: the loop gathers no parameter per step.
+  """
+  comps = _parse(hlo_text)
+
+  def layout_only(comp: str) -> bool:
+    return all(op in _LAYOUT or shape.split("{")[0].endswith("[]")
+               for shape, op, _, _ in comps.get(comp, {}).values())
+
+  found = []
+  for body in set(re.findall(r"body=%?([\w.\-]+)", hlo_text)):
+    instrs = comps.get(body, {})
+    for name, (_, op, operands, _) in instrs.items():
+      if not op.startswith("all-gather"):
+        continue
+      stack, seen = list(operands[:1]), set()
+      while stack:
+        src = stack.pop()
+        if src in seen or src not in instrs:
+          continue
+        seen.add(src)
+        shape, sop, sargs, calls = instrs[src]
+        if shape.split("{")[0].endswith("[]"):
+          continue  # a scalar (a loop counter, an index), not a gathered array
+        if sop == "get-tuple-element":
+          found.append(f"{name} <- {src}")
+          break
+        if sop in _LAYOUT or (sop == "fusion" and layout_only(calls)):
+          stack += sargs
+  return sorted(found)

@@ -85,8 +85,10 @@ class Scheduler:
       while not self.pool.grow(s, want):
         victims = [(v.seq, t) for t, v in enumerate(self.running)
                    if v is not None and v.seq > r.seq]
-        victim = max(victims)[1] if victims else None
-        if victim is None:
+        # The youngest younger response gives way; with none, this one does (an older
+        # one holds the pages). The oldest always has a younger one or the whole pool.
+        victim = max(victims)[1] if victims else s
+        if victim == s and r.seq == order[0][0]:
           raise RuntimeError("the KV pool cannot hold one response; "
                              "config validation should have caught this")
         evicted.append((victim, self.running[victim].response))
@@ -94,6 +96,8 @@ class Scheduler:
         self.pool.release(victim)
         self.running[victim] = None
         self.evictions += 1
+        if victim == s:
+          break
     return evicted
 
   def advance(self, slot: int, new_tokens: int, finished: bool) -> None:
