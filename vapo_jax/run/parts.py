@@ -31,6 +31,7 @@ from vapo_jax.rl import experience as experience_lib
 from vapo_jax.rl import update
 from vapo_jax.run import inputs
 from vapo_jax.run.inputs import Text
+from vapo_jax.sampler import continuous
 from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax.sampler import ops as sampling
 
@@ -135,6 +136,11 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
       pad_id=text.pad_id, vocab_size=text.vocab_size, n_per_prompt=n,
       max_prompt_len=cfg.data.max_prompt_tokens,
       prompt_buckets=(cfg.data.max_prompt_tokens,), decode_windows=s.decode_windows)
+  if s.engine == "continuous":  # the rollout engine (docs/engine.md)
+    return continuous.Engine(graphdef, mcfg, scfg, continuous.EngineConfig(
+        slots=s.slots, page_size=s.page_size, chunk_steps=s.chunk_steps,
+        kv_tokens=s.kv_tokens or s.slots * (cfg.data.max_prompt_tokens + s.max_new_tokens),
+        decode_dtype=s.decode_dtype), mesh=mesh, rules=rules)
   # The KV cache's kv_heads axis is split like the k/v projections (over `tensor`), not
   # only its rows over the batch axes: at 32B × 20k tokens a row's cache is 5.6 GB, and
   # replicating it over a 4-way tensor axis is what keeps it off any v5p slice.

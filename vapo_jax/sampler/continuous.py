@@ -66,7 +66,9 @@ class EngineConfig:
       response (max_prompt_len + max_new_tokens - 1 tokens).
     chunk_steps: K, decode steps per on-device chunk (host work happens between chunks).
     pages_per_block: pages per attention block (the live-length loop's granularity).
-    decode_dtype: dtype of the decode copy of the weights ("bfloat16", "float32").
+    decode_dtype: dtype of the decode copy of the weights: "auto" (the model's compute
+      dtype: every matmul casts its weight to it, so the copy decodes exactly like the
+      training copy, in half the bytes at bf16), "bfloat16", "float32", "float16".
     kernel: "jax" (pure-JAX paged attention, any backend) or "tpu" (jax's Pallas ragged
       paged attention kernel).
   """
@@ -76,7 +78,7 @@ class EngineConfig:
   kv_tokens: int = 16384
   chunk_steps: int = 16
   pages_per_block: int = 8
-  decode_dtype: str = "float32"
+  decode_dtype: str = "auto"
   kernel: str = "jax"
 
   def __post_init__(self):
@@ -85,8 +87,8 @@ class EngineConfig:
     for f in ("slots", "page_size", "kv_tokens", "chunk_steps", "pages_per_block"):
       if getattr(self, f) < 1:
         bad(f, getattr(self, f), ">= 1")
-    if self.decode_dtype not in ("bfloat16", "float32", "float16"):
-      bad("decode_dtype", self.decode_dtype, "one of bfloat16, float32, float16")
+    if self.decode_dtype not in ("auto", "bfloat16", "float32", "float16"):
+      bad("decode_dtype", self.decode_dtype, "one of auto, bfloat16, float32, float16")
     if self.kernel not in ("jax", "tpu"):
       bad("kernel", self.kernel, '"jax" or "tpu"')
 
@@ -228,6 +230,8 @@ class Engine:
     self.batch_axes = shd.batch_axes(mesh, rules) if mesh is not None else ()
     self.max_pages = paged.pages_for(cfg.max_prompt_len + cfg.max_new_tokens - 1,
                                      ecfg.page_size)
+    self.decode_dtype = jnp.dtype(model_cfg.dtype if ecfg.decode_dtype == "auto"
+                                  else ecfg.decode_dtype)
     self.last_stats: dict[str, float] = {}
     self._copy_of: tuple | None = None
     self._programs: dict[Any, Any] = {}
@@ -241,7 +245,7 @@ class Engine:
     if self._copy_of is None or self._copy_of[0] != ident:
       self._copy_of = None  # free the old copy first
       g, p = decode_weights.decode_copy(self.graphdef, params,
-                                        jnp.dtype(self.ecfg.decode_dtype), self.mesh,
+                                        self.decode_dtype, self.mesh,
                                         self.rules)
       self._copy_of = (ident, leaves, g, p)
     return self._copy_of[2], self._copy_of[3]
@@ -267,7 +271,7 @@ class Engine:
     """
     cfg, ecfg = self.cfg, self.ecfg
     g, build, shardings, abs_copy = decode_weights.decode_layout(
-        self.graphdef, params, jnp.dtype(ecfg.decode_dtype), self.mesh, self.rules)
+        self.graphdef, params, self.decode_dtype, self.mesh, self.rules)
     impl = jax.random.key_impl(jax.random.key(0))
     pre, ins, dec = self.programs(g, impl)
 
