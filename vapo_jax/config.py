@@ -124,7 +124,9 @@ class SamplingSection:
   # end, a paged KV pool, live-length attention) or "static" (the padded sampler above, one
   # while loop per call until its longest row stops; kept as the test oracle).
   engine: str = "continuous"
-  slots: int = 16           # decode slots (rows of every decode step)
+  # Decode slots (rows of every decode step); 0: the rows the static sampler would run
+  # (prompts per step x n for the rollout, eval.batch_prompts x k for the evaluation).
+  slots: int = 0
   page_size: int = 16       # tokens per KV page
   kv_tokens: int = 0        # KV pool in tokens; 0: slots x (max_prompt_tokens + max_new_tokens)
   chunk_steps: int = 16     # decode steps per on-device chunk (host work between chunks)
@@ -452,8 +454,9 @@ def validate(cfg: Config) -> None:
   need(s.decode_windows >= 1, "sampling.decode_windows", s.decode_windows, ">= 1")
   need(s.engine in ("continuous", "static"), "sampling.engine", s.engine,
        '"continuous" or "static"')
-  for name in ("slots", "page_size", "chunk_steps"):
+  for name in ("page_size", "chunk_steps"):
     need(getattr(s, name) >= 1, f"sampling.{name}", getattr(s, name), ">= 1")
+  need(s.slots >= 0, "sampling.slots", s.slots, ">= 0 (0: auto)")
   need(s.decode_dtype in ("auto", "bfloat16", "float32"), "sampling.decode_dtype",
        s.decode_dtype, '"auto", "bfloat16" or "float32"')
   whole = d.max_prompt_tokens + s.max_new_tokens - 1
