@@ -72,6 +72,12 @@ def test_greedy_equals_static_sampler_and_transformers(any_ckpt):
   np.testing.assert_array_equal(out.response_BxR[1::2], want)
   assert not out.truncated_B[0] and out.truncated_B[2]  # row 0 stops, prompt 1 runs to R
   assert eng.last_stats["prefills"] == len(PROMPTS)  # once per prompt, not per response
+  # A second call (other lengths would do the same) compiles nothing.
+  progs = list(next(iter(eng._programs.values())))
+  sizes = [f._cache_size() for f in progs]
+  again = np_tree(eng(state, PROMPTS[::-1], jax.random.key(0)))
+  assert [f._cache_size() for f in progs] == sizes
+  np.testing.assert_array_equal(again.response_BxR[:2], out.response_BxR[-2:])
 
 
 def _sampled_cfg(eos=(), n=4, r=R):

@@ -303,6 +303,17 @@ class Engine:
             "insert": ins, "insert_args": ins_args, "decode_chunk": dec,
             "decode_chunk_args": dec_args}
 
+  def _place_like(self, params) -> None:
+    """Without a mesh, the engine's arrays go where the parameters are: replicated over
+    their mesh when they carry a NamedSharding (as `hf_io.from_pretrained` gives them), so
+    the second call's inputs (outputs of the first) have the first call's types and
+    nothing compiles again."""
+    self._home = self.mesh
+    if self._home is None:
+      leaf = next(iter(jax.tree.leaves(params)), None)
+      if isinstance(getattr(leaf, "sharding", None), NamedSharding):
+        self._home = leaf.sharding.mesh
+
   def _pool(self, dtype):
     if self._pages is None:
       pages = transformer.init_pages(self.model_cfg, self.ecfg.num_pages,
@@ -312,16 +323,18 @@ class Engine:
     return out
 
   def _pool_sharding(self, pages):
-    if self.mesh is None:
+    home = getattr(self, "_home", self.mesh)
+    if home is None:
       return None
-    spec = shd.logical_to_spec((None, None, "kv_heads", "head_dim"), self.rules, self.mesh,
+    spec = shd.logical_to_spec((None, None, "kv_heads", "head_dim"), self.rules, home,
                                pages[0].shape)
-    return NamedSharding(self.mesh, spec)
+    return NamedSharding(home, spec)
 
   def _replicated(self, x):
-    if self.mesh is None:
+    home = getattr(self, "_home", self.mesh)
+    if home is None:
       return jnp.asarray(x)
-    return jax.device_put(x, NamedSharding(self.mesh, P()))
+    return jax.device_put(x, NamedSharding(home, P()))
 
   def clear_cache(self):
     """Frees the KV pool and the decode copy (e.g. before big train steps)."""
@@ -348,6 +361,7 @@ class Engine:
     t0 = time.perf_counter()
     n, r, s = cfg.n_per_prompt, cfg.max_new_tokens, ecfg.slots
     b_total = len(prompts) * n
+    self._place_like(params)
     graphdef, dparams = self.decode_copy(params)
     pre, ins, dec = self.programs(graphdef, impl)
     pages = self._pool(jnp.dtype(self.model_cfg.dtype))
