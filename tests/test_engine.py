@@ -209,3 +209,20 @@ def test_the_all_gather_check_finds_a_per_step_weight_gather():
 
   text = jax.jit(f).lower(w, x).compile().as_text()
   assert len(decode_weights.param_all_gathers(text)) >= 1
+
+
+def test_engine_bench_runs(tmp_path):
+  """benchmarks/engine_bench.py end to end on its tiny preset (forced lengths checked)."""
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "engine.json"
+  res = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "engine_bench.py"), "--preset=tiny",
+       "--repeats=1", "--json", str(out)], cwd=root, capture_output=True, text=True,
+      timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu", "BENCH_SETTLE_S": "0"})
+  assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+  got = json.loads(out.read_text())["results"]["tiny"]
+  assert got["useful_tokens"] > 0 and got["ratios"]["continuous/static"]["median"] > 0, got

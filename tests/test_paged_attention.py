@@ -81,3 +81,37 @@ def test_writes_land_at_page_and_offset_and_drop_without_page():
   out = pa.write_prompt(pages, prompt, jnp.array([2, 4], jnp.int32))
   np.testing.assert_array_equal(out[2], prompt[:4])
   np.testing.assert_array_equal(out[4, :2], prompt[4:])
+
+
+@__import__("test_compile_check").NEEDS_LIBTPU
+def test_engine_decode_chunk_with_the_pallas_kernel_compiles_for_v5p():
+  """The TPU path (jax's ragged paged attention kernel inside the engine's decode chunk,
+  per tensor shard) AOT-compiled for a v5p-8 slice from this CPU host."""
+  from flax import nnx
+  from jax.sharding import Mesh
+  from vapo_jax import sharding as shd
+  from vapo_jax.models import transformer
+  from vapo_jax.models.config import ModelConfig
+  from vapo_jax.sampler import continuous
+  from vapo_jax.sampler.ops import SamplingConfig
+  from vapo_jax.tools import tpu_specs
+  devs = tpu_specs.devices(tpu_specs.parse("v5p-8"))
+  mesh = Mesh(np.array(devs).reshape(1, 1, len(devs)), ("data", "fsdp", "tensor"),
+              axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  mcfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
+                     num_heads=8, num_kv_heads=4, head_dim=128, dtype=jnp.bfloat16,
+                     param_dtype=jnp.float32)
+  g, abs_state = nnx.split(nnx.eval_shape(
+      lambda: transformer.Transformer(mcfg, rngs=nnx.Rngs(0))))
+  abs_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                           abs_state, shd.state_shardings(abs_state, mesh))
+  cfg = SamplingConfig(max_new_tokens=64, max_prompt_len=64, prompt_buckets=(64,))
+  eng = continuous.Engine(g, mcfg, cfg, continuous.EngineConfig(
+      slots=8, page_size=16, kv_tokens=8 * 128, kernel="tpu", decode_dtype="bfloat16"),
+      mesh=mesh)
+  progs = eng.lowerable(abs_state)
+  # Pallas reads the TPU generation from the default device while lowering.
+  with jax.default_device(devs[0]):
+    compiled = progs["decode_chunk"].lower(*progs["decode_chunk_args"]).compile()
+  assert "tpu_custom_call" in compiled.as_text()
+  assert compiled.memory_analysis() is not None

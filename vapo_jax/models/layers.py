@@ -225,7 +225,8 @@ class Attention(nnx.Module):
     `paged` (the rollout engine's decode step, T = 1, B = decode slots): `kv` is then this
     layer's page pool [N, Ps, 2K, Dh] and paged = {"table": [B, M], "pos": [B] (where this
     token is written), "lens": [B] (tokens visible after the write; 0: idle slot),
-    "pages_per_block": int, "kernel": "jax" | "tpu"}; see `models.paged_attention`. The
+    "pages_per_block": int, "kernel": "jax" | "tpu", and for "tpu" on a mesh "mesh" and
+    "head_axis", the mesh axis the heads are split over}; see `models.paged_attention`. The
     updated pool comes back in place of the cache entry. The mask argument is unused.
 
     `causal=True` promises a call from slot 0 whose keys are its queries'
@@ -253,9 +254,13 @@ class Attention(nnx.Module):
     if paged is not None:
       pages = paged_attention.write_tokens(kv, paged_attention.combine(k[:, 0], v[:, 0]),
                                            paged["table"], paged["pos"])
-      attend = (paged_attention.tpu_decode_attention if paged.get("kernel") == "tpu"
-                else functools.partial(paged_attention.decode_attention,
-                                       pages_per_block=paged.get("pages_per_block", 8)))
+      if paged.get("kernel") == "tpu":
+        attend = functools.partial(
+            paged_attention.tpu_decode_attention, mesh=paged.get("mesh"),
+            head_axis=paged.get("head_axis"), pages_per_block=paged.get("pages_per_block", 8))
+      else:
+        attend = functools.partial(paged_attention.decode_attention,
+                                   pages_per_block=paged.get("pages_per_block", 8))
       out = attend(q[:, 0], pages, paged["lens"], paged["table"])[:, None]
       y = lora.project(self, "o", out.astype(dt), 2, dt)
       return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), pages

@@ -25,6 +25,7 @@ kernel on the same arrays.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -115,14 +116,33 @@ def decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.Array
 
 
 def tpu_decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.Array,
-                         table_SxM: jax.Array, **kernel_kw) -> jax.Array:
+                         table_SxM: jax.Array, pages_per_block: int = 8,
+                         queries_per_block: int = 8, mesh=None, head_axis=None,
+                         **kernel_kw) -> jax.Array:
   """`decode_attention` by jax's ragged paged attention Pallas kernel (TPU only).
 
   One query per slot: cu_q_lens = 0, 1, ..., S and num_seqs = S. Page entries >= N are
-  clipped to valid pages (the kernel reads only pages below lens).
+  clipped to valid pages (the kernel reads only pages below lens). The block sizes are
+  given, not looked up in the kernel's tuned table (that reads the local device's TPU
+  version, so an AOT compile from a CPU host could not use it). On a mesh the kernel runs
+  per shard (`shard_map`): heads split over `head_axis` (q heads and combined kv heads
+  alike, so each shard keeps its GQA groups), slots and pages replicated.
   """
+  if mesh is not None and mesh.size > 1:
+    from jax.sharding import PartitionSpec as P
+    fn = functools.partial(tpu_decode_attention, pages_per_block=pages_per_block,
+                           queries_per_block=queries_per_block, **kernel_kw)
+    return jax.shard_map(
+        fn, mesh=mesh,
+        in_specs=(P(None, head_axis, None), P(None, None, head_axis, None), P(), P()),
+        out_specs=P(None, head_axis, None), check_vma=False)(
+            q_SxHxDh, kv_pages, lens_S, table_SxM)
   from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
   s, _, dh = q_SxHxDh.shape
+  m = table_SxM.shape[1]
+  kernel_kw.setdefault("num_kv_pages_per_block", max(
+      d for d in range(1, min(pages_per_block, m) + 1) if m % d == 0))
+  kernel_kw.setdefault("num_queries_per_block", min(queries_per_block, s))
   table = jnp.clip(table_SxM, 0, kv_pages.shape[0] - 1).astype(jnp.int32)
   return rpa.ragged_paged_attention(
       q_SxHxDh, kv_pages, lens_S.astype(jnp.int32), table,

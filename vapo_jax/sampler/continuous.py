@@ -160,7 +160,7 @@ def insert(cfg: sampling.SamplingConfig, pages, cache, logits_1xV, table_M, plen
 
 
 def decode_chunk(graphdef, cfg: sampling.SamplingConfig, ecfg: EngineConfig, impl,
-                 params, pages, table_SxM, state, exit_below):
+                 mesh, head_axis, params, pages, table_SxM, state, exit_below):
   """Up to K decode steps of every slot; stops early once active slots <= exit_below.
 
   Returns (pages, state, tokens_SxK, logp_SxK, steps): row s of the outputs holds the
@@ -182,7 +182,8 @@ def decode_chunk(graphdef, cfg: sampling.SamplingConfig, ecfg: EngineConfig, imp
     lens = jnp.where(act, st["pos_S"] + 1, 0)
     hidden, pages = model.decode_paged(
         st["tok_S"], st["pos_S"], pages, table_SxM=table, lens_S=lens,
-        pages_per_block=ecfg.pages_per_block, kernel=ecfg.kernel)
+        pages_per_block=ecfg.pages_per_block, kernel=ecfg.kernel, mesh=mesh,
+        head_axis=head_axis)
     logits = static_engine.last_logits(model, hidden)
     keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(st["keys_S"], impl=impl),
                                         st["t_S"])
@@ -256,8 +257,13 @@ class Engine:
     if k not in self._programs:
       pre = jax.jit(functools.partial(prefill, graphdef))
       ins = jax.jit(functools.partial(insert, self.cfg), donate_argnums=(0, 8))
-      dec = jax.jit(functools.partial(decode_chunk, graphdef, self.cfg, self.ecfg, impl),
-                    donate_argnums=(1, 3))
+      head_axis = None
+      if self.mesh is not None:
+        spec = shd.logical_to_spec(("kv_heads",), self.rules, self.mesh,
+                                   (2 * self.model_cfg.num_kv_heads,))
+        head_axis = spec[0]
+      dec = jax.jit(functools.partial(decode_chunk, graphdef, self.cfg, self.ecfg, impl,
+                                      self.mesh, head_axis), donate_argnums=(1, 3))
       self._programs[k] = (pre, ins, dec)
     return self._programs[k]
 
