@@ -122,8 +122,10 @@ class SamplingSection:
   decode_windows: int = 4
   # The rollout engine (docs/engine.md): "continuous" (decode slots refilled as responses
   # end, a paged KV pool, live-length attention) or "static" (the padded sampler above, one
-  # while loop per call until its longest row stops; kept as the test oracle).
-  engine: str = "continuous"
+  # while loop per call until its longest row stops; the test oracle). The default stays
+  # "static" until tools/programs.py compiles the engine's own programs
+  # (`continuous.Engine.lowerable`) instead of the static sampler's.
+  engine: str = "static"
   # Decode slots (rows of every decode step); 0: the rows the static sampler would run
   # (prompts per step x n for the rollout, eval.batch_prompts x k for the evaluation).
   slots: int = 0
