@@ -226,3 +226,17 @@ def test_engine_bench_runs(tmp_path):
   assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
   got = json.loads(out.read_text())["results"]["tiny"]
   assert got["useful_tokens"] > 0 and got["ratios"]["continuous/static"]["median"] > 0, got
+
+
+def test_trainer_rl_step_with_the_engine_on_8_devices_equals_one():
+  """The wiring (`sampling.engine="continuous"`): one RL step through the trainer, on one
+  device and on a 2x2x2 mesh, with the engine's metrics logged."""
+  import test_trainer as tt
+  eng = {"sampling.engine": "continuous", "sampling.slots": 4}
+  one = tt.run_rl_step(tt.tiny(**eng, **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}))
+  eight = tt.run_rl_step(tt.tiny(**eng, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}))
+  assert one[2]["rollout/rollout_tokens"] > 0 and 0 < one[2]["rollout/slot_occupancy"] <= 1
+  assert one[2]["reward/mean"] == eight[2]["reward/mean"]
+  assert one[2]["rollout/rollout_tokens"] == eight[2]["rollout/rollout_tokens"]
+  tt.assert_trees_close(one[0], eight[0], atol=2e-5)
+  tt.assert_trees_close(one[1], eight[1], atol=2e-5)
