@@ -120,6 +120,22 @@ class SamplingSection:
   # The decode loop runs in this many stretches, each attending over a cache window cut
   # to the slots its steps can reach (1: every step reads all prompt + response slots).
   decode_windows: int = 4
+  # The rollout engine (docs/engine.md): "continuous" (decode slots refilled as responses
+  # end, a paged KV pool, live-length attention) or "static" (the padded sampler above, one
+  # while loop per call until its longest row stops; the test oracle). The default stays
+  # "static" until tools/programs.py compiles the engine's own programs
+  # (`continuous.Engine.lowerable`) instead of the static sampler's.
+  engine: str = "static"
+  # Decode slots (rows of every decode step); 0: the rows the static sampler would run
+  # (prompts per step x n for the rollout, eval.batch_prompts x k for the evaluation).
+  slots: int = 0
+  page_size: int = 16       # tokens per KV page
+  kv_tokens: int = 0        # KV pool in tokens; 0: slots x (max_prompt_tokens + max_new_tokens)
+  chunk_steps: int = 16     # decode steps per on-device chunk (host work between chunks)
+  # Weights the engine decodes with: "auto" = the model's compute dtype (every matmul
+  # casts its weight to it anyway, so the copy is exact and, at bf16, half the bytes of
+  # the fp32 master); "bfloat16" / "float32" force one.
+  decode_dtype: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,6 +489,17 @@ def validate(cfg: Config) -> None:
   need(s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0: off)")
   need(s.max_new_tokens >= 1, "sampling.max_new_tokens", s.max_new_tokens, ">= 1")
   need(s.decode_windows >= 1, "sampling.decode_windows", s.decode_windows, ">= 1")
+  need(s.engine in ("continuous", "static"), "sampling.engine", s.engine,
+       '"continuous" or "static"')
+  for name in ("page_size", "chunk_steps"):
+    need(getattr(s, name) >= 1, f"sampling.{name}", getattr(s, name), ">= 1")
+  need(s.slots >= 0, "sampling.slots", s.slots, ">= 0 (0: auto)")
+  need(s.decode_dtype in ("auto", "bfloat16", "float32"), "sampling.decode_dtype",
+       s.decode_dtype, '"auto", "bfloat16" or "float32"')
+  whole = d.max_prompt_tokens + s.max_new_tokens - 1
+  need(s.kv_tokens == 0 or s.kv_tokens >= whole, "sampling.kv_tokens", s.kv_tokens,
+       f"0 (auto) or >= one whole response, data.max_prompt_tokens + "
+       f"sampling.max_new_tokens - 1 = {whole}")
   need(s.prompts_per_call >= 0 and (s.prompts_per_call == 0
                                      or cfg.prompts_per_step % s.prompts_per_call == 0),
        "sampling.prompts_per_call", s.prompts_per_call,

@@ -10,6 +10,7 @@ targeted projections also hold LoRA adapters (`models.lora`).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 from vapo_jax import sharding as shd
 from vapo_jax.models import attention
 from vapo_jax.models import lora
+from vapo_jax.models import paged_attention
 from vapo_jax.models import platform
 from vapo_jax.models.config import ModelConfig
 
@@ -215,9 +217,17 @@ class Attention(nnx.Module):
 
   def __call__(self, x_BxTxD: jax.Array, cos: jax.Array, sin: jax.Array,
                mask_Bx1xTxS: jax.Array, kv: dict[str, jax.Array] | None,
-               cache_index: jax.Array | int, causal: bool = False
-               ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+               cache_index: jax.Array | int, causal: bool = False,
+               paged: dict[str, Any] | None = None
+               ) -> tuple[jax.Array, Any]:
     """y [B, T, D] and the updated kv cache entry (or None).
+
+    `paged` (the rollout engine's decode step, T = 1, B = decode slots): `kv` is then this
+    layer's page pool [N, Ps, 2K, Dh] and paged = {"table": [B, M], "pos": [B] (where this
+    token is written), "lens": [B] (tokens visible after the write; 0: idle slot),
+    "pages_per_block": int, "kernel": "jax" | "tpu", and for "tpu" on a mesh "mesh" and
+    "head_axis", the mesh axis the heads are split over}; see `models.paged_attention`. The
+    updated pool comes back in place of the cache entry. The mask argument is unused.
 
     `causal=True` promises a call from slot 0 whose keys are its queries'
     slots (S = T, every key after its query hidden; no cache, or a prefill
@@ -241,6 +251,19 @@ class Attention(nnx.Module):
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if paged is not None:
+      pages = paged_attention.write_tokens(kv, paged_attention.combine(k[:, 0], v[:, 0]),
+                                           paged["table"], paged["pos"])
+      if paged.get("kernel") == "tpu":
+        attend = functools.partial(
+            paged_attention.tpu_decode_attention, mesh=paged.get("mesh"),
+            head_axis=paged.get("head_axis"), pages_per_block=paged.get("pages_per_block", 8))
+      else:
+        attend = functools.partial(paged_attention.decode_attention,
+                                   pages_per_block=paged.get("pages_per_block", 8))
+      out = attend(q[:, 0], pages, paged["lens"], paged["table"])[:, None]
+      y = lora.project(self, "o", out.astype(dt), 2, dt)
+      return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), pages
     if kv is not None:
       # The cache is [B, K, S, Dh]: this step's keys/values go in at slot
       # cache_index as [B, K, T, Dh].
@@ -323,9 +346,9 @@ class Block(nnx.Module):
                             cfg.param_dtype)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, cos, sin, mask, kv, cache_index, causal=False):
+  def __call__(self, x, cos, sin, mask, kv, cache_index, causal=False, paged=None):
     y, kv = self.attn(self.attn_norm(x), cos, sin, mask, kv, cache_index,
-                      causal)
+                      causal, paged=paged)
     x = shd.constrain(x + y, _ROWS)
     x = shd.constrain(x + self.mlp(self.mlp_norm(x)), _ROWS)
     return x, kv

@@ -162,6 +162,29 @@ class Transformer(nnx.Module):
     x = self.final_norm(x)
     return x, (None if cache is None else tuple(new_cache))
 
+  def decode_paged(self, tokens_S: jax.Array, pos_S: jax.Array, pages: tuple, *,
+                   table_SxM: jax.Array, lens_S: jax.Array, pages_per_block: int = 8,
+                   kernel: str = "jax", mesh=None, head_axis=None
+                   ) -> tuple[jax.Array, tuple]:
+    """One decode step of S slots over paged KV pools (the rollout engine's path).
+
+    Token tokens_S[s] sits at RoPE position pos_S[s] and its keys/values are written there
+    in slot s's pages (`models.paged_attention`); it attends over the slot's first
+    lens_S[s] tokens (pos + 1 for a live slot, 0 for an idle one, which writes nothing when
+    its table row holds no page). kernel="tpu" runs jax's Pallas kernel (per shard of
+    `mesh`, heads over `head_axis`). Returns (final hidden [S, D], the L updated pools).
+    """
+    x = jnp.take(self.embed[...], tokens_S[:, None], axis=0).astype(self.cfg.dtype)
+    cos, sin = layers.rope_tables(pos_S[:, None], layers.rope_inv_freq(self.cfg))
+    paged = {"table": table_SxM, "pos": pos_S, "lens": lens_S,
+             "pages_per_block": pages_per_block, "kernel": kernel, "mesh": mesh,
+             "head_axis": head_axis}
+    new = []
+    for block, pool in zip(self.blocks, pages):
+      x, pool = block(x, cos, sin, None, pool, 0, paged=paged)
+      new.append(pool)
+    return self.final_norm(x)[:, 0], tuple(new)
+
   def head_weight(self) -> jax.Array:
     """The LM head as [D, V] (the embedding transposed when tied)."""
     if self.cfg.tie_word_embeddings:
@@ -183,6 +206,15 @@ def init_cache(cfg_or_model: ModelConfig | Transformer, batch: int,
   shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                for _ in range(cfg.num_layers))
+
+
+def init_pages(cfg_or_model: ModelConfig | Transformer, num_pages: int, page_size: int,
+               dtype: Any = None) -> tuple[jax.Array, ...]:
+  """Zero paged KV pools: L arrays [num_pages, page_size, 2K, Dh] (keys even, values odd)."""
+  cfg = getattr(cfg_or_model, "cfg", cfg_or_model)
+  dtype = cfg.dtype if dtype is None else dtype
+  shape = (num_pages, page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
+  return tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
 
 
 def forward_logits(model: Transformer, tokens_BxT: jax.Array,

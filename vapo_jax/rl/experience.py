@@ -129,7 +129,8 @@ class Experience:
         response_mask_BxR=resp_mask, scores_B=scores_B, ref_logp_BxR=ref_logp)
     lengths, truncated = dist.to_host((rollout.lengths_B, rollout.truncated_B))
     ent = jnp.sum(entropy * resp_mask) / jnp.maximum(jnp.sum(resp_mask), 1)
-    metrics = {**all_scores.metrics(), **extra,
+    metrics = {**all_scores.metrics(), **extra, **{  # the rollout engine's own (docs/engine.md)
+                   f"rollout/{k}": v for k, v in getattr(self.sampler, "last_stats", {}).items()},
                **{k: float(v) for k, v in dist.to_host({**adv.metrics, **on_device,
                                                            "entropy": ent}).items()}}
     # The forwards ran asynchronously beside the host's scoring; wait for them here so the

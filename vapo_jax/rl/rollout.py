@@ -38,8 +38,16 @@ def sample(sampler, params, prompt_ids: Callable[[int], Sequence[int]], num_prom
   prompt_ids(i) -> token ids of global prompt i; it is called only for this host's rows.
   Prompts are left-padded to the sampler's largest bucket, one static P on every host.
   prompts_per_call > 0 samples that many prompts per sampler call (call c with key
-  fold_in(key, c)) and joins the calls' rollouts in prompt order.
+  fold_in(key, c)) and joins the calls' rollouts in prompt order. A continuous engine
+  (`sampler.continuous`) ignores prompts_per_call: it samples all prompts in one call, with
+  per-response keys (response b: fold_in(key, b)).
   """
+  if getattr(sampler, "continuous", False):
+    # The rollout engine takes the whole step at once (its slots bound the memory, not
+    # the prompt count), every host the same prompts; rows come back sharded as below.
+    # Prompts are left-padded to the largest bucket: one static P for the train steps.
+    p = sampling.prompt_bucket(sampler.cfg.max_prompt_len, sampler.cfg)
+    return sampler(params, [prompt_ids(i) for i in range(num_prompts)], key, prompt_len=p)
   per = prompts_per_call or num_prompts
   if per >= num_prompts:
     return _sample_once(sampler, params, prompt_ids, num_prompts, key)

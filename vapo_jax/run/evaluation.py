@@ -25,6 +25,8 @@ def sample_and_score(sampler, params, examples, text, scorer, key, batch_prompts
     the decoded responses of this host's rows, in row order).
   """
   n = sampler.cfg.n_per_prompt
+  if getattr(sampler, "continuous", False):  # one engine call: its slots bound the memory
+    batch_prompts = len(examples)
   scores, lengths, truncated, responses = [], [], [], []
   for start in range(0, len(examples), batch_prompts):
     chunk = list(examples[start:start + batch_prompts])

@@ -35,6 +35,7 @@ from vapo_jax.rl import train_state
 from vapo_jax.rl import update
 from vapo_jax.run import inputs
 from vapo_jax.run.inputs import Text
+from vapo_jax.sampler import continuous
 from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax.sampler import ops
 
@@ -130,7 +131,7 @@ def build_critic(cfg, policy_graphdef, policy_params, mesh, rules, *, params=Non
 
 
 def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
-                  temperature: float | None = None, greedy: bool = False):
+                  temperature: float | None = None, greedy: bool = False, rows: int = 0):
   """A compiled group sampler with the run's sampling settings."""
   s = cfg.sampling
   scfg = ops.SamplingConfig(
@@ -139,6 +140,12 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
       pad_id=text.pad_id, vocab_size=text.vocab_size, n_per_prompt=n,
       max_prompt_len=cfg.data.max_prompt_tokens,
       prompt_buckets=(cfg.data.max_prompt_tokens,), decode_windows=s.decode_windows)
+  if s.engine == "continuous":  # the rollout engine (docs/engine.md)
+    slots = s.slots or rows or n  # 0: as many slots as the static sampler has rows
+    return continuous.Engine(graphdef, mcfg, scfg, continuous.EngineConfig(
+        slots=slots, page_size=s.page_size, chunk_steps=s.chunk_steps,
+        kv_tokens=s.kv_tokens or slots * (cfg.data.max_prompt_tokens + s.max_new_tokens),
+        decode_dtype=s.decode_dtype), mesh=mesh, rules=rules)
   # The KV cache's kv_heads axis is split like the k/v projections (over `tensor`), not
   # only its rows over the batch axes: at 32B × 20k tokens a row's cache is 5.6 GB, and
   # replicating it over a 4-way tensor axis is what keeps it off any v5p slice.
@@ -324,8 +331,9 @@ class Samplers:
 
 def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text) -> Samplers:
   build = functools.partial(build_sampler, cfg, graphdef, mcfg, mesh, rules, text)
-  return Samplers(build(n=cfg.responses_per_prompt), build(n=cfg.eval.samples_per_problem),
-                  build(n=1, greedy=True))
+  n, k, ev = cfg.responses_per_prompt, cfg.eval.samples_per_problem, cfg.eval.batch_prompts
+  return Samplers(build(n=n, rows=n * cfg.prompts_per_step), build(n=k, rows=k * ev),
+                  build(n=1, greedy=True, rows=ev))
 
 
 def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Experience:

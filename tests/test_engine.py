@@ -1,0 +1,242 @@
+"""The continuous-batching rollout engine against the static sampler and transformers."""
+
+import random
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from vapo_jax import sharding  # noqa: E402
+from vapo_jax.models import hf_io  # noqa: E402
+from vapo_jax.sampler import continuous  # noqa: E402
+from vapo_jax.sampler import decode_weights  # noqa: E402
+from vapo_jax.sampler import engine as sampler_lib  # noqa: E402
+from vapo_jax.sampler import paged  # noqa: E402
+from vapo_jax.sampler import slots as slots_lib  # noqa: E402
+from vapo_jax.sampler.ops import SamplingConfig  # noqa: E402
+import test_sampler_hf as hf  # noqa: E402
+import tiny_hf  # noqa: E402
+
+PROMPTS = hf.PROMPTS
+R = hf.R
+
+
+def _load(family, tmp_path_factory):
+  path = str(tmp_path_factory.mktemp(family))
+  model = tiny_hf.make_model(family)
+  model.save_pretrained(path)
+  jmodel, mcfg = hf_io.from_pretrained(path)
+  graphdef, state = nnx.split(jmodel)
+  return model, graphdef, state, mcfg
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+  return _load("qwen2", tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen2_tied", "qwen3"])
+def any_ckpt(request, tmp_path_factory):
+  return _load(request.param, tmp_path_factory)
+
+
+def np_tree(x):
+  return jax.tree.map(np.asarray, x)
+
+
+def ecfg(**kw):
+  base = dict(slots=3, page_size=4, kv_tokens=64, chunk_steps=4, pages_per_block=2)
+  return continuous.EngineConfig(**{**base, **kw})
+
+
+def test_greedy_equals_static_sampler_and_transformers(any_ckpt):
+  hf_model, graphdef, state, mcfg = any_ckpt
+  free = hf.hf_greedy(hf_model, PROMPTS, ())
+  eos = (int(free[0, 3]), int(free[2, 6]))
+  want = hf.hf_greedy(hf_model, PROMPTS, eos)
+  cfg = hf.greedy_cfg(eos, n=2)
+  static = np_tree(sampler_lib.Sampler.for_transformer(graphdef, mcfg, cfg)(
+      state, PROMPTS, jax.random.key(0)))
+  eng = continuous.Engine(graphdef, mcfg, cfg, ecfg())
+  out = np_tree(eng(state, PROMPTS, jax.random.key(0)))
+  for f in ("prompt_BxP", "prompt_mask_BxP", "response_BxR", "response_mask_BxR",
+            "lengths_B", "truncated_B", "group_ids_B"):
+    np.testing.assert_array_equal(getattr(out, f), getattr(static, f), err_msg=f)
+  np.testing.assert_allclose(out.logp_BxR, static.logp_BxR, atol=2e-5)
+  np.testing.assert_array_equal(out.response_BxR[::2], want)
+  np.testing.assert_array_equal(out.response_BxR[1::2], want)
+  assert not out.truncated_B[0] and out.truncated_B[2]  # row 0 stops, prompt 1 runs to R
+  assert eng.last_stats["prefills"] == len(PROMPTS)  # once per prompt, not per response
+  # A second call (other lengths would do the same) compiles nothing.
+  progs = list(next(iter(eng._programs.values())))
+  sizes = [f._cache_size() for f in progs]
+  again = np_tree(eng(state, PROMPTS[::-1], jax.random.key(0)))
+  assert [f._cache_size() for f in progs] == sizes
+  np.testing.assert_array_equal(again.response_BxR[:2], out.response_BxR[-2:])
+
+
+def _sampled_cfg(eos=(), n=4, r=R):
+  return SamplingConfig(max_new_tokens=r, temperature=1.3, stop_token_ids=eos, pad_id=0,
+                        n_per_prompt=n, max_prompt_len=16, min_prompt_bucket=16)
+
+
+def test_sampling_does_not_depend_on_slots_order_or_pool(ckpt):
+  _, graphdef, state, mcfg = ckpt
+  cfg = _sampled_cfg(eos=(40, 7, 22))
+  key = jax.random.key(3)
+  runs = []
+  order = list(range(len(PROMPTS) * 4))
+  random.Random(0).shuffle(order)
+  for kw, perm in (({"slots": 1}, None), ({"slots": 4}, None), ({"slots": 16}, None),
+                   ({"slots": 4}, order),
+                   # A pool of one whole response plus a page: evictions happen.
+                   ({"slots": 4, "kv_tokens": 16 + R + 3}, order)):
+    eng = continuous.Engine(graphdef, mcfg, cfg, ecfg(kv_tokens=kw.pop("kv_tokens", 256),
+                                                      **kw))
+    runs.append((np_tree(eng(state, PROMPTS, key, order=perm)), eng.last_stats))
+  base = runs[0][0]
+  lens = base.lengths_B
+  assert (lens < R).any() and (lens == R).any(), lens  # stops and truncations both seen
+  for out, stats in runs[1:]:
+    np.testing.assert_array_equal(out.response_BxR, base.response_BxR)
+    np.testing.assert_array_equal(out.lengths_B, base.lengths_B)
+    np.testing.assert_array_equal(out.truncated_B, base.truncated_B)
+    np.testing.assert_allclose(out.logp_BxR, base.logp_BxR, atol=2e-5)
+  assert runs[-1][1]["evictions"] > 0  # the small pool really evicted and restarted
+  assert runs[2][1]["slot_occupancy"] <= 1.0
+  # Group rows differ (their own keys), and the key matters.
+  assert not np.array_equal(base.response_BxR[0], base.response_BxR[1])
+  other = continuous.Engine(graphdef, mcfg, cfg, ecfg())(state, PROMPTS, jax.random.key(4))
+  assert not np.array_equal(np.asarray(other.response_BxR), base.response_BxR)
+
+
+def test_lengths_truncation_and_logprobs_are_the_teacher_forced_ones(ckpt):
+  _, graphdef, state, mcfg = ckpt
+  cfg = _sampled_cfg(eos=(40, 7, 22, 19), n=3)
+  out = np_tree(continuous.Engine(graphdef, mcfg, cfg, ecfg())(state, PROMPTS,
+                                                               jax.random.key(1)))
+  for row in range(out.lengths_B.shape[0]):
+    n = out.lengths_B[row]
+    resp = out.response_BxR[row]
+    np.testing.assert_array_equal(out.response_mask_BxR[row], np.arange(R) < n)
+    assert np.all(resp[n:] == 0) and np.all(out.logp_BxR[row, n:] == 0)
+    stops = np.isin(resp[:n], cfg.stop_token_ids)
+    if out.truncated_B[row]:
+      assert n == R and not stops.any()
+    else:
+      assert stops[-1] and not stops[:-1].any()
+  model = nnx.merge(graphdef, state)
+  ref = hf._teacher_forced(model, out, cfg.temperature)
+  np.testing.assert_allclose(np.asarray(ref) * out.response_mask_BxR, out.logp_BxR,
+                             atol=2e-5)
+
+
+def test_scheduler_never_starves_with_a_one_response_pool():
+  pool = paged.PagePool(num_pages=4, page_size=4, slots=3, max_pages=4)
+  sched = slots_lib.Scheduler(pool, range(6))
+  lens = {b: 5 + b for b in range(6)}  # tokens each response will generate
+  done, rounds = [], 0
+  while not sched.done():
+    rounds += 1
+    assert rounds < 200
+    sched.admit(lambda b: 3, 13, 2)
+    sched.reserve(2)
+    for s, run in enumerate(sched.running):
+      if run is None:
+        continue
+      gen = run.kv_tokens - 3
+      step = min(2, lens[run.response] - gen)
+      fin = gen + step >= lens[run.response]
+      sched.advance(s, step, fin)
+      if fin:
+        done.append(run.response)
+      assert pool.used <= pool.num_pages
+  assert sorted(done) == list(range(6)) and pool.used == 0
+
+
+def test_clear_errors(ckpt):
+  _, graphdef, _, mcfg = ckpt
+  with pytest.raises(ValueError, match="kv_tokens"):
+    continuous.Engine(graphdef, mcfg, _sampled_cfg(), ecfg(kv_tokens=8))
+  with pytest.raises(ValueError, match="decode_dtype"):
+    ecfg(decode_dtype="int8")
+
+
+def test_decode_copy_layout_and_no_weight_all_gather_in_the_decode_loop(ckpt):
+  _, graphdef, state, mcfg = ckpt
+  mesh = sharding.make_mesh(data=1, fsdp=4, tensor=2)
+  train = jax.device_put(state, sharding.state_shardings(state, mesh))
+  g, dec = decode_weights.decode_copy(graphdef, train, jnp.bfloat16, mesh)
+  flat = nnx.to_flat_state(dec)
+  for path, v in flat:
+    x = v.get_value()
+    assert x.dtype == jnp.bfloat16, path
+    assert "fsdp" not in str(x.sharding.spec), (path, x.sharding.spec)
+  q = nnx.merge(g, dec).blocks[0].attn.q[...]
+  assert "tensor" in str(q.sharding.spec)  # heads stay tensor-parallel
+  cfg = _sampled_cfg()
+  eng = continuous.Engine(graphdef, mcfg, cfg, ecfg(slots=8, decode_dtype="bfloat16"),
+                          mesh=mesh)
+  progs = eng.lowerable(train)
+  text = progs["decode_chunk"].lower(*progs["decode_chunk_args"]).compile().as_text()
+  gathers = decode_weights.param_all_gathers(text)
+  assert gathers == [], gathers
+  # and the engine runs on the mesh, equal to one device (bf16 weights both times).
+  on_mesh = np_tree(eng(train, PROMPTS, jax.random.key(2)))
+  one = np_tree(continuous.Engine(graphdef, mcfg, cfg, ecfg(decode_dtype="bfloat16"))(
+      state, PROMPTS, jax.random.key(2)))
+  np.testing.assert_array_equal(on_mesh.response_BxR, one.response_BxR)
+
+
+def test_the_all_gather_check_finds_a_per_step_weight_gather():
+  """The check above can fail: a loop that gathers a layer's fsdp-sharded weight per step."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = sharding.make_mesh(data=1, fsdp=4, tensor=2)
+  w = jax.ShapeDtypeStruct((5, 64, 64), jnp.float32,
+                           sharding=NamedSharding(mesh, P(None, "fsdp", "tensor")))
+  x = jax.ShapeDtypeStruct((8, 64), jnp.float32, sharding=NamedSharding(mesh, P()))
+
+  def f(w, x):
+    def body(i, x):
+      wi = jax.lax.with_sharding_constraint(w[i], NamedSharding(mesh, P(None, "tensor")))
+      return jnp.tanh(x @ wi)
+    return jax.lax.fori_loop(0, 5, body, x)
+
+  text = jax.jit(f).lower(w, x).compile().as_text()
+  assert len(decode_weights.param_all_gathers(text)) >= 1
+
+
+def test_engine_bench_runs(tmp_path):
+  """benchmarks/engine_bench.py end to end on its tiny preset (forced lengths checked)."""
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "engine.json"
+  res = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "engine_bench.py"), "--preset=tiny",
+       "--repeats=1", "--json", str(out)], cwd=root, capture_output=True, text=True,
+      timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu", "BENCH_SETTLE_S": "0"})
+  assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+  got = json.loads(out.read_text())["results"]["tiny"]
+  assert got["useful_tokens"] > 0 and got["ratios"]["continuous/static"]["median"] > 0, got
+
+
+def test_trainer_rl_step_with_the_engine_on_8_devices_equals_one():
+  """The wiring (`sampling.engine="continuous"`): one RL step through the trainer, on one
+  device and on a 2x2x2 mesh, with the engine's metrics logged."""
+  import test_trainer as tt
+  eng = {"sampling.engine": "continuous", "sampling.slots": 4}
+  one = tt.run_rl_step(tt.tiny(**eng, **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}))
+  eight = tt.run_rl_step(tt.tiny(**eng, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}))
+  assert one[2]["rollout/rollout_tokens"] > 0 and 0 < one[2]["rollout/slot_occupancy"] <= 1
+  assert one[2]["reward/mean"] == eight[2]["reward/mean"]
+  assert one[2]["rollout/rollout_tokens"] == eight[2]["rollout/rollout_tokens"]
+  tt.assert_trees_close(one[0], eight[0], atol=2e-5)
+  tt.assert_trees_close(one[1], eight[1], atol=2e-5)

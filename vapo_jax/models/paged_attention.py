@@ -1,0 +1,150 @@
+"""Paged KV cache for decoding: a page pool per layer, page tables, live-length attention.
+
+Layout (the one of jax's TPU kernel `jax.experimental.pallas.ops.tpu.ragged_paged_attention`):
+
+  kv_pages  [N, Ps, 2K, Dh]  N pages of Ps token slots; keys at even combined heads (2k),
+                             values at odd ones (2k + 1)
+  table_SxM int32            row s lists the pages of decode slot s in order; token position
+                             p of slot s lives at page table[s, p // Ps], offset p % Ps.
+                             Entries past a slot's pages are any value >= N (dropped on
+                             write, clipped and masked on read)
+  lens_S    int32            tokens in slot s's KV (0: an empty slot)
+
+Decode attention of one query per slot (`decode_attention`), with G = H / K:
+
+  s[b, k, g, p] = q[b, k, g] . K[b, p, k] / sqrt(Dh),   p < lens[b] (else hidden)
+  out[b, k, g]  = softmax_p(s) . V[b, :, k]
+
+computed block by block over `pages_per_block` pages with an online softmax, for
+ceil(max_b lens[b] / (pages_per_block Ps)) blocks only: a decode step reads the live
+length of the longest slot, never the pool or a row's cap. Keys at p >= lens[b] are masked
+and their values zeroed before use, so stale KV of a page's previous owner (any finite or
+non-finite value) never reaches the output. On TPU `tpu_decode_attention` runs jax's Pallas
+kernel on the same arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+def combine(k_SxKxDh: jax.Array, v_SxKxDh: jax.Array) -> jax.Array:
+  """[S, 2K, Dh] with keys at even and values at odd combined heads."""
+  s, k, dh = k_SxKxDh.shape
+  return jnp.stack([k_SxKxDh, v_SxKxDh], axis=2).reshape(s, 2 * k, dh)
+
+
+def write_tokens(kv_pages: jax.Array, kv_Sx2KxDh: jax.Array, table_SxM: jax.Array,
+                 pos_S: jax.Array) -> jax.Array:
+  """kv_pages with token kv_Sx2KxDh[s] stored at position pos_S[s] of slot s.
+
+  Slots whose page for that position is >= N (no page: an idle slot) write nothing.
+  """
+  ps = kv_pages.shape[1]
+  m = table_SxM.shape[1]
+  page_S = jnp.take_along_axis(table_SxM, jnp.clip(pos_S // ps, 0, m - 1)[:, None],
+                               axis=1)[:, 0]
+  return kv_pages.at[page_S, pos_S % ps].set(kv_Sx2KxDh.astype(kv_pages.dtype),
+                                             mode="drop")
+
+
+def write_prompt(kv_pages: jax.Array, kv_Tx2KxDh: jax.Array, table_M: jax.Array
+                 ) -> jax.Array:
+  """kv_pages with one sequence's tokens 0..T-1 stored through its page row table_M.
+
+  Positions whose page entry is >= N write nothing.
+  """
+  ps = kv_pages.shape[1]
+  t = kv_Tx2KxDh.shape[0]
+  pos_T = jnp.arange(t, dtype=jnp.int32)
+  page_T = table_M[jnp.clip(pos_T // ps, 0, table_M.shape[0] - 1)]
+  page_T = jnp.where(pos_T // ps < table_M.shape[0], page_T, kv_pages.shape[0])
+  return kv_pages.at[page_T, pos_T % ps].set(kv_Tx2KxDh.astype(kv_pages.dtype),
+                                             mode="drop")
+
+
+def decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.Array,
+                     table_SxM: jax.Array, pages_per_block: int = 8) -> jax.Array:
+  """One query per slot over its first lens_S[s] paged tokens; [S, H, Dh] in q's dtype.
+
+  Scores and the softmax in float32; the value dot takes the pages' dtype and sums in
+  float32. A slot with lens 0 gives zeros.
+  """
+  s, h, dh = q_SxHxDh.shape
+  n, ps, k2, _ = kv_pages.shape
+  k = k2 // 2
+  g = h // k
+  m = table_SxM.shape[1]
+  bp = max(1, min(pages_per_block, m))
+  blocks = -(-m // bp)
+  table = jnp.pad(table_SxM, ((0, 0), (0, blocks * bp - m)), constant_values=n)
+  table = jnp.clip(table, 0, n - 1)  # reads past a slot's pages are masked below
+  q_SxKxGxDh = (q_SxHxDh.reshape(s, k, g, dh).astype(jnp.float32)
+                * (1.0 / math.sqrt(dh)))
+  width = bp * ps
+  n_blocks = (jnp.max(lens_S) + width - 1) // width
+
+  def body(i, carry):
+    m_SxKxG, l_SxKxG, acc_SxKxGxDh = carry
+    pages_Sxbp = jax.lax.dynamic_slice_in_dim(table, i * bp, bp, axis=1)
+    blk = kv_pages[pages_Sxbp].reshape(s, width, k2, dh)
+    k_SxLxKxDh, v_SxLxKxDh = blk[:, :, 0::2], blk[:, :, 1::2]
+    ok_SxL = (i * width + jnp.arange(width))[None, :] < lens_S[:, None]
+    v_SxLxKxDh = jnp.where(ok_SxL[:, :, None, None], v_SxLxKxDh, 0)
+    sc = jnp.einsum("skgd,slkd->skgl", q_SxKxGxDh.astype(k_SxLxKxDh.dtype), k_SxLxKxDh,
+                    preferred_element_type=jnp.float32)
+    sc = jnp.where(ok_SxL[:, None, None, :], sc, -jnp.inf)
+    m_new = jnp.maximum(m_SxKxG, jnp.max(sc, axis=-1))
+    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    corr = jnp.exp(m_SxKxG - m_safe)
+    p_SxKxGxL = jnp.exp(sc - m_safe[..., None])
+    l_SxKxG = l_SxKxG * corr + jnp.sum(p_SxKxGxL, axis=-1)
+    acc_SxKxGxDh = acc_SxKxGxDh * corr[..., None] + jnp.einsum(
+        "skgl,slkd->skgd", p_SxKxGxL.astype(v_SxLxKxDh.dtype), v_SxLxKxDh,
+        preferred_element_type=jnp.float32)
+    return m_new, l_SxKxG, acc_SxKxGxDh
+
+  init = (jnp.full((s, k, g), -jnp.inf, jnp.float32), jnp.zeros((s, k, g), jnp.float32),
+          jnp.zeros((s, k, g, dh), jnp.float32))
+  _, l_SxKxG, acc = jax.lax.fori_loop(0, n_blocks, body, init)
+  out = acc / jnp.where(l_SxKxG > 0, l_SxKxG, 1.0)[..., None]
+  return out.reshape(s, h, dh).astype(q_SxHxDh.dtype)
+
+
+def tpu_decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.Array,
+                         table_SxM: jax.Array, pages_per_block: int = 8,
+                         queries_per_block: int = 8, mesh=None, head_axis=None,
+                         **kernel_kw) -> jax.Array:
+  """`decode_attention` by jax's ragged paged attention Pallas kernel (TPU only).
+
+  One query per slot: cu_q_lens = 0, 1, ..., S and num_seqs = S. Page entries >= N are
+  clipped to valid pages (the kernel reads only pages below lens). The block sizes are
+  given, not looked up in the kernel's tuned table (that reads the local device's TPU
+  version, so an AOT compile from a CPU host could not use it). On a mesh the kernel runs
+  per shard (`shard_map`): heads split over `head_axis` (q heads and combined kv heads
+  alike, so each shard keeps its GQA groups), slots and pages replicated.
+  """
+  if mesh is not None and mesh.size > 1:
+    from jax.sharding import PartitionSpec as P
+    fn = functools.partial(tpu_decode_attention, pages_per_block=pages_per_block,
+                           queries_per_block=queries_per_block, **kernel_kw)
+    return jax.shard_map(
+        fn, mesh=mesh,
+        in_specs=(P(None, head_axis, None), P(None, None, head_axis, None), P(), P()),
+        out_specs=P(None, head_axis, None), check_vma=False)(
+            q_SxHxDh, kv_pages, lens_S, table_SxM)
+  from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+  s, _, dh = q_SxHxDh.shape
+  m = table_SxM.shape[1]
+  kernel_kw.setdefault("num_kv_pages_per_block", max(
+      d for d in range(1, min(pages_per_block, m) + 1) if m % d == 0))
+  kernel_kw.setdefault("num_queries_per_block", min(queries_per_block, s))
+  table = jnp.clip(table_SxM, 0, kv_pages.shape[0] - 1).astype(jnp.int32)
+  return rpa.ragged_paged_attention(
+      q_SxHxDh, kv_pages, lens_S.astype(jnp.int32), table,
+      jnp.arange(s + 1, dtype=jnp.int32), jnp.array([s], jnp.int32),
+      sm_scale=1.0 / math.sqrt(dh), **kernel_kw)

@@ -1,0 +1,485 @@
+"""The rollout engine: continuous batching over decode slots, a paged KV pool, bf16 weights.
+
+For Bp prompts and n responses each (B = Bp n responses; response b answers prompt b // n):
+
+  host loop, until every response is done:
+    1. admit: each free slot takes the next pending response whose first chunk of pages fits
+       (`slots.Scheduler`); its prompt is prefilled once (`prefill`, dense, right-padded to
+       its bucket) and kept until all n of its responses are inserted; `insert` writes the
+       prompt's KV into the slot's pages and draws token 0 from the prefill logits;
+    2. reserve pages for one chunk in every running slot (evicting the youngest when short);
+    3. `decode_chunk`: up to K decode steps of all S slots in one `lax.while_loop` on device
+       (early exit when enough slots are idle and responses wait); each step feeds a slot's
+       last token, writes its KV into its pages, attends over the slot's live length
+       (`models.paged_attention`) and draws the next token;
+    4. one device_get of the chunk's tokens, log-probs and slot states; a slot whose response
+       ended (a stop token, or max_new_tokens) is freed with its pages.
+
+  Host work is O(S) per chunk, never per token; the programs compile once per prompt bucket
+  (prefill, insert) and once (decode chunk), whatever the response lengths.
+
+Per-response PRNG: token i of response b is drawn with fold_in(fold_in(key, b), i), so a
+response's tokens and log-probs depend on its key, prompt and weights only -- not on its slot,
+the number of slots, the admission order or evictions (float rounding aside: a batch of S
+rows may round a matmul differently from another S).
+
+Weights: the engine decodes from `decode_weights.decode_copy` of the parameters it is given
+(LoRA merged, cast to `EngineConfig.decode_dtype`, FSDP dropped from the weights), made once
+per call; it never reads the training copy. The output is the static sampler's `Rollout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Sequence
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+from vapo_jax import sharding as shd
+from vapo_jax.models import paged_attention as pa
+from vapo_jax.models import transformer
+from vapo_jax.sampler import decode_weights
+from vapo_jax.sampler import engine as static_engine
+from vapo_jax.sampler import ops as sampling
+from vapo_jax.sampler import paged
+from vapo_jax.sampler import slots as slots_lib
+from vapo_jax.sampler import types as rollout_lib
+
+Rollout = rollout_lib.Rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """Sizes of the engine (hashable).
+
+  Attributes:
+    slots: S, decode slots (rows of every decode step).
+    page_size: Ps, tokens per KV page.
+    kv_tokens: the KV pool's size in tokens (rounded up to whole pages); must hold one whole
+      response (max_prompt_len + max_new_tokens - 1 tokens).
+    chunk_steps: K, decode steps per on-device chunk (host work happens between chunks).
+    pages_per_block: pages per attention block (the live-length loop's granularity).
+    decode_dtype: dtype of the decode copy of the weights: "auto" (the model's compute
+      dtype: every matmul casts its weight to it, so the copy decodes exactly like the
+      training copy, in half the bytes at bf16), "bfloat16", "float32", "float16".
+    kernel: "jax" (pure-JAX paged attention, any backend) or "tpu" (jax's Pallas ragged
+      paged attention kernel).
+  """
+
+  slots: int = 16
+  page_size: int = 16
+  kv_tokens: int = 16384
+  chunk_steps: int = 16
+  pages_per_block: int = 8
+  decode_dtype: str = "auto"
+  kernel: str = "jax"
+
+  def __post_init__(self):
+    def bad(field, value, allowed):
+      raise ValueError(f"EngineConfig.{field}={value!r}: must be {allowed}.")
+    for f in ("slots", "page_size", "kv_tokens", "chunk_steps", "pages_per_block"):
+      if getattr(self, f) < 1:
+        bad(f, getattr(self, f), ">= 1")
+    if self.decode_dtype not in ("auto", "bfloat16", "float32", "float16"):
+      bad("decode_dtype", self.decode_dtype, "one of auto, bfloat16, float32, float16")
+    if self.kernel not in ("jax", "tpu"):
+      bad("kernel", self.kernel, '"jax" or "tpu"')
+
+  @property
+  def num_pages(self) -> int:
+    return paged.pages_for(self.kv_tokens, self.page_size)
+
+
+def check(cfg: sampling.SamplingConfig, ecfg: EngineConfig) -> None:
+  """ValueError if the pool cannot hold one whole response."""
+  need = cfg.max_prompt_len + cfg.max_new_tokens - 1
+  if ecfg.num_pages * ecfg.page_size < need:
+    raise ValueError(
+        f"EngineConfig.kv_tokens={ecfg.kv_tokens} holds {ecfg.num_pages} pages of "
+        f"{ecfg.page_size} tokens, fewer than one whole response needs "
+        f"(max_prompt_len {cfg.max_prompt_len} + max_new_tokens {cfg.max_new_tokens} - 1 = "
+        f"{need}); raise sampling.kv_tokens")
+
+
+# --------------------------------------------------------------------------- programs
+
+
+def _is_stop(tok, cfg):
+  stop = jnp.asarray(cfg.stop_token_ids or (-1,), jnp.int32)
+  return jnp.any(tok[..., None] == stop.reshape((1,) * tok.ndim + (-1,)), axis=-1)
+
+
+def _sample_rows(keys_S, logits_SxV, cfg):
+  """One draw per row with its own key: (tokens_S, logp_S)."""
+  tok, lp = jax.vmap(lambda k, z: sampling.sample_step(k, z[None], cfg))(keys_S, logits_SxV)
+  return tok[:, 0], lp[:, 0]
+
+
+def prefill(graphdef, params, tokens_1xP, plen):
+  """Dense prefill of one right-padded prompt: (KV cache of P slots, logits_1xV at plen-1)."""
+  model = nnx.merge(graphdef, params)
+  p = tokens_1xP.shape[1]
+  mask = (jnp.arange(p) < plen)[None].astype(jnp.int32)
+  pos = jnp.arange(p, dtype=jnp.int32)[None]
+  cache = transformer.init_cache(model, 1, p)
+  hidden, cache = model(tokens_1xP, pos, mask, cache=cache, cache_index=0)
+  last = jax.lax.dynamic_index_in_dim(hidden[0], plen - 1, axis=0, keepdims=True)
+  return cache, static_engine.last_logits(model, last)
+
+
+def insert(cfg: sampling.SamplingConfig, pages, cache, logits_1xV, table_M, plen, slot,
+           response, key, state):
+  """The prompt's KV into a slot's pages and token 0 drawn: (pages, state, tok0, logp0).
+
+  state: tok_S (last token), pos_S (KV tokens = next write position), t_S (tokens drawn),
+  active_S, keys_S (per-response keys).
+  """
+  new_pages = []
+  for pool, layer in zip(pages, cache):
+    kv = jnp.stack([layer["k"][0], layer["v"][0]], axis=1)  # [K, 2, P, Dh]
+    k, _, p, dh = kv.shape
+    kv = jnp.transpose(kv, (2, 0, 1, 3)).reshape(p, 2 * k, dh)
+    new_pages.append(pa.write_prompt(pool, kv, table_M))
+  rkey = jax.random.fold_in(key, response)
+  tok0, lp0 = _sample_rows(jax.random.fold_in(rkey, 0)[None], logits_1xV, cfg)
+  live = ~_is_stop(tok0[0], cfg) & (cfg.max_new_tokens > 1)
+  state = dict(
+      tok_S=state["tok_S"].at[slot].set(tok0[0]),
+      pos_S=state["pos_S"].at[slot].set(plen),
+      t_S=state["t_S"].at[slot].set(1),
+      active_S=state["active_S"].at[slot].set(live),
+      keys_S=state["keys_S"].at[slot].set(jax.random.key_data(rkey)))
+  return tuple(new_pages), state, tok0[0], lp0[0]
+
+
+def decode_chunk(graphdef, cfg: sampling.SamplingConfig, ecfg: EngineConfig, impl,
+                 mesh, head_axis, params, pages, table_SxM, state, exit_below):
+  """Up to K decode steps of every slot; stops early once active slots <= exit_below.
+
+  Returns (pages, state, tokens_SxK, logp_SxK, steps): row s of the outputs holds the
+  tokens drawn for slot s in this chunk, first (t_S_after - t_S_before) entries real.
+  """
+  model = nnx.merge(graphdef, params)
+  s, k = table_SxM.shape[0], ecfg.chunk_steps
+  r = cfg.max_new_tokens
+  no_page = jnp.full_like(table_SxM, ecfg.num_pages)
+
+  def cond(c):
+    i, _, st, _, _ = c
+    return (i < k) & (jnp.sum(st["active_S"]) > exit_below)
+
+  def body(c):
+    i, pages, st, toks_SxK, lps_SxK = c
+    act = st["active_S"]
+    table = jnp.where(act[:, None], table_SxM, no_page)
+    lens = jnp.where(act, st["pos_S"] + 1, 0)
+    hidden, pages = model.decode_paged(
+        st["tok_S"], st["pos_S"], pages, table_SxM=table, lens_S=lens,
+        pages_per_block=ecfg.pages_per_block, kernel=ecfg.kernel, mesh=mesh,
+        head_axis=head_axis)
+    logits = static_engine.last_logits(model, hidden)
+    keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(st["keys_S"], impl=impl),
+                                        st["t_S"])
+    new, lp = _sample_rows(keys, logits, cfg)
+    new = jnp.where(act, new, cfg.pad_id)
+    lp = jnp.where(act, lp, 0.0)
+    toks_SxK = jax.lax.dynamic_update_slice(toks_SxK, new[:, None], (0, i))
+    lps_SxK = jax.lax.dynamic_update_slice(lps_SxK, lp[:, None], (0, i))
+    step = act.astype(jnp.int32)
+    t = st["t_S"] + step
+    st = dict(tok_S=jnp.where(act, new, st["tok_S"]), pos_S=st["pos_S"] + step, t_S=t,
+              active_S=act & ~_is_stop(new, cfg) & (t < r), keys_S=st["keys_S"])
+    return i + 1, pages, st, toks_SxK, lps_SxK
+
+  init = (jnp.int32(0), pages, state, jnp.full((s, k), cfg.pad_id, jnp.int32),
+          jnp.zeros((s, k), jnp.float32))
+  steps, pages, state, toks, lps = jax.lax.while_loop(cond, body, init)
+  return pages, state, toks, lps, steps
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+class Engine:
+  """Continuous-batching rollout engine; a drop-in for `engine.Sampler` in the trainer.
+
+  Usage:
+    eng = Engine(graphdef, model_cfg, SamplingConfig(...), EngineConfig(...), mesh=mesh)
+    rollout = eng(params, [[1, 2, 3], [4, 5]], jax.random.key(0))
+    eng.last_stats  # tokens/s, slot and KV-pool occupancy, decode steps, evictions
+  """
+
+  continuous = True
+
+  def __init__(self, graphdef, model_cfg, cfg: sampling.SamplingConfig,
+               ecfg: EngineConfig = EngineConfig(), *,
+               mesh: jax.sharding.Mesh | None = None,
+               rules: shd.Rules = shd.DEFAULT_RULES):
+    if cfg.vocab_size is None and model_cfg.real_vocab_size is not None:
+      cfg = dataclasses.replace(cfg, vocab_size=model_cfg.real_vocab_size)
+    check(cfg, ecfg)
+    self.cfg, self.ecfg = cfg, ecfg
+    self.graphdef, self.model_cfg = graphdef, model_cfg
+    self.mesh, self.rules = mesh, rules
+    self.batch_axes = shd.batch_axes(mesh, rules) if mesh is not None else ()
+    self.max_pages = paged.pages_for(cfg.max_prompt_len + cfg.max_new_tokens - 1,
+                                     ecfg.page_size)
+    self.decode_dtype = jnp.dtype(model_cfg.dtype if ecfg.decode_dtype == "auto"
+                                  else ecfg.decode_dtype)
+    self.last_stats: dict[str, float] = {}
+    self._copy_of: tuple | None = None
+    self._programs: dict[Any, Any] = {}
+    self._pages = None
+
+  # -- programs
+  def decode_copy(self, params):
+    """(graphdef, params) of the decode copy, rebuilt only when `params` changed."""
+    leaves = jax.tree.leaves(params)
+    ident = tuple(id(x) for x in leaves)
+    if self._copy_of is None or self._copy_of[0] != ident:
+      self._copy_of = None  # free the old copy first
+      g, p = decode_weights.decode_copy(self.graphdef, params,
+                                        self.decode_dtype, self.mesh,
+                                        self.rules)
+      self._copy_of = (ident, leaves, g, p)
+    return self._copy_of[2], self._copy_of[3]
+
+  def programs(self, graphdef, impl):
+    """The jitted (prefill, insert, decode_chunk) for a decode graphdef and key impl."""
+    k = (graphdef, str(impl))
+    if k not in self._programs:
+      pre = jax.jit(functools.partial(prefill, graphdef))
+      ins = jax.jit(functools.partial(insert, self.cfg), donate_argnums=(0, 8))
+      head_axis = None
+      if self.mesh is not None:
+        spec = shd.logical_to_spec(("kv_heads",), self.rules, self.mesh,
+                                   (2 * self.model_cfg.num_kv_heads,))
+        head_axis = spec[0]
+      dec = jax.jit(functools.partial(decode_chunk, graphdef, self.cfg, self.ecfg, impl,
+                                      self.mesh, head_axis), donate_argnums=(1, 3))
+      self._programs[k] = (pre, ins, dec)
+    return self._programs[k]
+
+  def lowerable(self, params) -> dict[str, Any]:
+    """The engine's own jitted programs and example args, for an AOT compile check.
+
+    params: the training parameters (concrete or ShapeDtypeStructs with shardings).
+    Returns {"decode_copy", "prefill", "insert", "decode_chunk"} -> jitted function, and
+    "<name>_args" -> a tuple of ShapeDtypeStructs (prompt at the largest bucket) such that
+    `out[name].lower(*out[name + "_args"]).compile()` builds exactly what a rollout runs.
+    """
+    cfg, ecfg = self.cfg, self.ecfg
+    g, build, shardings, abs_copy = decode_weights.decode_layout(
+        self.graphdef, params, self.decode_dtype, self.mesh, self.rules)
+    impl = jax.random.key_impl(jax.random.key(0))
+    pre, ins, dec = self.programs(g, impl)
+
+    def sds(x, sh=None):
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
+
+    if shardings is not None:
+      abs_copy = jax.tree.map(lambda a, sh: sds(a, sh), abs_copy, shardings)
+    abs_params = jax.tree.map(lambda x: sds(x, getattr(x, "sharding", None)), params)
+    rep = NamedSharding(self.mesh, P()) if self.mesh is not None else None
+    pages = jax.eval_shape(lambda: transformer.init_pages(
+        self.model_cfg, ecfg.num_pages, ecfg.page_size))
+    pool_sh = self._pool_sharding(pages)
+    pages = tuple(sds(x, pool_sh) for x in pages)
+    s = ecfg.slots
+    kd = jax.random.key_data(jax.random.key(0))
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)  # noqa: E731
+    state = {"tok_S": i32(s), "pos_S": i32(s), "t_S": i32(s),
+             "active_S": jax.ShapeDtypeStruct((s,), jnp.bool_, sharding=rep),
+             "keys_S": jax.ShapeDtypeStruct((s,) + kd.shape, kd.dtype, sharding=rep)}
+    bucket = sampling.prompt_bucket(cfg.max_prompt_len, cfg)
+    pre_args = (abs_copy, i32(1, bucket), i32())
+    cache, logits = jax.eval_shape(pre, *pre_args)
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+    ins_args = (pages, cache, logits, i32(self.max_pages), i32(), i32(), i32(), key, state)
+    dec_args = (abs_copy, pages, i32(s, self.max_pages), state, i32())
+    return {"decode_copy": jax.jit(build, out_shardings=shardings),
+            "decode_copy_args": (abs_params,), "prefill": pre, "prefill_args": pre_args,
+            "insert": ins, "insert_args": ins_args, "decode_chunk": dec,
+            "decode_chunk_args": dec_args}
+
+  def _place_like(self, params) -> None:
+    """Without a mesh, the engine's arrays go where the parameters are: replicated over
+    their mesh when they carry a NamedSharding (as `hf_io.from_pretrained` gives them), so
+    the second call's inputs (outputs of the first) have the first call's types and
+    nothing compiles again."""
+    self._home = self.mesh
+    if self._home is None:
+      leaf = next(iter(jax.tree.leaves(params)), None)
+      if isinstance(getattr(leaf, "sharding", None), NamedSharding):
+        self._home = leaf.sharding.mesh
+
+  def _pool(self, dtype):
+    if self._pages is None:
+      pages = transformer.init_pages(self.model_cfg, self.ecfg.num_pages,
+                                     self.ecfg.page_size, dtype)
+      self._pages = jax.device_put(pages, self._pool_sharding(pages))
+    out, self._pages = self._pages, None
+    return out
+
+  def _pool_sharding(self, pages):
+    home = getattr(self, "_home", self.mesh)
+    if home is None:
+      return None
+    spec = shd.logical_to_spec((None, None, "kv_heads", "head_dim"), self.rules, home,
+                               pages[0].shape)
+    return NamedSharding(home, spec)
+
+  def _replicated(self, x):
+    home = getattr(self, "_home", self.mesh)
+    if home is None:
+      return jnp.asarray(x)
+    return jax.device_put(x, NamedSharding(home, P()))
+
+  def clear_cache(self):
+    """Frees the KV pool and the decode copy (e.g. before big train steps)."""
+    self._pages = None
+    self._copy_of = None
+
+  # -- host loop
+  def __call__(self, params, prompts: Sequence[Sequence[int]], key: jax.Array, *,
+               prompt_len: int | None = None, order: Sequence[int] | None = None
+               ) -> Rollout:
+    """n responses per prompt; the Rollout's prompts are left-padded to `prompt_len`
+    (default: the bucket of the longest prompt). `order` permutes the admission order of
+    the B responses (tests; the output does not depend on it)."""
+    cfg, ecfg = self.cfg, self.ecfg
+    if not prompts:
+      raise ValueError("no prompts given")
+    for i, pr in enumerate(prompts):
+      if not 0 < len(pr) <= cfg.max_prompt_len:
+        raise ValueError(f"prompt {i} has {len(pr)} tokens; need 1..SamplingConfig."
+                         f"max_prompt_len={cfg.max_prompt_len}")
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+      key = jax.random.wrap_key_data(key)
+    impl = jax.random.key_impl(key)
+    t0 = time.perf_counter()
+    n, r, s = cfg.n_per_prompt, cfg.max_new_tokens, ecfg.slots
+    b_total = len(prompts) * n
+    self._place_like(params)
+    graphdef, dparams = self.decode_copy(params)
+    pre, ins, dec = self.programs(graphdef, impl)
+    pages = self._pool(jnp.dtype(self.model_cfg.dtype))
+    key_dev = self._replicated(key)
+    kd = jax.random.key_data(key)
+    state = {"tok_S": np.zeros(s, np.int32), "pos_S": np.zeros(s, np.int32),
+             "t_S": np.zeros(s, np.int32), "active_S": np.zeros(s, bool),
+             "keys_S": np.zeros((s,) + kd.shape, kd.dtype)}
+    state = jax.tree.map(self._replicated, state)
+    pool = paged.PagePool(ecfg.num_pages, ecfg.page_size, s, self.max_pages)
+    order = list(range(b_total)) if order is None else list(order)
+    if sorted(order) != list(range(b_total)):
+      raise ValueError(f"order must be a permutation of range({b_total})")
+    sched = slots_lib.Scheduler(pool, order)
+    out_tok = [None] * b_total
+    out_lp = [None] * b_total
+    cur_tok: dict[int, list] = {}
+    cur_lp: dict[int, list] = {}
+    prefills: dict[int, Any] = {}
+    left = {p: n for p in range(len(prompts))}  # responses of p not yet inserted
+    n_prefill = steps_total = busy_steps = chunks = 0
+    kv_used = 0.0
+    while not sched.done():
+      first = []
+      for slot, b in sched.admit(lambda b: len(prompts[b // n]), r, ecfg.chunk_steps):
+        p = b // n
+        if p not in prefills:
+          plen = len(prompts[p])
+          bucket = sampling.prompt_bucket(plen, cfg)
+          toks = np.full((1, bucket), cfg.pad_id, np.int32)
+          toks[0, :plen] = prompts[p]
+          prefills[p] = pre(dparams, self._replicated(toks), self._replicated(np.int32(plen)))
+          n_prefill += 1
+        cache, logits = prefills[p]
+        row = pool.table()[slot]
+        pages, state, t0_, l0_ = ins(pages, cache, logits, self._replicated(row),
+                                     np.int32(len(prompts[p])), np.int32(slot), np.int32(b),
+                                     key_dev, state)
+        first.append((slot, b, t0_, l0_))
+        left[p] -= 1
+        if left[p] == 0:
+          del prefills[p]
+      for slot, b in sched.reserve(ecfg.chunk_steps):
+        cur_tok.pop(b, None)
+        cur_lp.pop(b, None)
+        left[b // n] += 1
+        state = dict(state, active_S=state["active_S"].at[slot].set(False))
+      placed = {b: (t0_, l0_) for slot, b, t0_, l0_ in first
+                if sched.running[slot] is not None and sched.running[slot].response == b}
+      # Once enough slots have freed up for waiting responses the chunk ends early.
+      exit_below = max(0, sched.busy() - max(1, s // 8)) if sched.pending else 0
+      kv_used += pool.used / pool.num_pages
+      pages, state, toks, lps, steps = dec(dparams, pages, self._replicated(pool.table()),
+                                           state, np.int32(exit_below))
+      toks, lps, t_a, act, steps, placed = jax.device_get(
+          (toks, lps, state["t_S"], state["active_S"], steps, placed))
+      for b, (t0v, l0v) in placed.items():
+        cur_tok[b], cur_lp[b] = [int(t0v)], [float(l0v)]
+      chunks += 1
+      steps_total += int(steps)
+      for slot in range(s):
+        run = sched.running[slot]
+        if run is None:
+          continue
+        b = run.response
+        got = int(t_a[slot]) - len(cur_tok[b])
+        cur_tok[b] += toks[slot, :got].tolist()
+        cur_lp[b] += lps[slot, :got].tolist()
+        busy_steps += got
+        finished = not bool(act[slot])
+        sched.advance(slot, got, finished)
+        if finished:
+          out_tok[b], out_lp[b] = cur_tok.pop(b), cur_lp.pop(b)
+    self._pages = pages
+    rollout = self._assemble(prompts, out_tok, out_lp, prompt_len)
+    dt = time.perf_counter() - t0
+    tokens = sum(len(x) for x in out_tok)
+    self.last_stats = {
+        "rollout_tokens": float(tokens), "rollout_seconds": dt,
+        "rollout_tokens_per_s": tokens / max(dt, 1e-9),
+        "decode_steps": float(steps_total), "decode_chunks": float(chunks),
+        "slot_occupancy": busy_steps / max(1, steps_total * s),
+        "kv_pool_occupancy": kv_used / max(1, chunks),
+        "prefills": float(n_prefill), "evictions": float(sched.evictions)}
+    return rollout
+
+  def _assemble(self, prompts, out_tok, out_lp, prompt_len) -> Rollout:
+    cfg = self.cfg
+    n, r = cfg.n_per_prompt, cfg.max_new_tokens
+    p = prompt_len or sampling.prompt_bucket(max(len(x) for x in prompts), cfg)
+    prompt_BxP, mask_BxP = rollout_lib.left_pad(prompts, p, cfg.pad_id)
+    b = len(out_tok)
+    resp = np.full((b, r), cfg.pad_id, np.int32)
+    logp = np.zeros((b, r), np.float32)
+    lengths = np.zeros(b, np.int32)
+    trunc = np.zeros(b, bool)
+    stops = set(cfg.stop_token_ids)
+    for i, (tk, lp) in enumerate(zip(out_tok, out_lp)):
+      resp[i, :len(tk)] = tk
+      logp[i, :len(lp)] = lp
+      lengths[i] = len(tk)
+      trunc[i] = tk[-1] not in stops
+    out = Rollout(
+        prompt_BxP=np.repeat(prompt_BxP, n, axis=0),
+        prompt_mask_BxP=np.repeat(mask_BxP, n, axis=0),
+        response_BxR=resp,
+        response_mask_BxR=(np.arange(r)[None] < lengths[:, None]).astype(np.float32),
+        lengths_B=lengths, truncated_B=trunc, logp_BxR=logp,
+        group_ids_B=np.arange(b, dtype=np.int32) // n)
+    sharding = (NamedSharding(self.mesh, P(self.batch_axes or None))
+                if self.mesh is not None else None)
+    if sharding is None:
+      return jax.tree.map(jnp.asarray, out)
+    return jax.tree.map(lambda x: jax.make_array_from_callback(
+        x.shape, sharding, lambda idx: x[idx]), out)

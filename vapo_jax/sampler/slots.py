@@ -1,0 +1,109 @@
+"""The scheduler of the rollout engine: which response runs in which decode slot.
+
+Pure Python; no jax. Responses are ids 0..B-1 (row b answers prompt b // n). The pending
+queue is served in its given order; a free slot takes the next response whose first chunk
+of pages fits the pool (`admit`). Before each decode chunk every running slot must hold
+pages for the tokens that chunk can write (`reserve`); if the pool runs short, the most
+recently admitted running responses are evicted (pages back, response to the front of the
+queue, restarted from its prompt later). Eviction never changes a response: its tokens are
+a function of its key, prompt and weights only (per-response PRNG), so the restart
+regenerates them. The oldest running response is never evicted for a younger one, and the
+pool holds at least one whole response, so the oldest always finishes: no starvation.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Callable, Iterable
+
+from vapo_jax.sampler import paged
+
+
+@dataclasses.dataclass
+class Running:
+  """A response in a slot: its id, admission sequence number and tokens in its KV."""
+
+  response: int
+  seq: int
+  kv_tokens: int
+  cap_tokens: int  # prompt + max_new_tokens - 1: the most KV it ever holds
+
+
+class Scheduler:
+  """Slot assignment and page reservation over one `paged.PagePool`."""
+
+  def __init__(self, pool: paged.PagePool, order: Iterable[int]):
+    self.pool = pool
+    self.pending = collections.deque(order)
+    self.running: list[Running | None] = [None] * pool.slots
+    self._seq = 0
+    self.evictions = 0
+
+  def free_slots(self) -> list[int]:
+    return [s for s, r in enumerate(self.running) if r is None]
+
+  def busy(self) -> int:
+    return sum(r is not None for r in self.running)
+
+  def done(self) -> bool:
+    return not self.pending and not self.busy()
+
+  def admit(self, prompt_tokens: Callable[[int], int], max_new: int, chunk: int
+            ) -> list[tuple[int, int]]:
+    """Fills free slots from the queue: [(slot, response)] in admission order.
+
+    A response is admitted if pages for its prompt plus one chunk of tokens are free.
+    """
+    out = []
+    for s in self.free_slots():
+      if not self.pending:
+        break
+      b = self.pending[0]
+      plen = prompt_tokens(b)
+      cap = plen + max_new - 1
+      if not self.pool.grow(s, min(plen + chunk, cap)):
+        break
+      self.pending.popleft()
+      self.running[s] = Running(b, self._seq, plen, cap)
+      self._seq += 1
+      out.append((s, b))
+    return out
+
+  def reserve(self, chunk: int) -> list[tuple[int, int]]:
+    """Pages for the next chunk in every running slot, oldest first; evicts if short.
+
+    Returns the evicted [(slot, response)].
+    """
+    evicted = []
+    order = sorted((r.seq, s) for s, r in enumerate(self.running) if r is not None)
+    for _, s in order:
+      r = self.running[s]
+      if r is None:  # evicted below for an older slot
+        continue
+      want = min(r.kv_tokens + chunk, r.cap_tokens)
+      while not self.pool.grow(s, want):
+        victims = [(v.seq, t) for t, v in enumerate(self.running)
+                   if v is not None and v.seq > r.seq]
+        # The youngest younger response gives way; with none, this one does (an older
+        # one holds the pages). The oldest always has a younger one or the whole pool.
+        victim = max(victims)[1] if victims else s
+        if victim == s and r.seq == order[0][0]:
+          raise RuntimeError("the KV pool cannot hold one response; "
+                             "config validation should have caught this")
+        evicted.append((victim, self.running[victim].response))
+        self.pending.appendleft(self.running[victim].response)
+        self.pool.release(victim)
+        self.running[victim] = None
+        self.evictions += 1
+        if victim == s:
+          break
+    return evicted
+
+  def advance(self, slot: int, new_tokens: int, finished: bool) -> None:
+    """Records a chunk's result for a slot; a finished response frees it and its pages."""
+    r = self.running[slot]
+    r.kv_tokens += new_tokens
+    if finished:
+      self.pool.release(slot)
+      self.running[slot] = None
