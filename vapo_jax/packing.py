@@ -22,10 +22,11 @@ micro-batch k, `[n, T]`.
 The planner (`plan`) is a pure function of the lengths (so every host computes the same
 plan), deterministic, and places every sequence exactly once:
   1. first-fit decreasing (ties by row index) of the n_b into rows of T;
-  2. a shape (K micro-batches of n rows) from a small fixed set: n is a multiple of the
-     data-parallel shards D, at most D * rows_per_device (the per-device token budget
-     divided by T), and K, or n when K = 1, is rounded up to 1, 2, 3, 4, 5, 6, 7, 8, 10,
-     12, 14, 16, 20, ... (at most 25% over);
+  2. a shape (K micro-batches of n rows) from a small fixed set: with n_max = D *
+     rows_per_device (the per-device token budget divided by T) and N rows needed,
+     K = bucket(ceil(N / n_max)) and n = min(n_max, D * bucket(ceil(N / (K D)))), where
+     `bucket` rounds up to 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, ... (so n is a
+     multiple of D, and K n exceeds N by at most ~25% plus a row per shard);
   3. rows go to the K * D (micro-batch, shard) bins of n / D rows each by longest
      processing time first (fullest row to the bin with the fewest tokens, ties to the
      lowest bin), which balances real tokens across shards and micro-batches.
@@ -74,11 +75,10 @@ class PackSpec:
     return self.shards * self.rows_per_device
 
   def shape(self, rows_needed: int) -> tuple[int, int]:
-    """(K, n) for `rows_needed` packed rows: from the fixed set described above."""
-    d = self.shards
-    if rows_needed <= self.max_rows:
-      return 1, min(self.max_rows, d * bucket(-(-max(rows_needed, 1) // d)))
-    return bucket(-(-rows_needed // self.max_rows)), self.max_rows
+    """(K, n) for `rows_needed` packed rows, from the fixed set described above."""
+    d, need = self.shards, max(int(rows_needed), 1)
+    k = bucket(-(-need // self.max_rows))
+    return k, min(self.max_rows, d * bucket(-(-need // (k * d))))
 
   def shapes(self, max_sequences: int) -> list[tuple[int, int]]:
     """Every (K, n) a batch of up to `max_sequences` sequences can get (for logging)."""
