@@ -18,7 +18,10 @@ from vapo_jax import critic as critic_lib
 from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.models import Transformer, init_sharded, positions_from_mask, tiny_config
+from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import forward
 from vapo_jax.rl import packed as packed_lib
+from vapo_jax.rl import train_state
 from vapo_jax.rl import update
 
 # ------------------------------------------------------------------------------ planner
@@ -104,7 +107,7 @@ def _batch(seed=0, vocab=40):
 
 
 def _plan(batch, spec):
-  p, r = packing.lengths(batch["mask_BxL"], P)
+  p, r = packed_lib.lengths(jnp.asarray(batch["mask_BxL"]), P)
   np.testing.assert_array_equal(p, PROMPTS)
   np.testing.assert_array_equal(r, RESPS)
   arrays, plan = packed_lib.plan_arrays(p, r, spec, P, P + R)
@@ -173,40 +176,39 @@ def _compare_tree(a, b, rtol):
 
 def _run(cfg, mesh, spec, which=("policy", "critic", "rm", "sft")):
   batch_axes = shd.batch_axes(mesh, shd.DEFAULT_RULES)
-  batch, plan = _plan(_batch(), spec)
-  dev = update.shard_batch(batch, mesh, batch_axes)
+  host, plan = _plan(_batch(), spec)
+  rb = batch_lib.shard_batch(batch_lib.RolloutBatch(
+      **{k: host[k] for k in batch_lib.ROLLOUT + batch_lib.REFERENCE}), mesh, batch_axes)
+  plan_dev = batch_lib.shard_batch({k: host[k] for k in packed_lib.PLAN_KEYS}, mesh,
+                                   batch_axes)
   policy, critic = _models(cfg, mesh)
   (pg, pp), (cg, cp) = _split(policy), _split(critic)
   under = functools.partial(shd.traced_under, mesh=mesh)
+  tok, mask = rb.tokens_BxL, rb.mask_BxL
   fwd = {
-      "padded_logp": jax.jit(under(lambda p, t, m: update.policy_logprobs(
-          pg, p, t, m, P, temperature=HP.temperature)))(pp, dev["tokens_BxL"], dev["mask_BxL"]),
-      "packed_logp": jax.jit(lambda p, b: packed_lib.policy_logprobs(
-          pg, p, b, P, temperature=HP.temperature, mesh=mesh))(pp, dev),
-      "padded_v": jax.jit(under(lambda p, t, m: update.critic_values(cg, p, t, m, P)))(
-          cp, dev["tokens_BxL"], dev["mask_BxL"]),
-      "packed_v": jax.jit(lambda p, b: packed_lib.critic_values(cg, p, b, P, mesh=mesh))(
-          cp, dev),
+      "padded_logp": jax.jit(under(lambda p, t, m: forward.policy_logprobs(
+          pg, p, t, m, P, temperature=HP.temperature)))(pp, tok, mask),
+      "packed_logp": jax.jit(under(lambda p, t, m, pl: packed_lib.policy_logprobs(
+          pg, p, t, m, pl, P, temperature=HP.temperature)))(pp, tok, mask, plan_dev),
+      "padded_v": jax.jit(under(lambda p, t, m: forward.critic_values(cg, p, t, m, P)))(
+          cp, tok, mask),
+      "packed_v": jax.jit(under(lambda p, t, m, pl: packed_lib.critic_values(
+          cg, p, t, m, pl, P)))(cp, tok, mask, plan_dev),
   }
   steps = {}
   tx = optax.sgd(1.0)   # params after = params before - grad: the gradient, read off exactly
-  for name, mod, g, p, (pad, pak) in [
-      ("policy", update, pg, pp, (update.policy_step, packed_lib.policy_step)),
-      ("critic", update, cg, cp, (update.critic_step, packed_lib.critic_step)),
-      ("rm", update, cg, cp, (update.reward_model_step, packed_lib.reward_model_step)),
-      ("sft", update, pg, pp, (update.sft_step, packed_lib.sft_step))]:
-    del mod
-    if name not in which:
-      continue
-    for kind, fn in (("padded", pad), ("packed", pak)):
-      hp = {"policy": (HP,), "critic": (CHP,), "rm": (CHP,), "sft": ()}[name]
-      step = functools.partial(fn, g, tx, *hp)
-      state = update.init_state(p, tx)
-      keys = list(update.BATCH_SPEC) + ["ref_logp_BxR"]
-      if kind == "packed":
-        keys += list(packed_lib.PLAN_KEYS)
-      compiled = update.compile_step(step, state, mesh, batch_axes)
-      new, metrics = compiled(state, {k: dev[k] for k in keys})
+  table = {"policy": (pg, pp, (HP,), update.policy_step, packed_lib.policy_step),
+           "critic": (cg, cp, (CHP,), update.critic_step, packed_lib.critic_step),
+           "rm": (cg, cp, (CHP,), update.reward_model_step, packed_lib.reward_model_step),
+           "sft": (pg, pp, (), update.sft_step, packed_lib.sft_step)}
+  for name in which:
+    g, p, hp, pad, pak = table[name]
+    for kind, fn, arg in (("padded", pad, rb), ("packed", pak, packed_lib.Packed(rb, plan_dev))):
+      state = train_state.init_state(p, tx)
+      step = train_state.compile_step(functools.partial(fn, g, tx, *hp), state, mesh,
+                                      batch_axes)
+      new, metrics, skipped = step(state, arg)
+      assert float(skipped) == 0
       delta = jax.tree.map(lambda a, b: a - b, state.params, new.params)
       steps[(name, kind)] = (delta, jax.device_get(metrics))
   return fwd, steps, plan
