@@ -245,3 +245,17 @@ def _check(fwd, steps, which):
     _compare_tree(d_pack, d_pad, 1e-5)
     for key, val in m_pad.items():
       np.testing.assert_allclose(m_pack[key], val, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_config_switch_is_validated_before_any_compile():
+  from vapo_jax import config as config_lib
+  c = config_lib.default_config_dict()
+  c.rl.packing = True
+  assert config_lib.from_config_dict(c).rl.packing
+  c.rl.packing_row_tokens = 10
+  with pytest.raises(config_lib.ConfigError, match="rl.packing_row_tokens"):
+    config_lib.from_config_dict(c)
+  c.rl.packing_row_tokens = 0
+  c.rl.packing_tokens_per_device = 5
+  with pytest.raises(config_lib.ConfigError, match="rl.packing_tokens_per_device"):
+    config_lib.from_config_dict(c)

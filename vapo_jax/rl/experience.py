@@ -143,6 +143,9 @@ class Experience:
         "time/reward_and_forward_s": t3 - t1,
         "rollout_tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9),
     })
+    # Real / computed tokens of the old-log-prob (and value) pass on packed rows (rl.packing).
+    if getattr(self.logprobs, "last_efficiency", None) is not None:
+      metrics["perf/forward_token_efficiency"] = self.logprobs.last_efficiency
     return batch, metrics
 
   def sample_and_score(self, policy_params, examples, key
