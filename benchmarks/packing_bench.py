@@ -41,7 +41,10 @@ from vapo_jax import critic as critic_lib  # noqa: E402
 from vapo_jax import packing  # noqa: E402
 from vapo_jax import sharding as shd  # noqa: E402
 from vapo_jax.models import Transformer, init_sharded, tiny_config  # noqa: E402
+from vapo_jax.rl import batch as batch_lib  # noqa: E402
+from vapo_jax.rl import forward  # noqa: E402
 from vapo_jax.rl import packed as packed_lib  # noqa: E402
+from vapo_jax.rl import train_state  # noqa: E402
 from vapo_jax.rl import update  # noqa: E402
 from vapo_jax.run import parts  # noqa: E402
 
@@ -86,7 +89,8 @@ def lengths(mix: str, rows: int, group: int, a, rng):
 
 
 def make_batch(p, r, prompt, resp, vocab, rng):
-  """A rollout batch (BATCH_SPEC) with these lengths: left-padded prompts, random tokens."""
+  """A rollout batch's fields (host arrays) with these lengths: left-padded prompts, random
+  tokens."""
   cols = np.arange(p + r)[None]
   pm = (cols >= p - prompt[:, None]) & (cols < p)
   rm = (cols >= p) & (cols < p + resp[:, None])
@@ -101,7 +105,7 @@ def make_batch(p, r, prompt, resp, vocab, rng):
 
 
 def build(cfg, a, mcfg, mesh, batch, p):
-  """The two sides: (name, run() -> seconds of one train side, first-update metrics)."""
+  """The two sides: (name, run() -> (seconds of one train side, first-update metrics))."""
   axes = shd.batch_axes(mesh)
   rows = parts.rows_of(cfg)
   hp = parts.policy_hparams(cfg, rows.micro_batches)
@@ -110,48 +114,50 @@ def build(cfg, a, mcfg, mesh, batch, p):
   critic = init_sharded(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, seed=2)
   (pg, pp), (cg, cp) = (nnx.split(m) for m in (policy, critic))
   tx = optax.adamw(1e-4)
-  pstate, cstate = update.init_state(pp, tx), update.init_state(cp, tx)
+  pstate, cstate = train_state.init_state(pp, tx), train_state.init_state(cp, tx)
   b = batch["scores_B"].shape[0]
   mb_rows = b // cfg.rl.num_minibatches
-  dev = update.shard_batch(batch, mesh, axes)
-  keys = list(update.BATCH_SPEC)
-  # The packed side's budget: the padded micro-batch's tokens per device, in rows of P + R.
+  dev = batch_lib.shard_batch(batch_lib.RolloutBatch(**batch), mesh, axes)
+  # The packed side's budget: the padded micro-batch's tokens per device, in rows of
+  # row_factor (P + R) slots.
   shards = int(np.prod([mesh.shape[x] for x in axes])) if axes else 1
   seq = batch["tokens_BxL"].shape[1]
   budget = mb_rows // rows.micro_batches * seq // shards
   spec = packing.PackSpec.from_budget(budget, min(budget, a.row_factor * seq), shards)
-  pl, rl = packing.lengths(batch["mask_BxL"], p)
+  pl, rl = packed_lib.lengths(dev.mask_BxL, p)
 
   under = functools.partial(shd.traced_under, mesh=mesh)
-  pad_lp = jax.jit(update.in_micro_batches(functools.partial(update.policy_logprobs, pg),
-                                           rows.forward_chunks, mesh),
+  pad_lp = jax.jit(forward.in_micro_batches(functools.partial(forward.policy_logprobs, pg),
+                                            rows.forward_chunks, mesh),
                    static_argnames=("prompt_len", "temperature"))
-  pad_v = jax.jit(update.in_micro_batches(functools.partial(update.critic_values, cg),
-                                          rows.forward_chunks, mesh),
+  pad_v = jax.jit(forward.in_micro_batches(functools.partial(forward.critic_values, cg),
+                                           rows.forward_chunks, mesh),
                   static_argnames=("prompt_len",))
-  pad_ps = update.compile_step(functools.partial(update.policy_step, pg, tx, hp), pstate,
-                               mesh, axes)
-  pad_cs = update.compile_step(functools.partial(update.critic_step, cg, tx, chp), cstate,
-                               mesh, axes)
-  pak_lp = jax.jit(under(lambda prm, bt: packed_lib.policy_logprobs(
-      pg, prm, bt, p, temperature=hp.temperature)))
-  pak_v = jax.jit(under(lambda prm, bt: packed_lib.critic_values(cg, prm, bt, p)))
-  pak_ps = update.compile_step(functools.partial(packed_lib.policy_step, pg, tx, hp), pstate,
-                               mesh, axes)
-  pak_cs = update.compile_step(functools.partial(packed_lib.critic_step, cg, tx, chp), cstate,
-                               mesh, axes)
+  compile_ = functools.partial(train_state.compile_step, mesh=mesh, batch_axes=axes)
+  pad_ps = compile_(functools.partial(update.policy_step, pg, tx, hp), pstate)
+  pad_cs = compile_(functools.partial(update.critic_step, cg, tx, chp), cstate)
+  pak_lp = jax.jit(under(lambda prm, t, m, plan: packed_lib.policy_logprobs(
+      pg, prm, t, m, plan, p, temperature=hp.temperature)))
+  pak_v = jax.jit(under(lambda prm, t, m, plan: packed_lib.critic_values(cg, prm, t, m, plan,
+                                                                         p)))
+  pak_ps = compile_(functools.partial(packed_lib.policy_step, pg, tx, hp), pstate)
+  pak_cs = compile_(functools.partial(packed_lib.critic_step, cg, tx, chp), cstate)
   minibatches = [np.arange(k * mb_rows, (k + 1) * mb_rows)
                  for k in range(cfg.rl.num_minibatches)]
   effs = {"padded": float(batch["mask_BxL"].sum()) / batch["mask_BxL"].size}
 
+  def rows_of_batch(idx):
+    return batch_lib.shard_batch(batch_lib.RolloutBatch(**{k: v[idx] for k, v in
+                                                           batch.items()}), mesh, axes)
+
   def padded():
     t0 = time.perf_counter()
-    out = [pad_lp(pp, dev["tokens_BxL"], dev["mask_BxL"], prompt_len=p,
+    out = [pad_lp(pp, dev.tokens_BxL, dev.mask_BxL, prompt_len=p,
                   temperature=hp.temperature),
-           pad_v(cp, dev["tokens_BxL"], dev["mask_BxL"], prompt_len=p)]
+           pad_v(cp, dev.tokens_BxL, dev.mask_BxL, prompt_len=p)]
     first = None
     for idx in minibatches:
-      mb = update.shard_batch({k: batch[k][idx] for k in keys}, mesh, axes)
+      mb = rows_of_batch(idx)
       m1, m2 = pad_ps(pstate, mb)[1], pad_cs(cstate, mb)[1]
       first = first or {**m1, **m2}
       out += [m1, m2]
@@ -161,18 +167,16 @@ def build(cfg, a, mcfg, mesh, batch, p):
   def packed():
     t0 = time.perf_counter()
     arrays, plan = packed_lib.plan_arrays(pl, rl, spec, p, seq)
-    whole = {**{k: dev[k] for k in ("tokens_BxL", "mask_BxL")},
-             **update.shard_batch(arrays, mesh, axes)}
-    out = [pak_lp(pp, whole), pak_v(cp, whole)]
-    first, computed, real = None, plan.shape, [plan.real_tokens]
+    plan_dev = batch_lib.shard_batch(arrays, mesh, axes)
+    out = [pak_lp(pp, dev.tokens_BxL, dev.mask_BxL, plan_dev),
+           pak_v(cp, dev.tokens_BxL, dev.mask_BxL, plan_dev)]
+    first = None
     for idx in minibatches:
-      arr, mplan = packed_lib.plan_arrays(pl[idx], rl[idx], spec, p, seq)
-      mb = update.shard_batch({**{k: batch[k][idx] for k in keys}, **arr}, mesh, axes)
+      arr, _ = packed_lib.plan_arrays(pl[idx], rl[idx], spec, p, seq)
+      mb = packed_lib.Packed(rows_of_batch(idx), batch_lib.shard_batch(arr, mesh, axes))
       m1, m2 = pak_ps(pstate, mb)[1], pak_cs(cstate, mb)[1]
       first = first or {**m1, **m2}
       out += [m1, m2]
-      real.append(mplan.real_tokens)
-      computed = computed + (np.prod(mplan.shape),)
     jax.block_until_ready(out)
     effs["packed"] = effs.get("packed") or (
         f"forward {plan.efficiency:.3f} (shape n={plan.rows}, K={plan.micro_batches}, "
