@@ -229,11 +229,6 @@ def test_packed_equals_padded_on_a_2x2x2_mesh():
                           ("policy", "critic"))
   assert plan.micro_batches > 1 and plan.rows == 4
   _check(fwd, steps, ("policy", "critic"))
-  # And against one device: the same numbers.
-  fwd1, _, _ = _run(CFGS["blocked"], shd.make_mesh(1, 1, 1, devices=jax.devices()[:1]),
-                    packing.PackSpec(12, 2, 1), ())
-  for k in ("packed_logp", "packed_v"):
-    _compare_tree(fwd[k], fwd1[k], 1e-5)
 
 
 def _check(fwd, steps, which):
