@@ -220,6 +220,14 @@ class RLSection:
   ppo_epochs: int = 1
   num_minibatches: int = 1
   micro_batch_size: int = 0             # 0: the whole mini-batch at once
+  # Sequence packing in every train pass (old log-probs, values; policy, critic, reward-model
+  # and SFT steps; `vapo_jax.packing`, docs/packing.md): each response with its own prompt,
+  # unpadded, end to end in rows of packing_row_tokens slots with segment ids, micro-batches
+  # of packing_tokens_per_device tokens per device. Exact: the padded path's losses and
+  # gradients to float tolerance. False: padded rows of P + R (the oracle in tests).
+  packing: bool = False
+  packing_row_tokens: int = 0           # 0: max_prompt_tokens + max_new_tokens
+  packing_tokens_per_device: int = 0    # 0: the padded micro-batch's tokens per device
   gae_impl: str = "blocked"
   # The baselines' extras (off in VAPO; see PRESETS):
   kl_coef: float = 0.0                  # β of GRPO's k3 KL to the initial policy; 0: off
@@ -548,6 +556,14 @@ def validate(cfg: Config) -> None:
   need(rl.micro_batch_size >= 0 and (rl.micro_batch_size == 0 or mini % rl.micro_batch_size == 0),
        "rl.micro_batch_size", rl.micro_batch_size,
        f"0 or a divisor of the mini-batch ({mini} responses)")
+  seq = cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens
+  need(rl.packing_row_tokens == 0 or rl.packing_row_tokens >= seq, "rl.packing_row_tokens",
+       rl.packing_row_tokens,
+       f"0 or >= max_prompt_tokens + max_new_tokens = {seq} (every sequence must fit a row)")
+  need(rl.packing_tokens_per_device == 0
+       or rl.packing_tokens_per_device >= max(rl.packing_row_tokens, seq),
+       "rl.packing_tokens_per_device", rl.packing_tokens_per_device,
+       f"0 or >= the packed row length ({max(rl.packing_row_tokens, seq)} tokens)")
   need(rl.gae_impl in ("scan", "associative", "blocked"), "rl.gae_impl", rl.gae_impl,
        "scan, associative or blocked")
   need(rl.kl_coef >= 0, "rl.kl_coef", rl.kl_coef, ">= 0 (0: off)")

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from vapo_jax import hub
+from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.models import hf_io
 from vapo_jax.models import lora
@@ -50,6 +51,15 @@ class Critic(nnx.Module):
     mask_BxT = mask_BxT.astype(jnp.int32)
     hidden, _ = self.backbone(tokens_BxT, positions_from_mask(mask_BxT),
                               mask_BxT)
+    return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), self.score[...])
+
+  def packed(self, tokens_NxT: jax.Array, positions_NxT: jax.Array,
+             segment_ids_NxT: jax.Array) -> jax.Array:
+    """Values at every slot of packed rows, float32 [N, T]: out[r, j] = V(segment's prefix
+    up to slot j), attention kept inside each segment (`packing`)."""
+    seg = segment_ids_NxT.astype(jnp.int32)
+    hidden, _ = self.backbone(tokens_NxT, positions_NxT.astype(jnp.int32),
+                              (seg > 0).astype(jnp.int32), segment_ids_BxT=seg)
     return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), self.score[...])
 
   @classmethod
@@ -168,3 +178,22 @@ def response_values(critic: Critic, tokens_BxL: jax.Array, mask_BxL: jax.Array,
     raise ValueError(f"prompt_len must be >= 1, got {prompt_len}.")
   v = critic(tokens_BxL, mask_BxL)[:, prompt_len - 1:-1]
   return v * mask_BxL[:, prompt_len:].astype(jnp.float32)
+
+
+def _packed_all(critic: Critic, packed: dict) -> jax.Array:
+  tok, pos, seg = packed["tokens"], packed["positions"], packed["segment_ids"]
+  flat = lambda x: x.reshape((-1, tok.shape[-1]))  # noqa: E731
+  return critic.packed(flat(tok), flat(pos), flat(seg)).reshape(tok.shape)
+
+
+def packed_response_values(critic: Critic, packed: dict, slots: dict, mask_BxR: jax.Array,
+                           k=None) -> jax.Array:
+  """`response_values` from packed rows, float32 [B, R] (see
+  `policy.packed_response_logprobs` for packed, slots, k)."""
+  return packing.unpack(_packed_all(critic, packed), slots, mask_BxR, k)
+
+
+def packed_last_token_values(critic: Critic, packed: dict, slots: dict,
+                             lengths_B: jax.Array, k=None) -> jax.Array:
+  """`last_token_values` from packed rows, float32 [B]."""
+  return packing.last_token(_packed_all(critic, packed), slots, lengths_B, k)

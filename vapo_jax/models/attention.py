@@ -30,6 +30,26 @@ scores plus O(B H T Dh) carries, and the saved residuals are q, k, v, o and
 lse. A query with no visible key (a left-padding slot) gets o_i = 0 and no
 gradient (the dense path gives it the mean of all values instead; neither
 reaches a real token, whose keys exclude padding).
+
+Packed rows (segment ids). Every kernel here also takes `segment_ids_BxS`,
+int32 per slot (0 = padding, s > 0 = the s-th sequence laid in the row), for
+self-attention without a cache (queries at the key slots, S = T). Query i then
+sees key j iff additionally seg[j] == seg[i] and seg[j] > 0, so a segment never
+sees another segment's keys (and a padding query sees nothing). What is
+skipped, not merely masked:
+  - `causal_blocked_attention`: key blocks after every query of a query group
+    (static), and key blocks in which no key can be visible to any query of
+    the group in any row: blocks entirely padding, or whose real keys' segment
+    ids [min, max] do not meet the group's [min, max] (for packed rows, whose
+    ids rise along the row, that is every block of another segment). The test
+    is per (group, block) over the whole batch, taken once before the key
+    scan, and a skipped block costs a `lax.cond` that does nothing, in the
+    forward and the backward pass.
+  - `blocked_attention`: the same segment/padding test per key block over all
+    queries (it has one query group), plus key blocks after the last query.
+  - `dense_attention`, `causal_dense_attention`: the segment rule is one more
+    mask term; nothing dynamic is skipped (the causal one skips the static
+    causally hidden key ranges only).
 """
 
 from __future__ import annotations
@@ -45,11 +65,12 @@ _NEG = -1e30
 
 
 def _blocks(k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array,
-            kv_mask_BxS: jax.Array, block: int):
-  """Keys, values, key mask and key slots cut into N blocks of C.
+            kv_mask_BxS: jax.Array, block: int, seg_BxS: jax.Array | None = None):
+  """Keys, values, key mask, key slots (and key segments) cut into N blocks of C.
 
-  Returns k, v [N, B, C, K, Dh], valid [N, B, C] bool, slot [N, C] int32.
-  S is padded up to N * C with hidden keys.
+  Returns k, v [N, B, C, K, Dh], valid [N, B, C] bool, slot [N, C] int32 and
+  seg [N, B, C] int32 (None without segments). S is padded up to N * C with
+  hidden keys (segment 0).
   """
   b, s, nk, dh = k_BxSxKxDh.shape
   c = max(1, min(block, s))
@@ -62,14 +83,45 @@ def _blocks(k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array,
 
   valid = cut(kv_mask_BxS.astype(bool))
   slot = jnp.arange(n * c, dtype=jnp.int32).reshape(n, c)
-  return cut(k_BxSxKxDh), cut(v_BxSxKxDh), valid, slot
+  segs = None
+  if seg_BxS is not None:
+    segs = cut(seg_BxS.astype(jnp.int32))
+    valid = valid & (segs > 0)
+  return cut(k_BxSxKxDh), cut(v_BxSxKxDh), valid, slot, segs
 
 
-def _visible(valid_BxC: jax.Array, slot_C: jax.Array, qslot_T: jax.Array
+def _visible(valid_BxC: jax.Array, slot_C: jax.Array, qslot_T: jax.Array,
+             seg_BxC: jax.Array | None = None, qseg_BxT: jax.Array | None = None
              ) -> jax.Array:
-  """Boolean [B, 1, 1, T, C]: key slot <= query slot and key is real."""
+  """Boolean [B, 1, 1, T, C]: key slot <= query slot, key is real [and same segment]."""
   causal_TxC = slot_C[None, :] <= qslot_T[:, None]
-  return causal_TxC[None, None, None] & valid_BxC[:, None, None, None, :]
+  vis = causal_TxC[None, None, None] & valid_BxC[:, None, None, None, :]
+  if seg_BxC is not None:
+    vis = vis & (seg_BxC[:, None, :] == qseg_BxT[:, :, None])[:, None, None]
+  return vis
+
+
+_BIG = 2 ** 30
+
+
+def _live_blocks(valid, slot, segs, qslot_T, qseg_BxT):
+  """Bool [N]: key block c may hold a key visible to some query (else it is skipped).
+
+  Block c is dead iff its first slot is after the last query, or in every row either
+  it has no real key, or (with segments) the real keys' segment ids [kmin, kmax] and
+  the real queries' [qmin, qmax] do not overlap. A live verdict is conservative (the
+  mask still decides each pair); a dead one is exact: no pair of the block is visible.
+  """
+  live = slot[:, 0] <= qslot_T[-1]                              # [N]
+  if segs is None:
+    return live & jnp.any(valid, axis=(1, 2))
+  kmin = jnp.min(jnp.where(valid, segs, _BIG), axis=-1)        # [N, B]
+  kmax = jnp.max(jnp.where(valid, segs, -1), axis=-1)
+  qreal = qseg_BxT > 0
+  qmin = jnp.min(jnp.where(qreal, qseg_BxT, _BIG), axis=-1)    # [B]
+  qmax = jnp.max(jnp.where(qreal, qseg_BxT, -1), axis=-1)
+  meet = (kmin <= qmax[None]) & (qmin[None] <= kmax)           # [N, B]
+  return live & jnp.any(meet, axis=1)
 
 
 def _acc(x: jax.Array):
@@ -84,17 +136,22 @@ def _scores(q_BxKxGxTxDh, k_BxCxKxDh):
                     preferred_element_type=_acc(q_BxKxGxTxDh)) * scale
 
 
-def _forward(q, k, v, kv_mask, q_offset, block):
-  """(o [B, K, G, T, Dh], lse [B, K, G, T]), in the accumulation dtype."""
+def _forward(q, k, v, kv_mask, q_offset, block, seg=None, qseg=None):
+  """(o [B, K, G, T, Dh], lse [B, K, G, T]), in the accumulation dtype.
+
+  seg [B, S] / qseg [B, T]: key / query segment ids, or None (no segment rule).
+  Key blocks `_live_blocks` rules out are skipped (`lax.cond`).
+  """
   b, nk, g, t, dh = q.shape
   acc = _acc(q)
-  kb, vb, valid, slot = _blocks(k, v, kv_mask, block)
+  kb, vb, valid, slot, segs = _blocks(k, v, kv_mask, block, seg)
   qslot = jnp.asarray(q_offset, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
+  live = _live_blocks(valid, slot, segs, qslot, qseg)
+  segs = valid if segs is None else segs   # a scan operand either way
 
-  def body(carry, xs):
+  def step(carry, k_c, v_c, valid_c, slot_c, seg_c):
     m, l, a = carry
-    k_c, v_c, valid_c, slot_c = xs
-    vis = _visible(valid_c, slot_c, qslot)
+    vis = _visible(valid_c, slot_c, qslot, None if seg is None else seg_c, qseg)
     s = jnp.where(vis, _scores(q, k_c), _NEG)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     p = jnp.where(vis, jnp.exp(s - m_new[..., None]), 0.0)
@@ -102,30 +159,47 @@ def _forward(q, k, v, kv_mask, q_offset, block):
     l = r * l + jnp.sum(p, axis=-1)
     pv = jnp.einsum("bkgtc,bckd->bkgtd", p.astype(v_c.dtype), v_c,
                     preferred_element_type=acc)
-    return (m_new, l, r[..., None] * a + pv), None
+    return (m_new, l, r[..., None] * a + pv)
+
+  def body(carry, xs):
+    live_c, *rest = xs
+    return jax.lax.cond(live_c, step, lambda c, *_: c, carry, *rest), None
 
   init = (jnp.full((b, nk, g, t), _NEG, acc),
           jnp.zeros((b, nk, g, t), acc),
           jnp.zeros((b, nk, g, t, dh), acc))
-  (m, l, a), _ = jax.lax.scan(body, init, (kb, vb, valid, slot))
+  (m, l, a), _ = jax.lax.scan(body, init, (live, kb, vb, valid, slot, segs))
   l_safe = jnp.where(l > 0, l, 1.0)
   return a / l_safe[..., None], m + jnp.log(l_safe)
 
 
-def _backward(q, k, v, kv_mask, q_offset, block, o, lse, do):
-  """(dq [B, K, G, T, Dh], dk, dv [B, S, K, Dh]), in the accumulation dtype."""
+def _backward(q, k, v, kv_mask, q_offset, block, o, lse, do, seg=None, qseg=None):
+  """(dq [B, K, G, T, Dh], dk, dv [B, S, K, Dh]), in the accumulation dtype.
+
+  Skips the key blocks `_forward` skipped (their dk, dv are 0).
+  """
   b, s, nk, dh = k.shape
   acc = _acc(q)
   t = q.shape[3]
-  kb, vb, valid, slot = _blocks(k, v, kv_mask, block)
+  kb, vb, valid, slot, segs = _blocks(k, v, kv_mask, block, seg)
   qslot = jnp.asarray(q_offset, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
+  live = _live_blocks(valid, slot, segs, qslot, qseg)
+  segs = valid if segs is None else segs
   scale = 1.0 / math.sqrt(dh)
   d_i = jnp.sum(do * o, axis=-1)                    # [B, K, G, T]
   do_c = do.astype(v.dtype)
+  c = kb.shape[2]
+
+  def skip(dq, *_):
+    zero = jnp.zeros((b, c, nk, dh), acc)
+    return dq, (zero, zero)
 
   def body(dq, xs):
-    k_c, v_c, valid_c, slot_c = xs
-    vis = _visible(valid_c, slot_c, qslot)
+    live_c, *rest = xs
+    return jax.lax.cond(live_c, step, skip, dq, *rest)
+
+  def step(dq, k_c, v_c, valid_c, slot_c, seg_c):
+    vis = _visible(valid_c, slot_c, qslot, None if seg is None else seg_c, qseg)
     p = jnp.where(vis, jnp.exp(_scores(q, k_c) - lse[..., None]), 0.0)
     dv_c = jnp.einsum("bkgtc,bkgtd->bckd", p.astype(v.dtype), do_c,
                       preferred_element_type=acc)
@@ -139,7 +213,7 @@ def _backward(q, k, v, kv_mask, q_offset, block, o, lse, do):
     return dq, (dk_c, dv_c)
 
   dq, (dk, dv) = jax.lax.scan(body, jnp.zeros(q.shape, acc),
-                              (kb, vb, valid, slot))
+                              (live, kb, vb, valid, slot, segs))
 
   def join(x_NxBxCxKxDh):
     x = x_NxBxCxKxDh.swapaxes(0, 1).reshape((b, -1, nk, dh))
@@ -149,29 +223,36 @@ def _backward(q, k, v, kv_mask, q_offset, block, o, lse, do):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attend(q, k, v, kv_mask, q_offset, block):
-  return _forward(q, k, v, kv_mask, q_offset, block)[0]
+def _attend(q, k, v, kv_mask, q_offset, block, seg, qseg):
+  return _forward(q, k, v, kv_mask, q_offset, block, seg, qseg)[0]
 
 
-def _attend_fwd(q, k, v, kv_mask, q_offset, block):
-  o, lse = _forward(q, k, v, kv_mask, q_offset, block)
-  return o, (q, k, v, kv_mask, q_offset, o, lse)
+def _attend_fwd(q, k, v, kv_mask, q_offset, block, seg, qseg):
+  o, lse = _forward(q, k, v, kv_mask, q_offset, block, seg, qseg)
+  return o, (q, k, v, kv_mask, q_offset, o, lse, seg, qseg)
 
 
 def _attend_bwd(block, res, do):
-  q, k, v, kv_mask, q_offset, o, lse = res
-  dq, dk, dv = _backward(q, k, v, kv_mask, q_offset, block, o, lse, do)
+  q, k, v, kv_mask, q_offset, o, lse, seg, qseg = res
+  dq, dk, dv = _backward(q, k, v, kv_mask, q_offset, block, o, lse, do, seg, qseg)
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-          None, None)
+          None, None, None, None)
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
+def _check_segments(segment_ids, s: int, t: int, what: str):
+  if segment_ids is not None and (segment_ids.ndim != 2 or segment_ids.shape[1] != s
+                                  or s < t):
+    raise ValueError(f"{what}: segment_ids must be [B, S={s}] with S >= T={t}, got "
+                     f"{segment_ids.shape}.")
+
+
 def blocked_attention(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array,
                       v_BxSxKxDh: jax.Array, kv_mask_BxS: jax.Array,
-                      q_offset: jax.Array | int = 0, block: int = 512
-                      ) -> jax.Array:
+                      q_offset: jax.Array | int = 0, block: int = 512,
+                      segment_ids_BxS: jax.Array | None = None) -> jax.Array:
   """Causal GQA attention over key blocks; [B, T, H, Dh] in q's dtype.
 
   Args:
@@ -183,6 +264,10 @@ def blocked_attention(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array,
       sees key j iff j <= q_offset + i and the key is real.
     block: keys per block C; memory is O(B H T C), and S need not be a
       multiple of it.
+    segment_ids_BxS: None, or int32 segment id per key slot (0: padding);
+      query i's segment is that of its slot q_offset + i, and it sees key j
+      only if seg[j] == its segment and seg[j] > 0. Key blocks with no
+      possibly visible key are skipped (see the module docstring).
 
   Returns:
     softmax(q k^T / sqrt(Dh)) v over the visible keys, 0 for a query that
@@ -190,9 +275,15 @@ def blocked_attention(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array,
   """
   b, t, h, dh = q_BxTxHxDh.shape
   nk = k_BxSxKxDh.shape[2]
+  _check_segments(segment_ids_BxS, k_BxSxKxDh.shape[1], t, "blocked_attention")
+  q_offset = jnp.asarray(q_offset, jnp.int32)
+  qseg = None
+  if segment_ids_BxS is not None:
+    segment_ids_BxS = segment_ids_BxS.astype(jnp.int32)
+    qseg = jax.lax.dynamic_slice_in_dim(segment_ids_BxS, q_offset, t, axis=1)
   q = q_BxTxHxDh.reshape(b, t, nk, h // nk, dh).transpose(0, 2, 3, 1, 4)
-  o = _attend(q, k_BxSxKxDh, v_BxSxKxDh, kv_mask_BxS,
-              jnp.asarray(q_offset, jnp.int32), int(block))
+  o = _attend(q, k_BxSxKxDh, v_BxSxKxDh, kv_mask_BxS, q_offset, int(block),
+              segment_ids_BxS, qseg)
   return o.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh).astype(
       q_BxTxHxDh.dtype)
 
@@ -207,27 +298,32 @@ def _query_groups(t: int, block: int, groups: int = 8) -> list[tuple[int, int]]:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attend_causal(q, k, v, kv_mask, block):
-  return _causal_forward(q, k, v, kv_mask, block)[0]
+def _attend_causal(q, k, v, kv_mask, block, seg):
+  return _causal_forward(q, k, v, kv_mask, block, seg)[0]
 
 
-def _causal_forward(q, k, v, kv_mask, block):
+def _sl(seg, a, e):
+  return None if seg is None else seg[:, a:e]
+
+
+def _causal_forward(q, k, v, kv_mask, block, seg):
   """`_forward` per query group [a, e) over keys [0, e) only (q_offset 0, S = T)."""
   outs, lses = [], []
   for a, e in _query_groups(q.shape[3], block):
-    o, lse = _forward(q[:, :, :, a:e], k[:, :e], v[:, :e], kv_mask[:, :e], a, block)
+    o, lse = _forward(q[:, :, :, a:e], k[:, :e], v[:, :e], kv_mask[:, :e], a, block,
+                      _sl(seg, 0, e), _sl(seg, a, e))
     outs.append(o)
     lses.append(lse)
   return jnp.concatenate(outs, axis=3), jnp.concatenate(lses, axis=3)
 
 
-def _attend_causal_fwd(q, k, v, kv_mask, block):
-  o, lse = _causal_forward(q, k, v, kv_mask, block)
-  return o, (q, k, v, kv_mask, o, lse)
+def _attend_causal_fwd(q, k, v, kv_mask, block, seg):
+  o, lse = _causal_forward(q, k, v, kv_mask, block, seg)
+  return o, (q, k, v, kv_mask, o, lse, seg)
 
 
 def _attend_causal_bwd(block, res, do):
-  q, k, v, kv_mask, o, lse = res
+  q, k, v, kv_mask, o, lse, seg = res
   acc = _acc(q)
   dqs = []
   dk = jnp.zeros(k.shape, acc)
@@ -235,12 +331,13 @@ def _attend_causal_bwd(block, res, do):
   for a, e in _query_groups(q.shape[3], block):
     dq_g, dk_g, dv_g = _backward(
         q[:, :, :, a:e], k[:, :e], v[:, :e], kv_mask[:, :e], a, block,
-        o[:, :, :, a:e], lse[:, :, :, a:e], do[:, :, :, a:e])
+        o[:, :, :, a:e], lse[:, :, :, a:e], do[:, :, :, a:e],
+        _sl(seg, 0, e), _sl(seg, a, e))
     dqs.append(dq_g)
     dk = dk.at[:, :e].add(dk_g)
     dv = dv.at[:, :e].add(dv_g)
   return (jnp.concatenate(dqs, axis=3).astype(q.dtype), dk.astype(k.dtype),
-          dv.astype(v.dtype), None)
+          dv.astype(v.dtype), None, None)
 
 
 _attend_causal.defvjp(_attend_causal_fwd, _attend_causal_bwd)
@@ -248,7 +345,8 @@ _attend_causal.defvjp(_attend_causal_fwd, _attend_causal_bwd)
 
 def causal_blocked_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
                              v_BxTxKxDh: jax.Array, kv_mask_BxT: jax.Array,
-                             block: int = 512) -> jax.Array:
+                             block: int = 512,
+                             segment_ids_BxT: jax.Array | None = None) -> jax.Array:
   """`blocked_attention` for self-attention from slot 0 that skips hidden key blocks.
 
   Queries and keys share slots 0..T-1 (q_offset = 0, S = T). The queries are
@@ -258,14 +356,22 @@ def causal_blocked_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
   the forward and the backward pass. Same values as `blocked_attention(...,
   q_offset=0, block)` up to float summation order; memory stays O(B H T C),
   and the backward pass saves the same q, k, v, o and lse.
+
+  With `segment_ids_BxT` (int32, 0 = padding) a query sees only keys of its
+  own segment, and inside each group the key blocks with no key of the
+  group's segments (or only padding) are skipped too: on a packed row of
+  segments of length ~n the attention work falls towards sum n^2 / 2 plus a
+  block's worth per segment edge.
   """
   b, t, h, dh = q_BxTxHxDh.shape
   nk = k_BxTxKxDh.shape[2]
   if k_BxTxKxDh.shape[1] != t or kv_mask_BxT.shape[-1] != t:
     raise ValueError(f"causal_blocked_attention needs S = T = {t}, got keys "
                      f"{k_BxTxKxDh.shape} and mask {kv_mask_BxT.shape}.")
+  _check_segments(segment_ids_BxT, t, t, "causal_blocked_attention")
+  seg = None if segment_ids_BxT is None else segment_ids_BxT.astype(jnp.int32)
   q = q_BxTxHxDh.reshape(b, t, nk, h // nk, dh).transpose(0, 2, 3, 1, 4)
-  o = _attend_causal(q, k_BxTxKxDh, v_BxTxKxDh, kv_mask_BxT, int(block))
+  o = _attend_causal(q, k_BxTxKxDh, v_BxTxKxDh, kv_mask_BxT, int(block), seg)
   return o.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh).astype(
       q_BxTxHxDh.dtype)
 
@@ -372,16 +478,35 @@ def _heads(q, k, v):
   return _heads_major(q, nk), kh, vh
 
 
+def segment_mask(segment_ids_BxS: jax.Array, t: int) -> jax.Array:
+  """Boolean [B, 1, T, S]: key j is real (seg > 0) and in query i's segment.
+
+  Query i sits at slot S - T + i (self-attention: S = T).
+  """
+  seg = segment_ids_BxS.astype(jnp.int32)
+  qseg = seg[:, seg.shape[1] - t:]
+  return ((qseg[:, None, :, None] == seg[:, None, None, :])
+          & (seg > 0)[:, None, None, :])
+
+
 def dense_attention(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array,
-                    v_BxSxKxDh: jax.Array, mask_Bx1xTxS: jax.Array
-                    ) -> jax.Array:
+                    v_BxSxKxDh: jax.Array, mask_Bx1xTxS: jax.Array,
+                    segment_ids_BxS: jax.Array | None = None) -> jax.Array:
   """softmax(q k^T / sqrt(Dh), masked) v, [B, T, H, Dh] in q's dtype.
 
   Same contract as `jax.nn.dot_product_attention(q, k, v, mask=mask)` (GQA by
   head groups, scores and softmax in float32 or wider, probabilities cast to
   v's dtype before the value product; a query that sees no key gets the mean
   of all values), with the backward pass described above.
+
+  `segment_ids_BxS` (None, or int32 per key slot, 0 = padding; queries at the
+  last T slots) adds `segment_mask` to the mask: no key of another segment is
+  visible. Nothing is skipped for it (the score matrix stays B x H x T x S).
   """
+  _check_segments(segment_ids_BxS, k_BxSxKxDh.shape[1], q_BxTxHxDh.shape[1],
+                  "dense_attention")
+  if segment_ids_BxS is not None:
+    mask_Bx1xTxS = mask_Bx1xTxS.astype(bool) & segment_mask(segment_ids_BxS, q_BxTxHxDh.shape[1])
   qh, kh, vh = _heads(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh)
   return _heads_minor(_dense_core(qh, kh, vh, mask_Bx1xTxS))
 
@@ -399,8 +524,8 @@ def causal_query_blocks(t: int) -> int:
 
 
 def causal_dense_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
-                           v_BxTxKxDh: jax.Array, mask_Bx1xTxT: jax.Array
-                           ) -> jax.Array:
+                           v_BxTxKxDh: jax.Array, mask_Bx1xTxT: jax.Array,
+                           segment_ids_BxT: jax.Array | None = None) -> jax.Array:
   """`dense_attention` for self-attention under a mask that hides later keys.
 
   The caller promises mask[b, 0, i, j] = False for every j > i (queries and
@@ -416,11 +541,17 @@ def causal_dense_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
   result as `dense_attention` for every query that sees a key; a query that
   sees none (left padding) gets the mean of the values [0, e) of its block
   instead of all values (neither reaches a real token).
+
+  `segment_ids_BxT` as in `dense_attention` (one more mask term; only the
+  static causal ranges are skipped).
   """
   t = q_BxTxHxDh.shape[1]
   if k_BxTxKxDh.shape[1] != t or mask_Bx1xTxT.shape[-1] != t:
     raise ValueError(f"causal_dense_attention needs S = T = {t}, got keys "
                      f"{k_BxTxKxDh.shape} and mask {mask_Bx1xTxT.shape}.")
+  _check_segments(segment_ids_BxT, t, t, "causal_dense_attention")
+  if segment_ids_BxT is not None:
+    mask_Bx1xTxT = mask_Bx1xTxT.astype(bool) & segment_mask(segment_ids_BxT, t)
   n = causal_query_blocks(t)
   qh, kh, vh = _heads(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
   edges = [round(i * t / n) for i in range(n + 1)]

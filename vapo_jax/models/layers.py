@@ -218,6 +218,7 @@ class Attention(nnx.Module):
   def __call__(self, x_BxTxD: jax.Array, cos: jax.Array, sin: jax.Array,
                mask_Bx1xTxS: jax.Array, kv: dict[str, jax.Array] | None,
                cache_index: jax.Array | int, causal: bool = False,
+               segment_ids: jax.Array | None = None,
                paged: dict[str, Any] | None = None
                ) -> tuple[jax.Array, Any]:
     """y [B, T, D] and the updated kv cache entry (or None).
@@ -239,7 +240,13 @@ class Attention(nnx.Module):
     `transformer.attention_mask`, or a [B, S] key mask: then the blocked
     path runs, with query i at slot cache_index + i seeing keys j <= that
     slot (see `attention.blocked_attention`).
+
+    `segment_ids` (None, or int32 [B, S] for a cache-free call of packed
+    rows, 0 = padding): a query sees only keys of its own segment, in every
+    path (`attention` module docstring says what each path then skips).
     """
+    if segment_ids is not None and kv is not None:
+      raise ValueError("segment_ids are for cache-free calls (packed train rows).")
     cfg, dt = self.cfg, self.cfg.dtype
     q = lora.project(self, "q", x_BxTxD, 1, dt)
     k = lora.project(self, "k", x_BxTxD, 1, dt)
@@ -288,16 +295,17 @@ class Attention(nnx.Module):
       # A prefill (T > 1): the attention kernels take [B, S, K, Dh].
       k = jnp.swapaxes(k_all, 1, 2).astype(dt)
       v = jnp.swapaxes(v_all, 1, 2).astype(dt)
+    seg = segment_ids
     if mask_Bx1xTxS.ndim == 2 and causal:
       out = attention.causal_blocked_attention(q, k, v, mask_Bx1xTxS,
-                                               cfg.attention_block)
+                                               cfg.attention_block, seg)
     elif mask_Bx1xTxS.ndim == 2:
       out = attention.blocked_attention(q, k, v, mask_Bx1xTxS, cache_index,
-                                        cfg.attention_block)
+                                        cfg.attention_block, seg)
     elif causal:
-      out = attention.causal_dense_attention(q, k, v, mask_Bx1xTxS)
+      out = attention.causal_dense_attention(q, k, v, mask_Bx1xTxS, seg)
     else:
-      out = attention.dense_attention(q, k, v, mask_Bx1xTxS)
+      out = attention.dense_attention(q, k, v, mask_Bx1xTxS, seg)
     y = lora.project(self, "o", out, 2, dt)
     if cfg.o_bias:
       y = _bias(y, self.o_bias[...])
@@ -346,9 +354,10 @@ class Block(nnx.Module):
                             cfg.param_dtype)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, cos, sin, mask, kv, cache_index, causal=False, paged=None):
+  def __call__(self, x, cos, sin, mask, kv, cache_index, causal=False,
+               segment_ids=None, paged=None):
     y, kv = self.attn(self.attn_norm(x), cos, sin, mask, kv, cache_index,
-                      causal, paged=paged)
+                      causal, segment_ids, paged=paged)
     x = shd.constrain(x + y, _ROWS)
     x = shd.constrain(x + self.mlp(self.mlp_norm(x)), _ROWS)
     return x, kv

@@ -43,13 +43,13 @@ def attention_mask(kv_mask_BxS: jax.Array, t: int,
   return causal_TxS[None, None] & kv_mask_BxS.astype(bool)[:, None, None, :]
 
 
-def _run_block(graphdef, state, x, cos, sin, mask):
+def _run_block(graphdef, state, x, cos, sin, mask, seg=None):
   """One cache-free decoder block as a function of its parameters."""
-  return nnx.merge(graphdef, state)(x, cos, sin, mask, None, 0, True)[0]
+  return nnx.merge(graphdef, state)(x, cos, sin, mask, None, 0, True, seg)[0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def remat_block(graphdef, state, x_BxTxD, cos, sin, mask):
+def remat_block(graphdef, state, x_BxTxD, cos, sin, mask, seg=None):
   """A cache-free block whose backward pass recomputes its forward.
 
   Only the block's inputs (parameters, x, RoPE tables, mask) are kept for the
@@ -60,23 +60,24 @@ def remat_block(graphdef, state, x_BxTxD, cos, sin, mask):
   kept every layer's recomputed activations alive (a small TPU compile with
   a plain `jax.checkpoint` grew the same way): in a TPU compile of the 32B
   policy step, temporaries grew ~2.1 GB per layer without it and ~0.34 GB
-  per layer (the saved input, gradient buffers) with it.
+  per layer (the saved input, gradient buffers) with it. `seg`: the packed
+  rows' segment ids (or None), kept like the mask.
   """
-  return _run_block(graphdef, state, x_BxTxD, cos, sin, mask)
+  return _run_block(graphdef, state, x_BxTxD, cos, sin, mask, seg)
 
 
-def _remat_fwd(graphdef, state, x, cos, sin, mask):
-  return _run_block(graphdef, state, x, cos, sin, mask), (state, x, cos, sin,
-                                                           mask)
+def _remat_fwd(graphdef, state, x, cos, sin, mask, seg=None):
+  return _run_block(graphdef, state, x, cos, sin, mask, seg), (state, x, cos, sin,
+                                                                mask, seg)
 
 
 def _remat_bwd(graphdef, res, dy):
-  (state, x, cos, sin, mask), dy = jax.lax.optimization_barrier((res, dy))
+  (state, x, cos, sin, mask, seg), dy = jax.lax.optimization_barrier((res, dy))
   # With LoRA adapters only they get gradients: the frozen weights' dW matmuls
   # are not emitted (inside the barrier below they could not be pruned).
   train, frozen = lora.split_trainable(state)
   _, vjp = jax.vjp(lambda tr, x: _run_block(graphdef, lora.join(tr, frozen), x,
-                                            cos, sin, mask), train, x)
+                                            cos, sin, mask, seg), train, x)
   # dL/dx (what the next layer down waits for) leaves together with the
   # parameter gradients, so the scheduler cannot defer this layer's
   # weight-gradient matmuls, and keep their activation inputs alive, past it.
@@ -85,7 +86,7 @@ def _remat_bwd(graphdef, res, dy):
                       else jax.tree.map(jnp.zeros_like, frozen))
   # The RoPE tables come from integer positions: nothing upstream needs their
   # cotangent, so it is not computed (inside the barrier it could not be pruned).
-  return d_state, d_x, jnp.zeros_like(cos), jnp.zeros_like(sin), None
+  return d_state, d_x, jnp.zeros_like(cos), jnp.zeros_like(sin), None, None
 
 
 remat_block.defvjp(_remat_fwd, _remat_bwd)
@@ -114,7 +115,8 @@ class Transformer(nnx.Module):
 
   def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array,
                kv_mask_BxS: jax.Array, *, cache: KVCache | None = None,
-               cache_index: jax.Array | int = 0
+               cache_index: jax.Array | int = 0,
+               segment_ids_BxT: jax.Array | None = None
                ) -> tuple[jax.Array, KVCache | None]:
     """Final hidden states [B, T, D] (compute dtype) and the updated cache.
 
@@ -127,6 +129,10 @@ class Transformer(nnx.Module):
       cache: None, or the cache from `init_cache`.
       cache_index: slot where this call's keys/values are written (int or
         traced int32 scalar, one for the whole batch); 0 without a cache.
+      segment_ids_BxT: None, or int32 [B, T] for packed rows (cache-free):
+        s > 0 marks the tokens of the s-th sequence of a row, 0 padding. No
+        token attends to another segment; the caller restarts the positions
+        per segment and passes kv_mask = segment_ids > 0 (`vapo_jax.packing`).
     """
     cfg = self.cfg
     t = tokens_BxT.shape[1]
@@ -136,6 +142,11 @@ class Transformer(nnx.Module):
     if cache is None and not (isinstance(cache_index, int) and cache_index == 0):
       raise ValueError(f"cache_index={cache_index!r} without a cache: a cache-free call "
                        "starts at slot 0.")
+    if segment_ids_BxT is not None and (cache is not None
+                                        or segment_ids_BxT.shape != tokens_BxT.shape):
+      raise ValueError(f"segment_ids must be [B, T]={tokens_BxT.shape} in a cache-free "
+                       f"call, got {segment_ids_BxT.shape} (cache: {cache is not None}).")
+    seg = segment_ids_BxT
     x = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(cfg.dtype)
     x = shd.constrain(x, ("batch", None, None))
     cos, sin = layers.rope_tables(positions_BxT,
@@ -154,10 +165,10 @@ class Transformer(nnx.Module):
     for i, block in enumerate(self.blocks):
       if cache is None and cfg.remat:
         graphdef, state = nnx.split(block)
-        x = remat_block(graphdef, state, x, cos, sin, mask)
+        x = remat_block(graphdef, state, x, cos, sin, mask, seg)
         continue
       x, kv = block(x, cos, sin, mask, None if cache is None else cache[i],
-                    cache_index, causal)
+                    cache_index, causal, seg)
       new_cache.append(kv)
     x = self.final_norm(x)
     return x, (None if cache is None else tuple(new_cache))

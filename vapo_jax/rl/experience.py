@@ -149,6 +149,9 @@ class Experience:
         lengths, dist.to_host(jnp.sum(rollout.prompt_mask_BxP, axis=1)), prompt_len=p,
         max_new_tokens=resp_mask.shape[1],
         rows_per_call=(self.prompts_per_call or len(examples)) * self.group_size))
+    # Real / computed tokens of the old-log-prob (and value) pass on packed rows (rl.packing).
+    if getattr(self.logprobs, "last_efficiency", None) is not None:
+      metrics["perf/forward_token_efficiency"] = self.logprobs.last_efficiency
     return batch, metrics
 
   def sample_and_score(self, policy_params, examples, key

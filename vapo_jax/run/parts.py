@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding
 from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
 from vapo_jax import distributed
+from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.models import config as model_config
 from vapo_jax.models import hf_io, lora, transformer
@@ -31,6 +32,7 @@ from vapo_jax.rl import advantages
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import experience as experience_lib
 from vapo_jax.rl import forward
+from vapo_jax.rl import packed as packed_lib
 from vapo_jax.rl import train_state
 from vapo_jax.rl import update
 from vapo_jax.run import inputs
@@ -293,22 +295,73 @@ def optimizer(cfg: config_lib.Config, name: str) -> train_state.Optimizer:
 
 def learner(cfg, name: str, graphdef, params, mesh, rules) -> train_state.Learner:
   """One of LEARNERS set up: its optimizer, a fresh TrainState of `params`, its compiled
-  step."""
+  step (with rl.packing: the packed step behind a host wrapper that plans each batch,
+  `packed_step`)."""
   tx = optimizer(cfg, name)
   state = train_state.init_state(params, tx)
-  return train_state.Learner(name, graphdef, tx,
-                             LEARNERS[name].step(cfg, graphdef, tx, state, mesh, rules), state)
+  step = (packed_step(cfg, name, graphdef, tx, state, mesh, rules) if cfg.rl.packing
+          else LEARNERS[name].step(cfg, graphdef, tx, state, mesh, rules))
+  return train_state.Learner(name, graphdef, tx, step, state)
 
 
-def logprobs_fn(cfg, graphdef, mesh, rules):
-  """(params, tokens_BxL, mask_BxL, *, prompt_len, temperature) -> old log-probs, entropy."""
+# ------------------------------------------------------------------------- sequence packing
+
+
+def pack_spec(cfg, mesh, rules, rows_per_micro: int) -> packing.PackSpec:
+  """Rows of rl.packing_row_tokens (default P + R) and a token budget per device of
+  rl.packing_tokens_per_device (default: what a padded micro-batch of `rows_per_micro`
+  rows puts on each device)."""
+  seq = cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens
+  axes = batch_axes(mesh, rules)
+  shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+  row = cfg.rl.packing_row_tokens or seq
+  budget = cfg.rl.packing_tokens_per_device or max(row, rows_per_micro * seq // shards)
+  return packing.PackSpec.from_budget(budget, row, shards)
+
+
+def packed_step(cfg, name, graphdef, tx, state, mesh, rules) -> Callable:
+  """A LEARNERS step on packed rows (`rl.packed`): same losses and gradients, and
+  `perf/<name>_token_efficiency` in its metrics."""
+  rows = rows_of(cfg)
+  fn = {"sft": lambda: functools.partial(packed_lib.sft_step, graphdef, tx),
+        "policy": lambda: functools.partial(packed_lib.policy_step, graphdef, tx,
+                                            policy_hparams(cfg, rows.micro_batches)),
+        "critic": lambda: functools.partial(packed_lib.critic_step, graphdef, tx,
+                                            critic_hparams(cfg, rows.micro_batches)),
+        "reward_model": lambda: functools.partial(packed_lib.reward_model_step, graphdef, tx,
+                                                  critic_hparams(cfg, rows.micro_batches)),
+        }[name]()
+  per_micro = (cfg.sft.batch_size if name == "sft"
+               else rows.minibatch // max(rows.micro_batches, 1))
+  return packed_lib.packed_learner_step(name, _compile(fn, state, mesh, rules),
+                                        pack_spec(cfg, mesh, rules, per_micro), mesh,
+                                        batch_axes(mesh, rules))
+
+
+def logprobs_fn(cfg, graphdef, mesh, rules, packed: bool = False):
+  """(params, tokens_BxL, mask_BxL, *, prompt_len, temperature) -> old log-probs, entropy.
+
+  packed: on packed rows (`rl.packed.packed_forward`; the run passes rl.packing)."""
+  if packed:
+    rows = rows_of(cfg)
+    return packed_lib.packed_forward(
+        "logprobs", functools.partial(packed_lib.policy_logprobs, graphdef),
+        pack_spec(cfg, mesh, rules, rows.rollout // rows.forward_chunks), mesh,
+        batch_axes(mesh, rules), rules, static=("temperature",))
   return jax.jit(forward.in_micro_batches(functools.partial(forward.policy_logprobs, graphdef),
                                           rows_of(cfg).forward_chunks, mesh, rules),
                  static_argnames=("prompt_len", "temperature"))
 
 
-def values_fn(cfg, graphdef, mesh, rules):
-  """(critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R]."""
+def values_fn(cfg, graphdef, mesh, rules, packed: bool = False):
+  """(critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R] (packed: as in
+  `logprobs_fn`)."""
+  if packed:
+    rows = rows_of(cfg)
+    return packed_lib.packed_forward(
+        "values", functools.partial(packed_lib.critic_values, graphdef),
+        pack_spec(cfg, mesh, rules, rows.rollout // rows.forward_chunks), mesh,
+        batch_axes(mesh, rules), rules)
   return jax.jit(forward.in_micro_batches(functools.partial(forward.critic_values, graphdef),
                                           rows_of(cfg).forward_chunks, mesh, rules),
                  static_argnames=("prompt_len",))
@@ -395,5 +448,5 @@ def build(cfg: config_lib.Config) -> RunParts:
       eval_scorer=scorer.using(fn_for_mode(cfg.reward.fn, cfg.eval.reward_mode)),
       samplers=built,
       experience=experience(cfg, built.rollout, text, scorer,
-                            logprobs_fn(cfg, graphdef, mesh, rules)),
+                            logprobs_fn(cfg, graphdef, mesh, rules, cfg.rl.packing)),
       take=take_fn(mesh, axes))

@@ -99,7 +99,7 @@ class Trainer:
       graphdef, params = self._network(name)
       s.learners[name] = parts.learner(cfg, name, graphdef, params, p.mesh, p.rules)
       if name == "critic":
-        self.critic_values = parts.values_fn(cfg, graphdef, p.mesh, p.rules)
+        self.critic_values = parts.values_fn(cfg, graphdef, p.mesh, p.rules, cfg.rl.packing)
       if name == "sft":
         # The global batch, identical on every host (like the RL prompts): SFT is the same
         # for any number of processes, and resumes on a different number.

@@ -1,0 +1,256 @@
+"""Sequence packing: the planner's properties, pack/unpack alignment, and packed forwards and
+train steps against the padded path (the oracle) on 1 device and on a 2x2x2 mesh.
+
+Batches mix an empty response, responses at max_new_tokens, left prompts of different
+lengths and group sampling (pairs of rows answer one prompt).
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from vapo_jax import critic as critic_lib
+from vapo_jax import packing
+from vapo_jax import sharding as shd
+from vapo_jax.models import Transformer, init_sharded, positions_from_mask, tiny_config
+from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import forward
+from vapo_jax.rl import packed as packed_lib
+from vapo_jax.rl import train_state
+from vapo_jax.rl import update
+
+# ------------------------------------------------------------------------------ planner
+
+
+def _mix(rng, b, p_max, r_max, group=4):
+  """Group-sampled lengths: prompts shared by `group` rows, responses 0..R (both ends in)."""
+  p = np.repeat(rng.integers(1, p_max + 1, b // group), group)
+  r = rng.integers(0, r_max + 1, b)
+  r[0], r[1] = 0, r_max
+  return p, r
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_planner_places_every_sequence_once_within_budget_balanced(seed):
+  rng = np.random.default_rng(seed)
+  b = int(rng.choice([8, 32, 96]))
+  pmax, rmax = int(rng.integers(2, 20)), int(rng.integers(1, 60))
+  p, r = _mix(rng, b, pmax, rmax)
+  d = int(rng.choice([1, 2, 4]))
+  t = pmax + rmax + int(rng.integers(0, 10))
+  spec = packing.PackSpec(t, int(rng.integers(1, 5)), d)
+  plan = packing.plan(p, r, spec)
+  again = packing.plan(p.copy(), r.copy(), spec)                 # a pure function
+  assert plan.shape == again.shape
+  for f in ("micro_B", "row_B", "offset_B"):
+    np.testing.assert_array_equal(getattr(plan, f), getattr(again, f))
+  n, k, _ = plan.shape
+  assert n % d == 0 and n <= spec.max_rows                        # the per-device budget
+  assert (k, n) in spec.shapes(b)                                 # one of the fixed shapes
+  occupied = np.zeros((n, k, t), int)
+  for i in range(b):
+    occupied[plan.row_B[i], plan.micro_B[i], plan.offset_B[i]:plan.offset_B[i] + p[i] + r[i]] += 1
+  assert occupied.max() == 1 and occupied.sum() == (p + r).sum()  # once, no overlap, inside T
+  # Balance: tokens per (micro-batch, shard) differ by at most one row's worth.
+  load = occupied.reshape(d, n // d, k, t).sum(axis=(1, 3))
+  assert load.max() - load.min() <= t
+  tables = packing.pack_indices(plan, pmax, pmax + rmax)
+  assert (tables["segment_ids"] > 0).sum() == (p + r).sum()
+
+
+def test_bucket_and_shapes_are_a_small_fixed_set():
+  assert [packing.bucket(c) for c in (1, 3, 5, 8, 9, 11, 17, 33)] == [1, 3, 5, 8, 10, 12, 20, 40]
+  spec = packing.PackSpec(100, 4, 2)
+  shapes = spec.shapes(512)
+  assert len(shapes) <= 32 and all(n % 2 == 0 and n <= 8 for _, n in shapes)
+  for rows in range(1, 512):
+    k, n = spec.shape(rows)
+    assert rows <= k * n <= 1.25 * (rows + spec.max_rows)
+
+
+def test_planner_errors_before_any_compile():
+  with pytest.raises(ValueError, match="sequence 1 has 9 tokens"):
+    packing.plan([2, 4], [3, 5], packing.PackSpec(8, 1))
+  with pytest.raises(ValueError, match="holds no packed row"):
+    packing.PackSpec.from_budget(10, 16)
+
+
+# ----------------------------------------------------------------------- pack / unpack
+
+P, R = 4, 6
+PROMPTS = np.array([4, 4, 2, 2, 3, 3, 1, 1])        # group sampling: pairs share a prompt
+RESPS = np.array([6, 1, 3, 0, 5, 2, 6, 4])          # an empty response, two at R
+
+
+def _batch(seed=0, vocab=40):
+  rng = np.random.default_rng(seed)
+  cols = np.arange(P + R)[None]
+  prompt = (cols >= P - PROMPTS[:, None]) & (cols < P)
+  resp = (cols >= P) & (cols < P + RESPS[:, None])
+  mask = (prompt | resp).astype(np.float32)
+  tokens = rng.integers(1, vocab, mask.shape)
+  tokens[1::2, :P] = tokens[0::2, :P]               # the same prompt within a group
+  tokens = (tokens * mask).astype(np.int32)
+  r = resp[:, P:].astype(np.float32)
+  return {"tokens_BxL": tokens, "mask_BxL": mask, "response_mask_BxR": r,
+          "old_logp_BxR": (rng.normal(size=r.shape) * r - 2 * r).astype(np.float32),
+          "advantages_BxR": (rng.normal(size=r.shape) * r).astype(np.float32),
+          "returns_BxR": (rng.normal(size=r.shape) * r).astype(np.float32),
+          "old_values_BxR": (0.1 * rng.normal(size=r.shape) * r).astype(np.float32),
+          "ref_logp_BxR": (rng.normal(size=r.shape) * r - 2 * r).astype(np.float32),
+          "scores_B": np.array([1, 0, 1, 1, 0.99, 1, 0, 1], np.float32)}
+
+
+def _plan(batch, spec):
+  p, r = packed_lib.lengths(jnp.asarray(batch["mask_BxL"]), P)
+  np.testing.assert_array_equal(p, PROMPTS)
+  np.testing.assert_array_equal(r, RESPS)
+  arrays, plan = packed_lib.plan_arrays(p, r, spec, P, P + R)
+  return {**batch, **arrays}, plan
+
+
+def test_pack_unpack_alignment_and_positions_restart():
+  """Unpacking the packed next tokens gives the response tokens; every packed position is the
+  padded path's position of the same token, so each segment restarts at 0."""
+  batch, plan = _plan(_batch(), packing.PackSpec(12, 2, 1))
+  assert plan.micro_batches > 1
+  tok = np.asarray(packing.gather(jnp.asarray(batch["tokens_BxL"]), jnp.asarray(batch["src"])))
+  nxt = np.concatenate([tok[..., 1:], np.zeros_like(tok[..., :1])], -1)
+  slots = {k: jnp.asarray(batch[k]) for k in ("micro_B", "row_B", "start_B")}
+  real = jnp.asarray(batch["mask_BxL"][:, P:])
+  got = packing.unpack(jnp.asarray(nxt, jnp.float32), slots, real)
+  np.testing.assert_array_equal(got, batch["tokens_BxL"][:, P:] * real)
+  pos = np.asarray(positions_from_mask(jnp.asarray(batch["mask_BxL"], jnp.int32))).reshape(-1)
+  src, seg = batch["src"], batch["segment_ids"]
+  np.testing.assert_array_equal(batch["positions"][src >= 0], pos[src[src >= 0]])
+  starts = (seg > 0) & np.concatenate([np.ones_like(seg[..., :1], bool),
+                                       seg[..., 1:] != seg[..., :-1]], -1)
+  assert (batch["positions"][starts] == 0).all() and starts.sum() == len(PROMPTS)
+  last = packing.last_token(jnp.asarray(batch["positions"], jnp.float32), slots,
+                            jnp.asarray(RESPS))
+  np.testing.assert_array_equal(last, PROMPTS + RESPS - 1)
+
+
+# ------------------------------------------------------------------ packed vs padded
+
+MODEL = tiny_config(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+CFGS = {"dense": dataclasses.replace(MODEL, attention_impl="dense"),
+        # One layer: the blocked kernels' unrolled query groups compile slowly on CPU.
+        "blocked": dataclasses.replace(MODEL, attention_impl="blocked", attention_block=4,
+                                       num_layers=1)}
+HP = update.PolicyHParams(temperature=0.9, eps_low=0.2, eps_high=0.28, dual_clip=3.0,
+                          loss_mode="token", nll_coef=0.1, nll_threshold=1.0,
+                          micro_batches=2, kl_coef=0.05)
+CHP = update.CriticHParams(value_clip=0.2, loss_mode="token", micro_batches=2)
+
+
+def _models(cfg, mesh):
+  policy = init_sharded(lambda r: Transformer(cfg, rngs=r), mesh, seed=3)
+
+  def build(r):
+    c = critic_lib.Critic(cfg, rngs=r)
+    c.score[...] = jax.random.normal(jax.random.key(5), c.score.shape) * 0.5
+    return c
+  return policy, init_sharded(build, mesh, seed=4)
+
+
+def _split(model):
+  from flax import nnx
+  return nnx.split(model)
+
+
+def _compare_tree(a, b, rtol):
+  """|a - b| / |b| <= rtol, in the global norm over the whole tree (a gradient's norm)."""
+  x = np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(a)])
+  y = np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(b)])
+  assert np.linalg.norm(y) > 0
+  rel = np.linalg.norm(x - y) / np.linalg.norm(y)
+  assert rel <= rtol, rel
+
+
+def _run(cfg, mesh, spec, which=("policy", "critic", "rm", "sft")):
+  batch_axes = shd.batch_axes(mesh, shd.DEFAULT_RULES)
+  host, plan = _plan(_batch(), spec)
+  rb = batch_lib.shard_batch(batch_lib.RolloutBatch(
+      **{k: host[k] for k in batch_lib.ROLLOUT + batch_lib.REFERENCE}), mesh, batch_axes)
+  plan_dev = batch_lib.shard_batch({k: host[k] for k in packed_lib.PLAN_KEYS}, mesh,
+                                   batch_axes)
+  policy, critic = _models(cfg, mesh)
+  (pg, pp), (cg, cp) = _split(policy), _split(critic)
+  under = functools.partial(shd.traced_under, mesh=mesh)
+  tok, mask = rb.tokens_BxL, rb.mask_BxL
+  fwd = {
+      "padded_logp": jax.jit(under(lambda p, t, m: forward.policy_logprobs(
+          pg, p, t, m, P, temperature=HP.temperature)))(pp, tok, mask),
+      "packed_logp": jax.jit(under(lambda p, t, m, pl: packed_lib.policy_logprobs(
+          pg, p, t, m, pl, P, temperature=HP.temperature)))(pp, tok, mask, plan_dev),
+      "padded_v": jax.jit(under(lambda p, t, m: forward.critic_values(cg, p, t, m, P)))(
+          cp, tok, mask),
+      "packed_v": jax.jit(under(lambda p, t, m, pl: packed_lib.critic_values(
+          cg, p, t, m, pl, P)))(cp, tok, mask, plan_dev),
+  }
+  steps = {}
+  tx = optax.sgd(1.0)   # params after = params before - grad: the gradient, read off exactly
+  table = {"policy": (pg, pp, (HP,), update.policy_step, packed_lib.policy_step),
+           "critic": (cg, cp, (CHP,), update.critic_step, packed_lib.critic_step),
+           "rm": (cg, cp, (CHP,), update.reward_model_step, packed_lib.reward_model_step),
+           "sft": (pg, pp, (), update.sft_step, packed_lib.sft_step)}
+  for name in which:
+    g, p, hp, pad, pak = table[name]
+    for kind, fn, arg in (("padded", pad, rb), ("packed", pak, packed_lib.Packed(rb, plan_dev))):
+      state = train_state.init_state(p, tx)
+      step = train_state.compile_step(functools.partial(fn, g, tx, *hp), state, mesh,
+                                      batch_axes)
+      new, metrics, skipped = step(state, arg)
+      assert float(skipped) == 0
+      delta = jax.tree.map(lambda a, b: a - b, state.params, new.params)
+      steps[(name, kind)] = (delta, jax.device_get(metrics))
+  return fwd, steps, plan
+
+
+@pytest.mark.parametrize("impl,which", [("dense", ("policy", "critic", "rm", "sft")),
+                                        ("blocked", ("policy", "critic"))])
+def test_packed_equals_padded_one_device(impl, which):
+  mesh = shd.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  fwd, steps, plan = _run(CFGS[impl], mesh, packing.PackSpec(12, 2, 1), which)
+  assert plan.micro_batches > 1
+  _check(fwd, steps, which)
+
+
+def test_packed_equals_padded_on_a_2x2x2_mesh():
+  mesh = shd.make_mesh(2, 2, 2)
+  fwd, steps, plan = _run(CFGS["blocked"], mesh, packing.PackSpec(12, 1, 4),
+                          ("policy", "critic"))
+  assert plan.micro_batches > 1 and plan.rows == 4
+  _check(fwd, steps, ("policy", "critic"))
+
+
+def _check(fwd, steps, which):
+  for a, b in zip(jax.tree.leaves(fwd["packed_logp"]), jax.tree.leaves(fwd["padded_logp"])):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(fwd["packed_v"], fwd["padded_v"], atol=1e-5, rtol=1e-5)
+  for name in which:
+    (d_pack, m_pack), (d_pad, m_pad) = steps[(name, "packed")], steps[(name, "padded")]
+    _compare_tree(d_pack, d_pad, 1e-5)
+    for key, val in m_pad.items():
+      np.testing.assert_allclose(m_pack[key], val, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_config_switch_is_validated_before_any_compile():
+  from vapo_jax import config as config_lib
+  c = config_lib.default_config_dict()
+  c.rl.packing = True
+  assert config_lib.from_config_dict(c).rl.packing
+  c.rl.packing_row_tokens = 10
+  with pytest.raises(config_lib.ConfigError, match="rl.packing_row_tokens"):
+    config_lib.from_config_dict(c)
+  c.rl.packing_row_tokens = 0
+  c.rl.packing_tokens_per_device = 5
+  with pytest.raises(config_lib.ConfigError, match="rl.packing_tokens_per_device"):
+    config_lib.from_config_dict(c)

@@ -1,0 +1,265 @@
+"""Sequence packing: each response with its own prompt, unpadded, laid end to end in rows.
+
+The experience batch is `[B, L = P + R]`: row b holds a prompt of p_b real tokens left-padded
+to P and a response of l_b real tokens right-padded to R, so its n_b = p_b + l_b real tokens
+are the columns [P - p_b, P + l_b) (`sampler.types.rollout_tokens`). Packing puts those
+tokens, in order, into rows of T slots:
+
+  packed micro-batch k, row r, slot o_b + j  <-  tokens[b, P - p_b + j],   j in [0, n_b)
+  segment id there: 1 + (the segment's index in its row), 0 on padding slots
+  position there:   j   (restarts at 0 in each segment, as `positions_from_mask` gives)
+
+and the per-token outputs come back response-aligned: the output for response token t of
+row b (predicted by the hidden state of column P + t - 1) sits at slot
+s_b + t with s_b = o_b + p_b - 1, so
+
+  out_BxR[b, t] = packed[k_b, r_b, s_b + t] * response_mask[b, t]      (`unpack`).
+
+Layout of packed arrays: `[n, K, T]`, rows of a micro-batch first so that, like every other
+train-batch array, axis 0 is split over the data-parallel mesh axes; `micro(x, k)` is
+micro-batch k, `[n, T]`.
+
+The planner (`plan`) is a pure function of the lengths (so every host computes the same
+plan), deterministic, and places every sequence exactly once:
+  1. first-fit decreasing (ties by row index) of the n_b into rows of T;
+  2. a shape (K micro-batches of n rows) from a small fixed set: with n_max = D *
+     rows_per_device (the per-device token budget divided by T) and N rows needed,
+     K = bucket(ceil(N / n_max)) and n = min(n_max, D * bucket(ceil(N / (K D)))), where
+     `bucket` rounds up to 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, ... (so n is a
+     multiple of D, and K n exceeds N by at most ~25% plus a row per shard);
+  3. rows go to the K * D (micro-batch, shard) bins of n / D rows each by longest
+     processing time first (fullest row to the bin with the fewest tokens, ties to the
+     lowest bin), which balances real tokens across shards and micro-batches.
+Pure numpy and jax (floor 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def bucket(c: int) -> int:
+  """The smallest of 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, ... >= c."""
+  if c <= 4:
+    return max(1, int(c))
+  e = 1
+  while 8 * e < c:
+    e *= 2
+  return next(m * e for m in (4, 5, 6, 7, 8) if m * e >= c)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackSpec:
+  """Packed row length T, rows per device per micro-batch, data-parallel shards D."""
+  row_len: int
+  rows_per_device: int
+  shards: int = 1
+
+  @classmethod
+  def from_budget(cls, tokens_per_device: int, row_len: int, shards: int = 1) -> "PackSpec":
+    """rows_per_device = tokens_per_device // row_len (>= 1, else a clear error)."""
+    if row_len < 1 or shards < 1:
+      raise ValueError(f"row_len={row_len} and shards={shards} must be >= 1.")
+    if tokens_per_device < row_len:
+      raise ValueError(f"a token budget of {tokens_per_device} per device holds no packed "
+                       f"row of {row_len} tokens; raise the budget or shorten the rows.")
+    return cls(row_len, tokens_per_device // row_len, shards)
+
+  @property
+  def max_rows(self) -> int:
+    """n_max = D * rows_per_device, the rows of a full micro-batch."""
+    return self.shards * self.rows_per_device
+
+  def shape(self, rows_needed: int) -> tuple[int, int]:
+    """(K, n) for `rows_needed` packed rows, from the fixed set described above."""
+    d, need = self.shards, max(int(rows_needed), 1)
+    k = bucket(-(-need // self.max_rows))
+    return k, min(self.max_rows, d * bucket(-(-need // (k * d))))
+
+  def shapes(self, max_sequences: int) -> list[tuple[int, int]]:
+    """Every (K, n) a batch of up to `max_sequences` sequences can get (for logging)."""
+    return sorted({self.shape(r) for r in range(1, max_sequences + 1)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Where each sequence goes. Arrays [B] (numpy int): micro-batch k_b, row r_b in it,
+  first slot o_b, prompt and response real lengths p_b, l_b. Sequences with n_b = 0
+  are placed nowhere (k = r = o = 0, and every output of theirs is masked)."""
+  micro_B: np.ndarray
+  row_B: np.ndarray
+  offset_B: np.ndarray
+  prompt_B: np.ndarray
+  response_B: np.ndarray
+  micro_batches: int   # K
+  rows: int            # n
+  row_len: int         # T
+
+  @property
+  def shape(self) -> tuple[int, int, int]:
+    """[n, K, T] of the packed arrays."""
+    return self.rows, self.micro_batches, self.row_len
+
+  @property
+  def real_tokens(self) -> int:
+    return int(self.prompt_B.sum() + self.response_B.sum())
+
+  @property
+  def efficiency(self) -> float:
+    """Real tokens / computed tokens (n K T)."""
+    return self.real_tokens / float(np.prod(self.shape))
+
+
+def first_fit_decreasing(lengths_B: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarray,
+                                                                        np.ndarray]:
+  """(row index [B], offset [B], fill per row [N]) of FFD; n_b = 0 gets row -1."""
+  lengths_B = np.asarray(lengths_B, np.int64)
+  order = np.lexsort((np.arange(len(lengths_B)), -lengths_B))
+  free = np.zeros((0,), np.int64)
+  row = np.full(len(lengths_B), -1, np.int64)
+  offset = np.zeros(len(lengths_B), np.int64)
+  for b in order:
+    n = lengths_B[b]
+    if n == 0:
+      continue
+    fits = np.flatnonzero(free >= n)
+    if len(fits):
+      r = fits[0]
+    else:
+      r = len(free)
+      free = np.append(free, row_len)
+    row[b], offset[b] = r, row_len - free[r]
+    free[r] -= n
+  return row, offset, row_len - free
+
+
+def _balance(fill_N: np.ndarray, bins: int, slots: int) -> np.ndarray:
+  """Bin of each row: fullest rows first, each to the bin with fewest tokens and a free slot."""
+  load = np.zeros(bins, np.int64)
+  used = np.zeros(bins, np.int64)
+  where = np.zeros(len(fill_N), np.int64)
+  for i in np.lexsort((np.arange(len(fill_N)), -fill_N)):
+    cand = np.where(used < slots, load, np.iinfo(np.int64).max)
+    j = int(np.argmin(cand))
+    where[i] = j
+    load[j] += fill_N[i]
+    used[j] += 1
+  return where
+
+
+def plan(prompt_B, response_B, spec: PackSpec) -> Plan:
+  """The packing plan of sequences of p_b + l_b tokens (see the module docstring).
+
+  Raises ValueError (naming the row) when a sequence is longer than the row length.
+  """
+  prompt_B = np.asarray(prompt_B, np.int64)
+  response_B = np.asarray(response_B, np.int64)
+  n_B = prompt_B + response_B
+  if (n_B > spec.row_len).any():
+    b = int(np.argmax(n_B > spec.row_len))
+    raise ValueError(f"sequence {b} has {n_B[b]} tokens, more than the packed row length "
+                     f"{spec.row_len}.")
+  row, offset, fill = first_fit_decreasing(n_B, spec.row_len)
+  k, n = spec.shape(len(fill))
+  per_bin = n // spec.shards
+  where = _balance(fill, k * spec.shards, per_bin)
+  # Bin j = (micro-batch j // D, shard j % D); slot order within a bin by row index.
+  slot = np.zeros(len(fill), np.int64)
+  seen = np.zeros(k * spec.shards, np.int64)
+  for i in range(len(fill)):
+    slot[i] = seen[where[i]]
+    seen[where[i]] += 1
+  micro_N = where // spec.shards
+  local_N = (where % spec.shards) * per_bin + slot
+  placed = row >= 0
+  safe = np.where(placed, row, 0)
+  return Plan(micro_B=np.where(placed, micro_N[safe] if len(fill) else 0, 0),
+              row_B=np.where(placed, local_N[safe] if len(fill) else 0, 0),
+              offset_B=np.where(placed, offset, 0), prompt_B=prompt_B,
+              response_B=np.where(placed, response_B, 0), micro_batches=k, rows=n,
+              row_len=spec.row_len)
+
+
+def lengths(mask_BxL, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """(p_B, l_B): real prompt and response tokens of each row of a [B, P + R] mask (host)."""
+  m = np.asarray(jax.device_get(mask_BxL)) > 0
+  return m[:, :prompt_len].sum(-1), m[:, prompt_len:].sum(-1)
+
+
+def pack_indices(p: Plan, prompt_len: int, seq_len: int) -> dict[str, np.ndarray]:
+  """Host-built gather tables of the packed arrays, int32 [n, K, T] each:
+
+  src: flat index b * L + column into a [B, L] batch (-1 on padding slots),
+  segment_ids: 1 + the segment's index in its row (0 on padding), positions: j.
+  """
+  n, k, t = p.shape
+  src = np.full((n, k, t), -1, np.int64)
+  seg = np.zeros((n, k, t), np.int32)
+  pos = np.zeros((n, k, t), np.int32)
+  count = np.zeros((n, k), np.int32)
+  n_B = p.prompt_B + p.response_B
+  for b in np.lexsort((p.offset_B, p.row_B, p.micro_B)):
+    m = int(n_B[b])
+    if m == 0:
+      continue
+    r, mk, o = p.row_B[b], p.micro_B[b], p.offset_B[b]
+    first = b * seq_len + prompt_len - p.prompt_B[b]
+    src[r, mk, o:o + m] = first + np.arange(m)
+    count[r, mk] += 1
+    seg[r, mk, o:o + m] = count[r, mk]
+    pos[r, mk, o:o + m] = np.arange(m)
+  return {"src": src.astype(np.int32), "segment_ids": seg, "positions": pos}
+
+
+def response_slots(p: Plan) -> dict[str, np.ndarray]:
+  """Per-row int32 [B] tables for `unpack`: micro-batch, row, and first output slot s_b."""
+  start = p.offset_B + p.prompt_B - 1
+  return {"micro_B": p.micro_B.astype(np.int32), "row_B": p.row_B.astype(np.int32),
+          "start_B": np.maximum(start, 0).astype(np.int32)}
+
+
+def gather(x_BxL: jax.Array, src_NxKxT: jax.Array, fill=0) -> jax.Array:
+  """The packed array [n, K, T] of a [B, L] batch array (`fill` on padding slots)."""
+  flat = x_BxL.reshape(-1)
+  vals = jnp.take(flat, jnp.maximum(src_NxKxT, 0), axis=0)
+  return jnp.where(src_NxKxT >= 0, vals, jnp.asarray(fill, flat.dtype))
+
+
+def micro(x_NxKx: jax.Array, k) -> jax.Array:
+  """Micro-batch k of a packed array: [n, K, ...] -> [n, ...]."""
+  return jnp.take(x_NxKx, k, axis=1)
+
+
+def unpack(x_NxT: jax.Array, slots: dict, mask_BxR: jax.Array, k=None) -> jax.Array:
+  """Response-aligned [B, R] outputs of one packed micro-batch (k) or of all ([n, K, T]).
+
+  out[b, t] = x[r_b, (k_b,) s_b + t] * mask[b, t], and 0 for rows of other micro-batches
+  when k is given.
+  """
+  r = mask_BxR.shape[-1]
+  t = x_NxT.shape[-1]
+  col = slots["start_B"][:, None] + jnp.arange(r, dtype=jnp.int32)[None, :]
+  inside = col < t
+  col = jnp.minimum(col, t - 1)
+  row = slots["row_B"][:, None]
+  if x_NxT.ndim == 3:
+    vals = x_NxT[row, slots["micro_B"][:, None], col]
+    keep = inside
+  else:
+    vals = x_NxT[row, col]
+    keep = inside & (slots["micro_B"][:, None] == k)
+  return jnp.where(keep, vals, 0.0) * mask_BxR
+
+
+def last_token(x_NxT: jax.Array, slots: dict, response_B: jax.Array, k=None) -> jax.Array:
+  """[B]: the output at the last real token of each sequence, x[r_b, s_b + l_b] (the
+  prompt's last token for l_b = 0); 0 for rows of other micro-batches when k is given."""
+  col = slots["start_B"] + jnp.asarray(response_B, jnp.int32)
+  col = jnp.minimum(col, x_NxT.shape[-1] - 1)
+  if x_NxT.ndim == 3:
+    return x_NxT[slots["row_B"], slots["micro_B"], col]
+  return jnp.where(slots["micro_B"] == k, x_NxT[slots["row_B"], col], 0.0)
