@@ -21,6 +21,9 @@ from vapo_jax.tools import ablate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny.py")
+PAPER_ROWS = ("vapo", "no_value_pretrain", "no_decoupled_gae", "no_length_adaptive",
+              "no_clip_higher", "no_token_level_loss", "no_positive_nll", "no_group_sampling",
+              "ppo", "grpo", "dapo")
 
 
 # ------------------------------------------------------------------------ statistics
@@ -87,9 +90,8 @@ def test_a_resumed_run_that_finishes_is_finished(tmp_path):
 
 
 def test_rows_are_the_papers_and_presets():
-  assert set(ablate.ROW_NAMES) == {
-      "vapo", "no_value_pretrain", "no_decoupled_gae", "no_length_adaptive", "no_clip_higher",
-      "no_token_level_loss", "no_positive_nll", "no_group_sampling", "ppo", "grpo", "dapo"}
+  assert set(ablate.ROW_NAMES) == {*PAPER_ROWS, "no_decoupled_gae_vp", "ppo_lam095"}
+  assert {r.name for r in ablate.parse_rows("all")} == {*PAPER_ROWS, "no_decoupled_gae_vp"}
   assert all(r.preset in config_lib.PRESETS for r in ablate.ROWS)
   paper = {r.name: r.paper for r in ablate.ROWS}
   assert (paper["vapo"], paper["ppo"], paper["dapo"], paper["no_value_pretrain"]) == (
@@ -104,14 +106,14 @@ def test_rows_are_the_papers_and_presets():
 
 def test_plan_shares_each_stage_once_per_seed(tmp_path):
   load = ablate.config_loader(TINY, {"rl.steps": 3})
-  runs = ablate.plan(load, ablate.ROWS, [0, 1], str(tmp_path))
+  runs = ablate.plan(load, ablate.parse_rows(",".join(PAPER_ROWS)), [0, 1], str(tmp_path))
   for seed in (0, 1):
     mine = [r for r in runs if r.seed == seed]
     sft = [r for r in mine if r.name == "sft"]
     vp = [r for r in mine if r.name == "value_pretrain"]
     rm = [r for r in mine if r.name == "reward_model"]
     assert len(sft) == 1 and len(vp) == 1 and len(rm) == 1, [r.directory for r in mine]
-    assert sorted(r.name for r in mine if r.kind == "row") == sorted(ablate.ROW_NAMES)
+    assert sorted(r.name for r in mine if r.kind == "row") == sorted(PAPER_ROWS)
     fields = {r.name: dict(r.overrides) for r in mine}
     assert fields["value_pretrain"]["model.init_from"] == sft[0].directory
     assert fields["sft"]["rl.steps"] == 0 and not fields["sft"]["value_pretrain.enabled"]
@@ -235,7 +237,7 @@ def test_reports_from_the_runs_files(tmp_path):
   assert math.isclose(nch["avg"], 0.5) and math.isclose(nch["steps_to_vapo"], 10)
   assert math.isclose(nch["avg_ci95"], 12.706 * math.sqrt(0.02) / math.sqrt(2))
   md = (tmp_path / "ablation.md").read_text()
-  assert ("| vapo (VAPO) | 60.4 | 60.0 ± 24.8 | 0.0 ± 0.0 | 80.0 ± 24.8 | 120.0 ± 0.0 | "
+  assert ("| vapo (VAPO) | 60.4 | 60.0 ± 24.8 | 0.0 ± 0.0 | 80.0 ± 24.8 | 120.0 ± 0.0 | — | "
           "22.000 ± 2.484 "
           "| 13 (3/3) | 0/3 | 3/3 |") in md, md
   # Paired: seeds 0 and 1 finished, 0.4 and 0.6 against VAPO's 0.5 and 0.6: Δ -0.1 and 0.
@@ -243,7 +245,7 @@ def test_reports_from_the_runs_files(tmp_path):
   assert math.isclose(nch["avg_minus_vapo_ci95"], 12.706 * math.sqrt(0.005) / math.sqrt(2))
   assert ("| no_clip_higher (without Clip-Higher) | 46 | 50.0 ± 127.1 | -5.0 ± 63.5 | "
           "70.0 ± 127.1 | "
-          "120.0 ± 0.0 | 21.000 ± 0.000 | 10 (1/2) | 1/3 | 2/3 |") in md, md
+          "120.0 ± 0.0 | — | 21.000 ± 0.000 | 10 (1/2) | 1/3 | 2/3 |") in md, md
   lines = [json.loads(x) for x in (tmp_path / "ablation.jsonl").read_text().splitlines()]
   assert [x["kind"] for x in lines] == ["run"] * 6 + ["row"] * 2
   assert lines[5]["state"] == "crashed" and lines[5]["curve"] == [[0, .1], [10, .9]]

@@ -4,6 +4,7 @@ Imports no model or trainer code and no jax.
 """
 
 from vapo_jax.data import chain
+from vapo_jax.data import chain_mix
 from vapo_jax.data import synthetic
 from vapo_jax.data.iterator import PromptIterator
 from vapo_jax.data.sources import DataError

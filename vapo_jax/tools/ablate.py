@@ -39,6 +39,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,12 +63,17 @@ class Row:
   preset: str
   label: str
   paper: float | None       # the paper's AIME 2024 avg@32 (None: not in its table)
+  overrides: tuple[tuple[str, Any], ...] = ()  # fields set on top of the preset
+  in_all: bool = True       # part of --rows=all (False: a sensitivity row, named only)
 
 
 ROWS = (
     Row("vapo", "vapo", "VAPO", 60.4),
     Row("no_value_pretrain", "no_value_pretrain", "without value pretraining", 11),
     Row("no_decoupled_gae", "no_decoupled_gae", "without decoupled GAE", 33),
+    # The paper does not say whether its value pretraining was coupled too: both readings.
+    Row("no_decoupled_gae_vp", "no_decoupled_gae_vp",
+        "without decoupled GAE, value pretraining coupled too", 33),
     Row("no_length_adaptive", "no_length_adaptive", "without length-adaptive GAE", 45),
     Row("no_clip_higher", "no_clip_higher", "without Clip-Higher", 46),
     Row("no_token_level_loss", "no_token_level_loss", "without token-level loss", 53),
@@ -76,12 +82,19 @@ ROWS = (
     Row("ppo", "ppo", "plain PPO", 5),
     Row("grpo", "grpo", "GRPO", None),
     Row("dapo", "dapo", "DAPO", 50),
+    # Plain PPO with the literal λ = 0.95 where a config's ppo row uses a κ-matched λ.
+    Row("ppo_lam095", "ppo", "plain PPO, λ = 0.95 (sensitivity)", 5,
+        overrides=(("rl.lam_policy", 0.95),), in_all=False),
 )
 ROW_NAMES = tuple(r.name for r in ROWS)
 
 # What each shared stage reads of a row's config (sections, or section.field); the rest of a
 # stage run's config is the "vapo" preset's, so rows differing only elsewhere share it.
 SFT_READS = ("seed", "model", "data", "sft", "optim", "sampling", "mesh")
+# With data.seed and model.init_seed set (>= 0), SFT does not read `seed`: every seed's rows
+# start from one SFT run (W/shared/), checked against the config's SFT_BAND when it has one.
+SHARED_SFT_READS = SFT_READS[1:]
+SHARED = "shared"
 CRITIC_START = ("model.critic_start", "model.critic_path")  # read by neither SFT nor the policy
 VALUE_PRETRAIN_READS = SFT_READS + (
     "value_pretrain", "reward", "rl.use_critic", "rl.gamma", "rl.value_clip", "rl.ppo_epochs",
@@ -109,6 +122,10 @@ class Run:
   preset: str
   overrides: tuple[tuple[str, Any], ...]
   needs: tuple[str, ...] = ()
+  module: str = "vapo_jax.main"  # what runs it (`python -m <module>`)
+
+
+BAND_DIR = "band"  # <shared SFT stage>/band: the SFT_BAND check's run
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -145,8 +162,9 @@ def stage_key(cfg: dict) -> str:
 
 
 def _stage(name: str, row_cfg: dict, base_cfg: dict, reads: Sequence[str], settings: dict,
-           seed: int, workdir: str, needs: tuple[str, ...]) -> Run:
+           seed: int, workdir: str, needs: tuple[str, ...], shared: bool = False) -> Run:
   base_cfg = json.loads(json.dumps(base_cfg))  # (tuples become lists, as in `cfg`)
+  base_cfg["seed"] = seed
   cfg = json.loads(json.dumps(base_cfg))
   for path in reads:
     _set(cfg, path, json.loads(json.dumps(_get(row_cfg, path))))
@@ -163,11 +181,27 @@ def _stage(name: str, row_cfg: dict, base_cfg: dict, reads: Sequence[str], setti
   hashed = json.loads(json.dumps(cfg))
   if hashed["model"].get("init_from"):
     hashed["model"]["init_from"] = os.path.basename(hashed["model"]["init_from"])
-  directory = os.path.join(workdir, f"seed{seed}", f"stage-{name}-{stage_key(hashed)}")
+  directory = os.path.join(workdir, SHARED if shared else f"seed{seed}",
+                           f"stage-{name}-{stage_key(hashed)}")
   return Run(name, "stage", seed, directory, "vapo", tuple(sorted(fields.items())), needs)
 
 
-def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str) -> list[Run]:
+def shares_sft(cfg: dict) -> bool:
+  """True when the config's SFT stage does not depend on `seed` (data and init seeds set)."""
+  return cfg["data"]["seed"] >= 0 and cfg["model"]["init_seed"] >= 0
+
+
+def band_run(sft: Run) -> Run:
+  """The check of a shared SFT start against the config's SFT_BAND (`tools.sft_band`): it
+  fails (and the rows that start from it are skipped) outside the band."""
+  return Run("sft_band", "stage", sft.seed, os.path.join(sft.directory, BAND_DIR), "vapo",
+             tuple(sorted({**dict(sft.overrides), "model.init_from": sft.directory,
+                           "sft.enabled": False}.items())), (sft.directory,),
+             module="vapo_jax.tools.sft_band")
+
+
+def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
+         band: dict | None = None) -> list[Run]:
   """Every run, in order: per seed, each row after the stage runs it needs (once each).
 
   Args:
@@ -176,6 +210,8 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str) -> list[
     rows: the rows.
     seeds: the seeds (config field `seed`).
     workdir: the tool's workdir.
+    band: the config's SFT_BAND: a shared SFT start is checked against it before any row
+      starts from it (None: no check).
   """
   runs, seen = [], set()
 
@@ -185,20 +221,26 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str) -> list[
       runs.append(run)
     return run
 
+  sft_seed = load("vapo", {})["seed"]  # the config's own: the seed of a shared SFT run
   for seed in seeds:
     base = load("vapo", {"seed": seed})
     for row in rows:
-      cfg = load(row.preset, {"seed": seed})
-      overrides: dict[str, Any] = {"seed": seed}
+      cfg = load(row.preset, {**dict(row.overrides), "seed": seed})
+      overrides: dict[str, Any] = {**dict(row.overrides), "seed": seed}
       needs: tuple[str, ...] = ()
       if cfg["sft"]["enabled"]:
         small_eval = {"eval.num_examples": cfg["eval"]["batch_prompts"],
                       "eval.samples_per_problem": 1, "eval.every": 0}
-        sft = add(_stage("sft", cfg, base, SFT_READS, {
-            "value_pretrain.enabled": False, "rl.steps": 0, "metrics.plot": False,
-            **small_eval}, seed, workdir, ()))
+        shared = shares_sft(cfg)
+        sft = add(_stage("sft", cfg, load("vapo", {"seed": sft_seed}) if shared else base,
+                         SHARED_SFT_READS if shared else SFT_READS, {
+                             "value_pretrain.enabled": False, "rl.steps": 0,
+                             "metrics.plot": False, **small_eval},
+                         sft_seed if shared else seed, workdir, (), shared=shared))
         overrides.update({"sft.enabled": False, "model.init_from": sft.directory})
         needs = (sft.directory,)
+        if shared and band is not None:
+          needs = (add(band_run(sft)).directory,)
         critic_from: dict[str, Any] = {}  # how the critic starts, where it is not the policy
         if cfg["rl"]["use_critic"] and cfg["model"]["critic_start"] == "reward_model":
           rm = add(_stage("reward_model", cfg, base, REWARD_MODEL_READS, {
@@ -242,7 +284,7 @@ def flag_value(value: Any) -> str:
 def command(run: Run, config_path: str, user: dict[str, Any]) -> list[str]:
   """The `python -m vapo_jax.main` command line of a run."""
   fields = {**user, **dict(run.overrides)}
-  return ([sys.executable, "-m", "vapo_jax.main", f"--config={config_path}:{run.preset}",
+  return ([sys.executable, "-m", run.module, f"--config={config_path}:{run.preset}",
            "--noprogress", f"--workdir={run.directory}"]
           + [f"--config.{k}={flag_value(v)}" for k, v in sorted(fields.items())])
 
@@ -400,6 +442,8 @@ def run_record(run: Run, status: dict | None) -> dict:
     rec["pass"] = _num(last.get(f"pass@{k}"))
     rec["response_length"] = _num(last.get("response_length"))
     rec["greedy_accuracy"] = _num(last.get("greedy_accuracy"))
+    if "short_frac" in last:
+      rec["guess_rate"] = _num(last["short_frac"])
   if rls:
     rec["entropy"] = _num(rls[-1].get("entropy"))
     rec["rl_steps"] = rls[-1]["step"]
@@ -425,7 +469,7 @@ def row_summary(row: Row, records: Sequence[dict], target: float | None,
   out = {"kind": "row", "row": row.name, "label": row.label, "paper": row.paper,
          "seeds": len(records), "finished": len(done),
          "crashed": sum(r["state"] == "crashed" for r in records)}
-  for key in ("avg", "pass", "response_length", "entropy"):
+  for key in ("avg", "pass", "response_length", "entropy", "guess_rate"):
     mean, half = mean_interval([r[key] for r in done if key in r and not math.isnan(r[key])])
     out[key], out[f"{key}_ci95"] = mean, half
   if vapo_by_seed:
@@ -467,15 +511,18 @@ def markdown(summaries: Sequence[dict], records: Sequence[dict], header: dict) -
            f"`{header['command']}`", "",
            f"Seeds {header['seeds']}; held-out avg@{k} and pass@{k} in % at the end of RL "
            f"(mean ± half-width of the 95% t-interval over the finished seeds); response "
-           f"length (held-out, tokens) and policy entropy (last RL batch) at the end; RL "
+           f"length (held-out, tokens), the share of held-out samples no longer than "
+           f"eval.short_response_tokens (where set: guesses) and policy entropy (last RL "
+           f"batch) at the end; RL "
            f"steps until held-out avg@{k} first reaches VAPO's final mean (seeds that reach "
            f"it). Paired Δ: per seed, the row's final avg@{k} minus VAPO's from the same "
            f"shared stages, mean ± 95% t-interval over the seeds (the seeds' SFT starts "
            f"cancel; an interval that excludes 0 is a difference). Paper: Qwen2.5-32B, AIME "
            f"2024 avg@32.", "",
            f"| row | paper AIME | avg@{k} % | paired Δ vs VAPO, points | pass@{k} % | "
-           "response length | entropy | steps to VAPO's final | crashed | seeds done |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "response length | short answers % | entropy | steps to VAPO's final | crashed | "
+           "seeds done |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for s in summaries:
     steps = ("—" if s.get("steps_to_vapo") is None
              else f"{s['steps_to_vapo']:.0f} ({s['reached_vapo']}/{s['finished']})")
@@ -487,6 +534,7 @@ def markdown(summaries: Sequence[dict], records: Sequence[dict], header: dict) -
         f"{_fmt(s.get('avg_minus_vapo'), s.get('avg_minus_vapo_ci95'), 1, 100)} | "
         f"{_fmt(s['pass'], s['pass_ci95'], 1, 100)} | "
         f"{_fmt(s['response_length'], s['response_length_ci95'], 1)} | "
+        f"{_fmt(s['guess_rate'], s['guess_rate_ci95'], 1, 100)} | "
         f"{_fmt(s['entropy'], s['entropy_ci95'], 3)} | {steps} | "
         f"{s['crashed']}/{s['seeds']} | {s['finished']}/{s['seeds']} |")
   walls = [r["wall_s"] for r in records if r.get("wall_s")]
@@ -534,9 +582,39 @@ def plot(records: Sequence[dict], rows: Sequence[Row], out_png: str) -> str:
   return out_png
 
 
+def band_verdict(directory: str) -> str:
+  """Why a shared SFT start was refused (its band check's verdict), or ""."""
+  path = os.path.join(directory, BAND_FILE)
+  if os.path.basename(directory) != BAND_DIR or not os.path.exists(path):
+    return ""
+  with open(path, encoding="utf-8") as f:
+    verdict = json.load(f)
+  return "" if verdict["accepted"] else "SFT start outside SFT_BAND: " + "; ".join(
+      verdict["failures"])
+
+
+BAND_FILE = "sft_band.json"  # = tools.sft_band.OUT (not imported: no jax here)
+METRICS_DIR = "metrics"      # W/metrics/<run's path under W>.jsonl: each run's metrics.jsonl
+
+
+def keep_metrics(workdir: str, runs: Sequence[Run]) -> None:
+  """Copies every run's metrics.jsonl (and a band check's verdict) to W/metrics/, so a
+  results folder made of W's top-level files holds each row's per-step record."""
+  for run in runs:
+    rel = os.path.relpath(run.directory, workdir)
+    for name, suffix in (("metrics.jsonl", ".jsonl"), (BAND_FILE, ".json")):
+      src = os.path.join(run.directory, name)
+      if os.path.exists(src):
+        dst = os.path.join(workdir, METRICS_DIR, rel + suffix)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(src, dst)
+
+
 def write_reports(workdir: str, runs: Sequence[Run], rows: Sequence[Row], header: dict
                   ) -> list[dict]:
-  """ablation.jsonl, ablation.md and ablation.png from the runs' files; returns the rows."""
+  """ablation.jsonl, ablation.md and ablation.png from the runs' files, and the runs'
+  metrics.jsonl under W/metrics/; returns the rows."""
+  keep_metrics(workdir, runs)
   records, summaries = summarize(runs, rows)
   stage_wall = sum((read_status(r) or {}).get("wall_s") or 0 for r in runs if r.kind == "stage")
   with open(os.path.join(workdir, "ablation.jsonl"), "w", encoding="utf-8") as f:
@@ -560,7 +638,7 @@ def _json_default(v):
 
 def parse_rows(text: str) -> list[Row]:
   if text == "all":
-    return list(ROWS)
+    return [r for r in ROWS if r.in_all]
   names = [n.strip() for n in text.split(",") if n.strip()]
   unknown = [n for n in names if n not in ROW_NAMES]
   if unknown or not names:
@@ -568,11 +646,40 @@ def parse_rows(text: str) -> list[Row]:
   return [r for r in ROWS if r.name in names]
 
 
-def config_loader(path: str, user: dict[str, Any]):
-  """load(preset, overrides) -> the config file's config as a plain dict (checked)."""
+def parse_seeds(text: str, first: int) -> list[int]:
+  """--seeds: a count ("3": first, first + 1, first + 2), a list ("3,4,5") or a range
+  ("3-5"); a single named seed is "7,"."""
+  text = text.strip()
+  try:
+    if "," in text:
+      seeds = [int(x) for x in text.split(",") if x.strip()]
+    elif "-" in text[1:]:
+      lo, hi = (int(x) for x in text.split("-", 1))
+      seeds = list(range(lo, hi + 1))
+    else:
+      count = int(text)
+      if count < 1:
+        raise ValueError
+      seeds = [first + i for i in range(count)]
+  except ValueError:
+    seeds = []
+  if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+    raise ValueError(f"--seeds={text!r}: a count >= 1, a list of distinct seeds >= 0 "
+                     '("3,4,5"; one seed: "7,") or a range ("3-5")')
+  return seeds
+
+
+def config_module(path: str):
+  """The config file as a module (its get_config, and its SFT_BAND / ABLATION_ROWS if any)."""
   spec = importlib.util.spec_from_file_location("_ablate_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  return module
+
+
+def config_loader(path: str, user: dict[str, Any]):
+  """load(preset, overrides) -> the config file's config as a plain dict (checked)."""
+  module = config_module(path)
 
   def load(preset: str, overrides: dict[str, Any]) -> dict:
     c = module.get_config(preset)
@@ -589,7 +696,8 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
   """Runs (or resumes) the plan and writes the reports; returns the row summaries."""
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  runs = plan(config_loader(config_path, user), rows, seeds, workdir)
+  runs = plan(config_loader(config_path, user), rows, seeds, workdir,
+              band=getattr(config_module(config_path), "SFT_BAND", None))
   header = {"config": config_path, "seeds": list(seeds), "command": command_text}
 
   def done(run):
@@ -610,8 +718,9 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
               != "finished"]
     where = f"seed {run.seed} {run.name if run.kind == 'row' else 'stage ' + run.name}"
     if failed:
+      why = band_verdict(failed[0])
       print(f"[ablate] {i + 1}/{len(todo)} {where}: skipped, its stage {failed[0]} did not "
-            "finish", flush=True)
+            "finish" + (f" ({why})" if why else ""), flush=True)
       continue
     status = runner.run(run, command(run, config_path, user))
     if status["state"] == "interrupted":
@@ -641,8 +750,10 @@ def define_flags() -> None:
   config_flags.DEFINE_config_file("config", None, "Experiment config file (no preset: the "
                                   "rows choose them); --config.x=y applies to every run.",
                                   lock_config=True)
-  flags.DEFINE_string("rows", "all", f"all, or a comma list of: {', '.join(ROW_NAMES)}")
-  flags.DEFINE_integer("seeds", 3, "Seeds per row: the config's seed, seed + 1, ...")
+  flags.DEFINE_string("rows", "", "all, or a comma list of: " + ", ".join(ROW_NAMES)
+                      + " (default: the config file's ABLATION_ROWS, else all)")
+  flags.DEFINE_string("seeds", "3", 'Seeds: a count from the config\'s seed ("3"), a list '
+                      '("3,4,5") or a range ("3-5").')
   flags.DEFINE_string("workdir", None, "Where the runs and the reports go.")
   flags.DEFINE_bool("rerun_crashed", False, "Run again the runs that crashed last time.")
 
@@ -655,15 +766,14 @@ def main(argv):
   path = config_flags.get_config_filename(f["config"])
   if ":" in path:
     raise app.UsageError(f"--config={path}: give the file without a preset; --rows picks them")
-  try:
-    rows = parse_rows(f.rows)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
-  if f.seeds < 1:
-    raise app.UsageError("--seeds must be >= 1")
   user = dict(config_flags.get_override_values(f["config"]))
   first = int(user.pop("seed", f.config.seed))
-  ablate(path, rows, [first + i for i in range(f.seeds)], f.workdir, user,
+  try:
+    rows = parse_rows(f.rows or getattr(config_module(path), "ABLATION_ROWS", "all"))
+    seeds = parse_seeds(f.seeds, first)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  ablate(path, rows, seeds, f.workdir, user,
          rerun_crashed=f.rerun_crashed,
          command_text=" ".join(["python -m vapo_jax.tools.ablate", *sys.argv[1:]]))
 
