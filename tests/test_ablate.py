@@ -296,6 +296,15 @@ def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
   stages = sorted(os.listdir(w / "seed0"))
   assert [s.split("-")[:2] for s in stages if s.startswith("stage")] == [
       ["stage", "sft"], ["stage", "value_pretrain"]]
+  # Value pretraining says what ended it (here the cap: tiny's rule cannot hold in 2
+  # steps), and every run's per-step metrics are kept under W/metrics.
+  vp_dir = next(s for s in stages if s.startswith("stage-value_pretrain"))
+  vp_last = [r for r in _records(w / "seed0" / vp_dir) if r["stage"] == "value_pretrain"][-1]
+  assert vp_last["value_pretrain/stopped_by"] in ("cap", "explained_variance", "plateau")
+  assert "value pretraining ended after step" in (w / "seed0" / vp_dir / "log.txt").read_text()
+  assert (w / "metrics" / "seed0" / "vapo.jsonl").read_text() == (
+      vapo / "metrics.jsonl").read_text()
+  assert (w / "metrics" / "seed0" / f"{vp_dir}.jsonl").exists()
 
   # Both rows start from the shared stages: no SFT or value pretraining of their own, the
   # value-pretrained critic, and the same policy (the same held-out figures before RL).
@@ -381,3 +390,102 @@ def test_the_command_stopped_mid_row_resumes_it_to_the_end(tmp_path):
   rl_steps = [r["step"] for r in _records(w / "seed0" / "vapo") if r["stage"] == "rl"]
   assert sorted(rl_steps) == sorted(set(rl_steps)) and max(rl_steps) == 8, rl_steps
   assert "| vapo (VAPO) | 60.4 |" in (w / "ablation.md").read_text()
+
+
+# -------------------------------------------------------------- protocol (issue 29)
+
+COG = os.path.join(ROOT, "configs", "chain_or_guess.py")
+
+
+def test_seeds_by_count_list_or_range():
+  assert ablate.parse_seeds("3", 0) == [0, 1, 2] and ablate.parse_seeds("2", 5) == [5, 6]
+  assert ablate.parse_seeds("3,4,5", 0) == [3, 4, 5] and ablate.parse_seeds("7,", 0) == [7]
+  assert ablate.parse_seeds("3-5", 0) == [3, 4, 5]
+  for bad in ("0", "x", "3,3", "-1,2", ""):
+    with pytest.raises(ValueError, match="--seeds"):
+      ablate.parse_seeds(bad, 0)
+
+
+def test_one_sft_start_for_every_seed_checked_against_the_band(tmp_path):
+  """With data.seed and model.init_seed set, every seed's rows start from one SFT run (under
+  W/shared, the config's own seed), checked by the band run before any stage starts from
+  it; the reward model and value pretraining still run once per seed."""
+  module = ablate.config_module(COG)
+  load = ablate.config_loader(COG, {})
+  rows = ablate.parse_rows(module.ABLATION_ROWS)
+  runs = ablate.plan(load, rows, [3, 4, 5], str(tmp_path), band=module.SFT_BAND)
+  sft = [r for r in runs if r.name == "sft"]
+  band = [r for r in runs if r.name == "sft_band"]
+  assert len(sft) == 1 and len(band) == 1
+  assert sft[0].directory.startswith(str(tmp_path / "shared" / "stage-sft-"))
+  assert dict(sft[0].overrides)["seed"] == 0
+  assert band[0].directory == os.path.join(sft[0].directory, ablate.BAND_DIR)
+  assert band[0].needs == (sft[0].directory,) and band[0].module == "vapo_jax.tools.sft_band"
+  assert dict(band[0].overrides)["model.init_from"] == sft[0].directory
+  cmd = ablate.command(band[0], COG, {})
+  assert cmd[2] == "vapo_jax.tools.sft_band" and "--band=SFT_BAND" in cmd
+  for seed in (3, 4, 5):
+    mine = [r for r in runs if r.seed == seed]
+    assert {r.name for r in mine if r.kind == "row"} == set(module.ABLATION_ROWS.split(","))
+    vps = [r for r in mine if r.name == "value_pretrain"]
+    rm = [r for r in mine if r.name == "reward_model"]
+    # Two value pretrainings (Monte Carlo, and coupled for no_decoupled_gae_vp), one RM.
+    assert len(vps) == 2 and len(rm) == 1
+    coupled = [dict(v.overrides).get("value_pretrain.coupled_gae") for v in vps]
+    assert sorted(map(bool, coupled)) == [False, True]
+    for r in [*vps, *rm]:
+      assert r.needs == (band[0].directory,) and dict(r.overrides)["seed"] == seed
+      assert dict(r.overrides)["model.init_from"] == sft[0].directory
+  # The same SFT key whatever the seeds: a fresh-seed rerun starts from the same start.
+  again = ablate.plan(load, rows, [0, 1, 2], str(tmp_path), band=module.SFT_BAND)
+  assert [r.directory for r in again if r.name == "sft"] == [sft[0].directory]
+  # Without data and init seeds, each seed has its own SFT and no band check.
+  split = ablate.config_loader(COG, {"data.seed": -1, "model.init_seed": -1})
+  runs = ablate.plan(split, rows, [3, 4], str(tmp_path), band=module.SFT_BAND)
+  assert sorted(r.seed for r in runs if r.name == "sft") == [3, 4]
+  assert not [r for r in runs if r.name == "sft_band"]
+
+
+def test_a_row_with_overrides_and_the_sensitivity_row():
+  row = next(r for r in ablate.ROWS if r.name == "ppo_lam095")
+  assert not row.in_all and row.preset == "ppo"
+  load = ablate.config_loader(COG, {})
+  runs = ablate.plan(load, [row], [0], "/w")
+  assert dict(runs[-1].overrides)["rl.lam_policy"] == 0.95
+  assert load("ppo", dict(runs[-1].overrides))["rl"]["lam_policy"] == 0.95
+  assert load("ppo", {})["rl"]["lam_policy"] == 0.8
+
+
+def test_metrics_are_kept_and_a_refused_start_says_why(tmp_path):
+  w = tmp_path / "w"
+  (w / "seed0" / "vapo").mkdir(parents=True)
+  (w / "seed0" / "vapo" / "metrics.jsonl").write_text('{"stage": "rl", "step": 1}\n')
+  band_dir = w / "shared" / "stage-sft-abc" / ablate.BAND_DIR
+  band_dir.mkdir(parents=True)
+  (band_dir / ablate.BAND_FILE).write_text(json.dumps(
+      {"accepted": False, "failures": ["guess_rate = 0.300 outside [0.12, 0.18]"]}))
+  runs = [ablate.Run("vapo", "row", 0, str(w / "seed0" / "vapo"), "vapo", ()),
+          ablate.Run("sft_band", "stage", 0, str(band_dir), "vapo", ())]
+  ablate.keep_metrics(str(w), runs)
+  assert (w / "metrics" / "seed0" / "vapo.jsonl").read_text() == '{"stage": "rl", "step": 1}\n'
+  assert json.loads((w / "metrics" / "shared" / "stage-sft-abc" / "band.json").read_text())[
+      "accepted"] is False
+  assert ablate.band_verdict(str(band_dir)) == (
+      "SFT start outside SFT_BAND: guess_rate = 0.300 outside [0.12, 0.18]")
+  assert ablate.band_verdict(str(w / "seed0" / "vapo")) == ""
+
+
+def test_the_band_metrics_and_check_by_hand():
+  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
+  kinds = ["short", "short", "long", "long"]
+  scores = [[1, 1], [1, 0], [0, 0], [1, 0]]
+  lengths = [[40, 10], [45, 50], [150, 10], [160, 120]]
+  m = sft_band.dev_metrics(kinds, scores, lengths, guess_max_tokens=15)
+  assert m == {"accuracy": 0.5, "accuracy/short": 0.75, "accuracy/long": 0.25,
+               "guess_rate": 0.25, "response_length": 73.125}
+  assert sft_band.check_band(m, {"accuracy/long": (0.2, 0.3), "guess_rate": (0.1, 0.2)}) == [
+      "guess_rate = 0.250 outside [0.1, 0.2]"]
+  assert sft_band.check_band(m, {"accuracy/short": (0.6, 0.8)}) == []
+  assert "not measured" in sft_band.check_band(m, {"accuracy/medium": (0, 1)})[0]
+  with pytest.raises(ValueError, match="N kinds"):
+    sft_band.dev_metrics(kinds[:3], scores, lengths)

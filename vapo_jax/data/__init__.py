@@ -37,5 +37,6 @@ __all__ = [
     "load_parquet",
     "load_tfds",
     "chain",
+    "chain_mix",
     "synthetic",
 ]

@@ -123,6 +123,7 @@ class Run:
   overrides: tuple[tuple[str, Any], ...]
   needs: tuple[str, ...] = ()
   module: str = "vapo_jax.main"  # what runs it (`python -m <module>`)
+  args: tuple[str, ...] = ()     # its own flags
 
 
 BAND_DIR = "band"  # <shared SFT stage>/band: the SFT_BAND check's run
@@ -191,17 +192,17 @@ def shares_sft(cfg: dict) -> bool:
   return cfg["data"]["seed"] >= 0 and cfg["model"]["init_seed"] >= 0
 
 
-def band_run(sft: Run) -> Run:
+def band_run(sft: Run, band_name: str = "SFT_BAND") -> Run:
   """The check of a shared SFT start against the config's SFT_BAND (`tools.sft_band`): it
   fails (and the rows that start from it are skipped) outside the band."""
   return Run("sft_band", "stage", sft.seed, os.path.join(sft.directory, BAND_DIR), "vapo",
              tuple(sorted({**dict(sft.overrides), "model.init_from": sft.directory,
                            "sft.enabled": False}.items())), (sft.directory,),
-             module="vapo_jax.tools.sft_band")
+             module="vapo_jax.tools.sft_band", args=(f"--band={band_name}",))
 
 
 def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
-         band: dict | None = None) -> list[Run]:
+         band: dict | None = None, band_name: str = "SFT_BAND") -> list[Run]:
   """Every run, in order: per seed, each row after the stage runs it needs (once each).
 
   Args:
@@ -211,7 +212,7 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
     seeds: the seeds (config field `seed`).
     workdir: the tool's workdir.
     band: the config's SFT_BAND: a shared SFT start is checked against it before any row
-      starts from it (None: no check).
+      starts from it (None: no check); band_name: its name in the config file.
   """
   runs, seen = [], set()
 
@@ -240,7 +241,7 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
         overrides.update({"sft.enabled": False, "model.init_from": sft.directory})
         needs = (sft.directory,)
         if shared and band is not None:
-          needs = (add(band_run(sft)).directory,)
+          needs = (add(band_run(sft, band_name)).directory,)
         critic_from: dict[str, Any] = {}  # how the critic starts, where it is not the policy
         if cfg["rl"]["use_critic"] and cfg["model"]["critic_start"] == "reward_model":
           rm = add(_stage("reward_model", cfg, base, REWARD_MODEL_READS, {
@@ -285,7 +286,7 @@ def command(run: Run, config_path: str, user: dict[str, Any]) -> list[str]:
   """The `python -m vapo_jax.main` command line of a run."""
   fields = {**user, **dict(run.overrides)}
   return ([sys.executable, "-m", run.module, f"--config={config_path}:{run.preset}",
-           "--noprogress", f"--workdir={run.directory}"]
+           "--noprogress", f"--workdir={run.directory}", *run.args]
           + [f"--config.{k}={flag_value(v)}" for k, v in sorted(fields.items())])
 
 
@@ -691,13 +692,24 @@ def config_loader(path: str, user: dict[str, Any]):
 
 
 def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
-           user: dict[str, Any], *, rerun_crashed: bool = False, command_text: str = ""
-           ) -> list[dict]:
-  """Runs (or resumes) the plan and writes the reports; returns the row summaries."""
+           user: dict[str, Any], *, rerun_crashed: bool = False, command_text: str = "",
+           smoke: bool = False) -> list[dict]:
+  """Runs (or resumes) the plan and writes the reports; returns the row summaries.
+
+  smoke: the config file's SMOKE overrides under the user's, and its SMOKE_BAND (every
+  stage at a few steps: a check that the whole command runs, not a measurement).
+  """
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
+  module = config_module(config_path)
+  band_name = "SFT_BAND"
+  if smoke:
+    if not hasattr(module, "SMOKE"):
+      raise ValueError(f"--smoke: {config_path} defines no SMOKE overrides")
+    user = {**module.SMOKE, **user}
+    band_name = "SMOKE_BAND"
   runs = plan(config_loader(config_path, user), rows, seeds, workdir,
-              band=getattr(config_module(config_path), "SFT_BAND", None))
+              band=getattr(module, band_name, None), band_name=band_name)
   header = {"config": config_path, "seeds": list(seeds), "command": command_text}
 
   def done(run):
@@ -756,6 +768,8 @@ def define_flags() -> None:
                       '("3,4,5") or a range ("3-5").')
   flags.DEFINE_string("workdir", None, "Where the runs and the reports go.")
   flags.DEFINE_bool("rerun_crashed", False, "Run again the runs that crashed last time.")
+  flags.DEFINE_bool("smoke", False, "The config file's SMOKE overrides and SMOKE_BAND: every "
+                    "stage at a few steps (a check that the command runs end to end).")
 
 
 def main(argv):
@@ -774,7 +788,7 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   ablate(path, rows, seeds, f.workdir, user,
-         rerun_crashed=f.rerun_crashed,
+         rerun_crashed=f.rerun_crashed, smoke=f.smoke,
          command_text=" ".join(["python -m vapo_jax.tools.ablate", *sys.argv[1:]]))
 
 

@@ -113,6 +113,7 @@ def define_flags() -> None:
   config_flags.DEFINE_config_file("config", None, "Experiment config file (with SFT_BAND).",
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "Where sft_band.json goes.")
+  flags.DEFINE_string("band", "SFT_BAND", "The band's name in the config file.")
   flags.DEFINE_bool("progress", False, "(accepted for tools.ablate's command line; unused)")
 
 
@@ -123,9 +124,9 @@ def main(argv):
     raise app.UsageError("--config and --workdir are required")
   path = config_flags.get_config_filename(f["config"]).split(":")[0]
   from vapo_jax.tools import ablate  # pylint: disable=import-outside-toplevel
-  band = getattr(ablate.config_module(path), "SFT_BAND", None)
-  if not band:
-    raise app.UsageError(f"{path} defines no SFT_BAND")
+  band = getattr(ablate.config_module(path), f.band, None)
+  if band is None:
+    raise app.UsageError(f"{path} defines no {f.band}")
   cfg = config_lib.from_command_line(f.config)
   if not cfg.model.init_from:
     raise app.UsageError("--config.model.init_from=<the SFT run's workdir> is required")
