@@ -1,0 +1,154 @@
+"""The mechanism suite's estimators (benchmarks/value_bias_stats.py) on cases with known
+answers: a synthetic policy whose true values are known in closed form, Monte Carlo noise of
+known size, and the package's own GAE as a second implementation."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+
+import value_bias_stats as vb  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def synthetic(rng, n_steps, m_tokens, q):
+  """One response of a policy with known values: n steps of m tokens; the last token of
+  each step is wrong with probability 1 − q, and one wrong step fails the answer. Before
+  any error, V*(s_t) = q^(n − ⌊t/m⌋); after one, 0. Returns (V*_T, reward, cuts)."""
+  vstar, alive = [], True
+  for j in range(n_steps):
+    for _ in range(m_tokens):
+      vstar.append(q ** (n_steps - j) if alive else 0.0)
+    alive = alive and rng.random() < q
+  return np.array(vstar), float(alive), list(range(0, n_steps * m_tokens, m_tokens))
+
+
+def test_mc_value_and_its_noise_by_hand():
+  assert vb.mc_value([1, 0, 1, 1]) == (0.75, 0.0625)   # s² = 0.25 (ddof 1), / M = 4
+  with pytest.raises(ValueError):
+    vb.mc_value([1])
+  rng = np.random.default_rng(0)
+  p, m = 0.3, 16
+  draws = [vb.mc_value(rng.random(m) < p) for _ in range(4000)]
+  means, nus = np.array([d[0] for d in draws]), np.array([d[1] for d in draws])
+  assert abs(nus.mean() - p * (1 - p) / m) < 3e-4  # unbiased for Var(mean) = p(1-p)/M
+  assert abs(means.var() - p * (1 - p) / m) < 1.5e-3
+
+
+def test_explained_variance_with_the_mc_noise_removed():
+  """A perfect critic against 16-sample MC targets: the raw EV is well below 1, the
+  corrected one is 1 up to sampling error; a critic with known error variance σ² gets
+  1 − σ²/Var(V*)."""
+  rng = np.random.default_rng(1)
+  vstar = rng.uniform(0, 1, 20000)
+  draws = [vb.mc_value(rng.random(16) < p) for p in vstar]
+  vhat, nu = np.array([d[0] for d in draws]), np.array([d[1] for d in draws])
+  raw = vb.explained_variance(vstar, vhat)
+  fixed = vb.explained_variance(vstar, vhat, nu)
+  # Raw: 1 − ν̄/(Var(V*) + ν̄), with Var(V*) = 1/12 and ν̄ = E[p(1 − p)]/16 = 1/96.
+  assert abs(raw - (1 - (1 / 96) / (1 / 12 + 1 / 96))) < 0.01 and raw < 0.9, raw
+  assert abs(fixed - 1.0) < 0.02, fixed
+  sigma = 0.1
+  noisy = vstar + rng.normal(0, sigma, vstar.size)
+  truth = 1 - sigma ** 2 / vstar.var()
+  assert abs(vb.explained_variance(noisy, vhat, nu) - truth) < 0.02
+  assert np.isnan(vb.explained_variance([0.5, 0.5], [1.0, 0.0], [0.3, 0.3]))
+
+
+def test_bias_by_fifth_of_a_constant_critic_on_the_closed_form_policy():
+  rng = np.random.default_rng(2)
+  values, vstars, nus, pos, lens = [], [], [], [], []
+  truth = np.zeros(5)
+  counts = np.zeros(5)
+  for _ in range(600):
+    vstar, _, cuts = synthetic(rng, 10, 4, 0.9)
+    for c in cuts:
+      hat, nu = vb.mc_value(rng.random(16) < vstar[c])
+      values.append(0.3)
+      vstars.append(hat)
+      nus.append(nu)
+      pos.append(c)
+      lens.append(vstar.size)
+      f = min(5 * c // vstar.size, 4)
+      truth[f] += vstar[c]
+      counts[f] += 1
+  rows = vb.bias_by_fifth(values, vstars, nus, pos, lens)
+  assert [r["fifth"] for r in rows] == [0, 1, 2, 3, 4] and sum(r["cuts"] for r in rows) == 6000
+  for r, t, n in zip(rows, truth, counts):
+    assert abs(r["bias"] - (0.3 - t / n)) < 0.01, (r, t / n)
+  assert vb.fifth_of([0, 39, 8], [40, 40, 40]).tolist() == [0, 4, 1]
+  with pytest.raises(ValueError):
+    vb.fifth_of([40], [40])
+
+
+def test_gae_agrees_with_the_package_gae():
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vapo_jax import gae as gae_lib  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(3)
+  r = np.zeros((1, 30))
+  r[0, -1] = 1.0
+  v = rng.uniform(0, 1, (1, 30))
+  for lam in (0.0, 0.8, 0.95, 1.0):
+    adv, _, _ = gae_lib.decoupled_gae(jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32),
+                                      jnp.ones((1, 30), jnp.float32), gamma=1.0,
+                                      lam_policy=jnp.full((1,), lam), lam_critic=1.0,
+                                      impl="scan")
+    np.testing.assert_allclose(vb.gae(r[0], v[0], lam), np.asarray(adv[0]), atol=1e-5)
+  assert vb.length_adaptive_lambda(100, 0.05) == 0.8
+  assert vb.length_adaptive_lambda(10, 0.05) == 0.0
+
+
+def test_step_errors_of_a_perfect_critic_are_zero_at_td_and_unbiased_at_any_lambda():
+  rng = np.random.default_rng(4)
+  pooled = {lam: [] for lam in (0.0, 0.8, 1.0)}
+  for _ in range(3000):
+    vstar, reward, cuts = synthetic(rng, 6, 3, 0.8)
+    for lam in pooled:
+      e, nu = vb.step_errors(vstar, reward, cuts, vstar[cuts], np.zeros(len(cuts)), lam)
+      if lam == 0.0:
+        np.testing.assert_allclose(e, 0.0, atol=1e-12)
+      assert nu.tolist() == [0.0] * len(cuts)
+      pooled[lam].append(e)
+  for lam, es in pooled.items():
+    e = np.concatenate(es)
+    assert abs(e.mean()) < 3 * e.std() / np.sqrt(e.size) + 1e-12, (lam, e.mean())
+  # A constant critic c with λ = 1: every token's advantage is R − c, so step k's error is
+  # L_k·(R − c) − (V*(c_{k+1}) − V*(c_k)), by hand.
+  vstar, reward, cuts = synthetic(np.random.default_rng(5), 4, 3, 0.7)
+  e, _ = vb.step_errors(np.full(12, 0.4), reward, cuts, vstar[cuts], np.zeros(4), 1.0)
+  ends = [*vstar[cuts].tolist(), reward]
+  np.testing.assert_allclose(e, [3 * (reward - 0.4) - (ends[k + 1] - ends[k])
+                                 for k in range(4)], atol=1e-12)
+  with pytest.raises(ValueError, match="cuts"):
+    vb.step_errors(np.zeros(5), 1.0, [1, 3], [0, 0], [0, 0], 0.5)
+
+
+def test_lambda_table_on_a_perfect_and_a_noisy_critic():
+  """With V = V*, λ = 0 has zero error: the optimum of every bucket; with i.i.d. per-token
+  critic noise, λ = 0's error is that noise at the step's two ends."""
+  rng = np.random.default_rng(6)
+  perfect, noisy = [], []
+  for n in [2] * 300 + [12] * 300:
+    vstar, reward, cuts = synthetic(rng, n, 4, 0.9)
+    base = {"reward": reward, "cuts": cuts, "vstar": vstar[cuts], "noise": np.zeros(n)}
+    perfect.append({**base, "values_T": vstar})
+    noisy.append({**base, "values_T": vstar + rng.normal(0, 0.2, vstar.size)})
+  settings = {"λ=0.95": ("fixed", 0.95), "α=0.05": ("adaptive", 0.05)}
+  buckets = (("short", 1, 10), ("long", 11, 100))
+  table = vb.lambda_table(perfect, settings, buckets)
+  for name in ("short", "long"):
+    assert table[name]["responses"] == 300 and table[name]["optimal_lambda"] == 0.0
+    assert abs(table[name]["optimal_mse"]) < 1e-20
+    assert set(table[name]["settings"]) == set(settings)
+  assert table["long"]["mean_length"] == 48.0
+  # Per-token noise of sd σ: at λ = 0 a step's credit telescopes to V(c_{k+1}) − V(c_k), two
+  # noise terms (one for the last step, whose end is the reward): MSE = σ²·(2K − 1)/K.
+  table = vb.lambda_table(noisy, settings, buckets)
+  for name, k in (("short", 2), ("long", 12)):
+    td = table[name]["mse_by_lambda"][0.0]
+    assert abs(td / (0.04 * (2 * k - 1) / k) - 1) < 0.1, (name, td)
+  assert vb.lambda_table([], settings, buckets)["short"] == {"responses": 0,
+                                                              "mean_length": None}
