@@ -489,3 +489,20 @@ def test_the_band_metrics_and_check_by_hand():
   assert "not measured" in sft_band.check_band(m, {"accuracy/medium": (0, 1)})[0]
   with pytest.raises(ValueError, match="N kinds"):
     sft_band.dev_metrics(kinds[:3], scores, lengths)
+
+
+@pytest.mark.parametrize("name", ["chain_or_guess.py", "longcot.py"])
+def test_smoke_overrides_plan_every_row(name, tmp_path):
+  """--smoke: the config's SMOKE overrides give valid configs for every row and stage (the
+  loader checks each), and its SMOKE_BAND accepts any start."""
+  path = os.path.join(ROOT, "configs", name)
+  module = ablate.config_module(path)
+  assert module.SMOKE_BAND["bounds"] == {} and module.SFT_BAND["bounds"]
+  load = ablate.config_loader(path, dict(module.SMOKE))
+  runs = ablate.plan(load, ablate.parse_rows("all"), [0, 1], str(tmp_path),
+                     band=module.SMOKE_BAND, band_name="SMOKE_BAND")
+  band = [r for r in runs if r.name == "sft_band"]
+  assert len(band) == 1 and "--band=SMOKE_BAND" in ablate.command(band[0], path, {})
+  for r in runs:
+    if r.module == "vapo_jax.main":
+      load(r.preset, dict(r.overrides))

@@ -2,6 +2,7 @@
 answers: a synthetic policy whose true values are known in closed form, Monte Carlo noise of
 known size, and the package's own GAE as a second implementation."""
 
+import json
 import os
 import sys
 
@@ -152,3 +153,43 @@ def test_lambda_table_on_a_perfect_and_a_noisy_critic():
     assert abs(td / (0.04 * (2 * k - 1) / k) - 1) < 0.1, (name, td)
   assert vb.lambda_table([], settings, buckets)["short"] == {"responses": 0,
                                                               "mean_length": None}
+
+
+# ------------------------------------------------------------------- the command
+
+
+import value_bias  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+
+
+def test_cuts_and_buckets():
+  nl = 7
+  assert value_bias.cuts_of([1, 2, nl, 3, nl, 4, 5], nl) == [0, 3, 5]
+  assert value_bias.cuts_of([1, 2, 3], nl) == [0]
+  assert value_bias.cuts_of([1, nl], nl) == [0]  # a newline as the last token starts no step
+  assert value_bias.buckets_of([10, 50], "15,80") == [("1–15", 1, 15), ("16–80", 16, 80),
+                                                      (">80", 81, 10 ** 9)]
+  names = [b[0] for b in value_bias.buckets_of(list(range(1, 101)), "")]
+  assert len(names) == 3 and names[-1].startswith(">")
+
+
+def test_the_command_runs_end_to_end_on_a_tiny_budget(tmp_path):
+  """benchmarks/value_bias.py --smoke on chain_or_guess: every part runs (SFT in-process,
+  MC ground truth, zero-head and value-pretrained critics, M3 on identical rollouts) and the
+  tables are written. A check that the command works, not a measurement."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "vb"
+  env = {**os.environ, "PYTHONPATH": root}
+  proc = subprocess.run(
+      [sys.executable, "benchmarks/value_bias.py", "--config=configs/chain_or_guess.py",
+       f"--out={out}", "--smoke", "--noreward_model", "--budgets=1", "--m3_steps=1",
+       "--config.sampling.max_new_tokens=40", "--config.sft.steps=2"],
+      cwd=root, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  result = json.loads((out / "value_bias.json").read_text())
+  assert result["critics"] == ["zero_head", "vp@1"] and result["prompts"] == 8
+  assert result["cuts"] >= 8 and result["m3"][0]["same_rollouts"] is True
+  # The zero head predicts exactly 0: its bias is −V̂* at every cut.
+  assert all(abs(r["value_mean"]) < 1e-6 for r in result["m1"]["zero_head"] if r.get("cuts"))
+  md = (out / "value_bias.md").read_text()
+  assert "## M1" in md and "## M2" in md and "## M3" in md and "| zero_head |" in md

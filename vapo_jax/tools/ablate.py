@@ -728,7 +728,9 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
     failed = [d for d in run.needs
               if (read_status(next(r for r in runs if r.directory == d)) or {}).get("state")
               != "finished"]
-    where = f"seed {run.seed} {run.name if run.kind == 'row' else 'stage ' + run.name}"
+    shared = os.sep + SHARED + os.sep in run.directory
+    where = (f"{'shared' if shared else f'seed {run.seed}'} "
+             f"{run.name if run.kind == 'row' else 'stage ' + run.name}")
     if failed:
       why = band_verdict(failed[0])
       print(f"[ablate] {i + 1}/{len(todo)} {where}: skipped, its stage {failed[0]} did not "
