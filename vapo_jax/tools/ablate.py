@@ -3,6 +3,12 @@
   python -m vapo_jax.tools.ablate --config=configs/longcot.py --rows=all --seeds=3 \\
       --workdir=/tmp/ablate [--config.rl.steps=60 ...]
   python -m vapo_jax.tools.ablate --config=configs/tiny.py --rows=vapo,no_clip_higher ...
+  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --seeds=3,4,5 ...
+  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --smoke ...
+
+--seeds is a count from the config's seed ("3"), a list ("3,4,5"; one seed "7,") or a range
+("3-5"); --rows defaults to the config file's ABLATION_ROWS (else all); --smoke applies the
+config file's SMOKE overrides and SMOKE_BAND (every stage at a few steps).
 
 Each row of `ROWS` is a preset of `config.PRESETS` (VAPO, each "without X", plain PPO, GRPO,
 DAPO). The stages that rows share run once per seed and the rows start from them:
@@ -12,6 +18,11 @@ DAPO). The stages that rows share run once per seed and the rows start from them
     W/seed<s>/<row>                        the row: RL only, from model.init_from (the policy
                                            of the stage run) and model.critic_path (its
                                            value-pretrained critic, for rows that keep it)
+
+When the config sets data.seed and model.init_seed (>= 0), SFT does not depend on the seed:
+one SFT run serves every seed (`W/shared/stage-sft-<key>`, run at the config's own seed), and
+if the config file has an SFT_BAND it is first checked on a development set
+(`tools.sft_band`, in `<that stage>/band`): outside the band no stage or row starts from it.
 
 `<key>` hashes the config the stage reads (for SFT: model, data, sft, optim, sampling, mesh
 and seed; for value pretraining also value_pretrain, reward and the critic's update
@@ -29,6 +40,8 @@ shows the time taken and the ETA. At the end (and after every run) the tool writ
                       avg@k, crashes; the paper's AIME 2024 figure beside it
     W/ablation.png    held-out avg@k (and response length) over RL steps, mean and seed range
     W/ablation.jsonl  one record per run (kind "run") and per row (kind "row")
+    W/metrics/        every run's per-step metrics.jsonl (<run's path under W>.jsonl) and
+                      the band check's verdict
 
 from the files the runs write (`metrics.jsonl`: the "eval" records, the last "rl" record).
 """
