@@ -154,7 +154,9 @@ def critics(suite: Suite, budgets: list[int], m3_steps: int, with_rm: bool) -> t
     return t
 
   copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
-  mc, coupled = fresh(), fresh(coupled_gae=True)
+  # The MC critic trains in the suite's own trainer (π₀ is its policy; its prompts and keys
+  # are untouched so far, so both critics see the same rollouts: checked per step).
+  mc, coupled = suite.trainer, fresh(coupled_gae=True)
   mc.setup("critic")
   coupled.setup("critic")
   out = {"zero_head": (mc.critic_graphdef, copy(mc.state.critic_state.params))}
@@ -180,8 +182,7 @@ def critics(suite: Suite, budgets: list[int], m3_steps: int, with_rm: bool) -> t
     rm.reward_model()
     out["reward_model"] = (rm.rm_graphdef, copy(rm.state.reward_model_state.params))
     rm.close()
-  for t in (mc, coupled):
-    t.close()
+  coupled.close()
   return out, m3
 
 
@@ -312,7 +313,7 @@ def main(argv):
     user = dict(config_flags.get_override_values(f["config"]))
     c = module.get_config()
     c.update_from_flattened_dict({**getattr(module, "SMOKE", {}), **user})
-    args.update(SMOKE)
+    args.update({k: v for k, v in SMOKE.items() if not f[k].present})
   c.rl.steps = 0
   if f.sft_workdir:
     c.model.init_from, c.sft.enabled = f.sft_workdir, False

@@ -179,11 +179,12 @@ def test_the_command_runs_end_to_end_on_a_tiny_budget(tmp_path):
   import subprocess  # pylint: disable=import-outside-toplevel
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = tmp_path / "vb"
-  env = {**os.environ, "PYTHONPATH": root}
+  env = {**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
   proc = subprocess.run(
       [sys.executable, "benchmarks/value_bias.py", "--config=configs/chain_or_guess.py",
        f"--out={out}", "--smoke", "--noreward_model", "--budgets=1", "--m3_steps=1",
-       "--config.sampling.max_new_tokens=40", "--config.sft.steps=2"],
+       "--config.sampling.max_new_tokens=24", "--config.sft.steps=2"],
       cwd=root, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   result = json.loads((out / "value_bias.json").read_text())
