@@ -116,10 +116,19 @@ def ground_truth(suite: Suite, n_prompts: int, m: int) -> dict:
                         [text.decode(r) for r in responses], [ex.answer for ex in examples])
   newline = text.encode("\n")[0]
   cuts = [cuts_of(r, newline) for r in responses]
-  prefixes = [(i, c) for i, cs in enumerate(cuts) for c in cs]
+  # Cut 0 (the prompt alone): M fresh responses per prompt, kept whole for the branch
+  # calibration (V after the first token against that branch's success).
+  first_outs, first_rollout = suite.sample(suite.sampler(m, cfg.data.max_prompt_tokens),
+                                           prompts)
+  first_scores = suite.score([ex.problem for ex in examples for _ in range(m)],
+                             [text.decode(o) for o in first_outs],
+                             [ex.answer for ex in examples for _ in range(m)])
+  vhat, noise = {}, {}
+  for i in range(len(examples)):
+    vhat[(i, 0)], noise[(i, 0)] = stats.mc_value(first_scores[i * m:(i + 1) * m])
+  prefixes = [(i, c) for i, cs in enumerate(cuts) for c in cs if c > 0]
   long_prompt = cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens
   cont = suite.sampler(m, long_prompt)
-  vhat, noise = {}, {}
   chunk = max(1, cfg.eval.batch_prompts)
   for s in range(0, len(prefixes), chunk):
     part = prefixes[s:s + chunk]
@@ -133,7 +142,10 @@ def ground_truth(suite: Suite, n_prompts: int, m: int) -> dict:
     for j, key in enumerate(part[:real]):
       vhat[key], noise[key] = stats.mc_value(scores[j * m:(j + 1) * m])
   cont.clear_cache()
-  return {"examples": examples, "responses": responses, "rollout": rollout,
+  branches = {"rollout": first_rollout, "scores": first_scores,
+              "first": [text.decode(o[:1]) for o in first_outs],
+              "lengths": [len(o) for o in first_outs]}
+  return {"branches": branches, "examples": examples, "responses": responses, "rollout": rollout,
           "rewards": rewards, "cuts": cuts,
           "vhat": [[vhat[(i, c)] for c in cs] for i, cs in enumerate(cuts)],
           "noise": [[noise[(i, c)] for c in cs] for i, cs in enumerate(cuts)]}
@@ -215,7 +227,13 @@ def measure(suite: Suite, gt: dict, nets: dict, edges: str) -> dict:
                   "cuts": gt["cuts"][i], "vstar": gt["vhat"][i], "noise": gt["noise"][i]}
                  for i in range(len(lengths))]
     m2[name] = stats.lambda_table(responses, LAMBDAS, buckets)
-  return {"m1": m1, "m2": m2, "buckets": buckets}
+    b = gt["branches"]
+    after_first = suite.values(graphdef, params, b["rollout"])[:, 1]
+    m1[name + "/branches"] = stats.branch_calibration(b["first"], after_first, b["scores"])
+  flat_v, flat_n = ([x for xs in gt[k] for x in xs] for k in ("vhat", "noise"))
+  m = suite.args["continuations"]
+  return {"m1": m1, "m2": m2, "buckets": buckets,
+          "oracle_ev": stats.oracle_ev(flat_v, flat_n, m)}
 
 
 def markdown(result: dict) -> str:
@@ -223,7 +241,8 @@ def markdown(result: dict) -> str:
   lines = [f"# Value-model mechanisms: {result['config']}", "", f"`{result['command']}`", "",
            f"π₀: {result['policy']}; {result['prompts']} responses, {result['cuts']} cuts × "
            f"{result['continuations']} continuations; mean return {result['mean_return']:.3f}; "
-           f"{result['wall_s']:.0f} s.", "",
+           f"{result['wall_s']:.0f} s. A perfect critic's EV against single returns at these "
+           f"cuts (the ceiling of an EV stop rule): {result['oracle_ev']:.2f}.", "",
            "## M1: bias V − V̂* by fifth of the response (EV with the MC noise removed)", "",
            "| critic | all: bias / EV | " + " | ".join(f"fifth {k + 1}" for k in range(5)) + " |",
            "|---|---|" + "---|" * 5]
@@ -233,6 +252,14 @@ def markdown(result: dict) -> str:
     whole = result["m1"][name + "/all"]
     lines.append(f"| {name} | {whole['bias']:+.3f} / {whole['ev']:.2f} | " + " | ".join(cells)
                  + " |")
+  lines += ["", "## M1, branches: V after the first token against the branch's success "
+            "(π₀'s samples from the prompt)", "",
+            "| critic | branch (first token) | samples | success | V(s₁) | gap |",
+            "|---|---|---|---|---|---|"]
+  for name in result["critics"]:
+    for branch, r in result["m1"][name + "/branches"].items():
+      lines.append(f"| {name} | `{branch}` | {r['samples']} | {r['success']:.3f} | "
+                   f"{r['value']:.3f} | {r['gap']:+.3f} |")
   lines += ["", "## M2: step-credit MSE (MC noise removed) by length bucket, and the "
             "MSE-optimal constant λ", ""]
   for name in result["critics"]:

@@ -17,6 +17,8 @@ M2 — λ's bias and MSE against the true step advantages, per length bucket:
   token's error Σ_{j≥1} λ^j δ_{t+j} has mean 0 given s_{t+1}), and e_k = 0 exactly at λ = 0.
     bias = mean(e),   MSE = mean(e²) − mean(ν(c_k) + ν(c_{k+1}))   (MC noise removed).
   The MSE-optimal λ of a bucket is the grid λ with the least MSE.
+Branches — V(s₁) (after the first token) per first token against that branch's mean reward:
+  the critic's calibration on the decision chain_or_guess puts at the start.
 M3 — decoupled vs coupled critic: per step, V(s₀) of each critic against the group-mean
   return (the mean of a group's rewards estimates V*(s₀) without extra sampling).
 """
@@ -56,6 +58,15 @@ def explained_variance(values, targets, noise_var=None) -> float:
   return float(1.0 - (np.var(v - t) - nu) / denom)
 
 
+def oracle_ev(vstar_hat, noise_var, m: int) -> float:
+  """The explained variance a perfect critic (V = V*) would reach against single-sample
+  returns G at these cuts — the ceiling of value pretraining's EV stop rule:
+  Var(V*) / (Var(V*) + E[Var(G | s)]), with Var(V*) = Var(V̂*) − ν̄ and E[Var(G | s)] = M·ν̄."""
+  t, nu = np.asarray(vstar_hat, np.float64), float(np.mean(noise_var))
+  signal = t.var() - nu
+  return float(signal / (signal + m * nu)) if signal + m * nu > 0 else float("nan")
+
+
 def bias_by_fifth(values, vstar, noise_var, positions, lengths) -> list[dict]:
   """M1: per fifth, {fifth, cuts, bias, ev, ev_raw, vstar_mean, value_mean}."""
   v, t, nu = (np.asarray(x, np.float64) for x in (values, vstar, noise_var))
@@ -70,6 +81,23 @@ def bias_by_fifth(values, vstar, noise_var, positions, lengths) -> list[dict]:
                 "ev": explained_variance(v[sel], t[sel], nu[sel]),
                 "ev_raw": explained_variance(v[sel], t[sel]),
                 "vstar_mean": float(t[sel].mean()), "value_mean": float(v[sel].mean())})
+  return out
+
+
+def branch_calibration(branches, values, rewards) -> dict:
+  """Per branch (e.g. a response's first token): {samples, success, value, gap}: the mean
+  reward of its samples, the critic's mean value after the branch token, and value − success
+  (the pre-registered calibration is |gap| < 0.05 for every branch)."""
+  b, v, r = np.asarray(branches), np.asarray(values, np.float64), np.asarray(rewards,
+                                                                               np.float64)
+  if not b.size == v.size == r.size:
+    raise ValueError(f"need one branch, value and reward per sample: {b.size}, {v.size}, "
+                     f"{r.size}")
+  out = {}
+  for name in sorted(set(b.tolist())):
+    sel = b == name
+    out[name] = {"samples": int(sel.sum()), "success": float(r[sel].mean()),
+                 "value": float(v[sel].mean()), "gap": float(v[sel].mean() - r[sel].mean())}
   return out
 
 

@@ -57,6 +57,9 @@ def test_explained_variance_with_the_mc_noise_removed():
   truth = 1 - sigma ** 2 / vstar.var()
   assert abs(vb.explained_variance(noisy, vhat, nu) - truth) < 0.02
   assert np.isnan(vb.explained_variance([0.5, 0.5], [1.0, 0.0], [0.3, 0.3]))
+  # A perfect critic's EV against single 0/1 returns: Var(V*) / E[V*(1 − V*)] + Var(V*)) =
+  # (1/12) / (1/6 + 1/12) = 1/3 for V* uniform on [0, 1].
+  assert abs(vb.oracle_ev(vhat, nu, 16) - 1 / 3) < 0.02
 
 
 def test_bias_by_fifth_of_a_constant_critic_on_the_closed_form_policy():
@@ -83,6 +86,14 @@ def test_bias_by_fifth_of_a_constant_critic_on_the_closed_form_policy():
   assert vb.fifth_of([0, 39, 8], [40, 40, 40]).tolist() == [0, 4, 1]
   with pytest.raises(ValueError):
     vb.fifth_of([40], [40])
+
+
+def test_branch_calibration_by_hand():
+  got = vb.branch_calibration(["A", "\\", "A", "A"], [0.5, 0.2, 0.4, 0.6], [1, 0, 0, 1])
+  assert got["\\"] == {"samples": 1, "success": 0.0, "value": 0.2, "gap": 0.2}
+  assert got["A"]["samples"] == 3 and abs(got["A"]["gap"] - (0.5 - 2 / 3)) < 1e-12
+  with pytest.raises(ValueError):
+    vb.branch_calibration(["A"], [0.1, 0.2], [1])
 
 
 def test_gae_agrees_with_the_package_gae():
@@ -193,4 +204,7 @@ def test_the_command_runs_end_to_end_on_a_tiny_budget(tmp_path):
   # The zero head predicts exactly 0: its bias is −V̂* at every cut.
   assert all(abs(r["value_mean"]) < 1e-6 for r in result["m1"]["zero_head"] if r.get("cuts"))
   md = (out / "value_bias.md").read_text()
+  branches = result["m1"]["zero_head/branches"]
+  assert sum(b["samples"] for b in branches.values()) == 8 * 2  # prompts × continuations
+  assert all(b["value"] == 0.0 for b in branches.values())
   assert "## M1" in md and "## M2" in md and "## M3" in md and "| zero_head |" in md
