@@ -113,6 +113,26 @@ def test_gae_agrees_with_the_package_gae():
   assert vb.length_adaptive_lambda(10, 0.05) == 0.0
 
 
+def test_rl_steps_log_the_critics_start_of_response_bias():
+  """Every critic step's metrics carry mean V(s₀) and mean V(s₀) − reward (M3 in RL rows)."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vapo_jax.rl import advantages as advantages_lib  # pylint: disable=import-outside-toplevel
+  ac = advantages_lib.AdvantageConfig(
+      use_critic=True, gamma=1.0, decoupled=True, lam_critic=1.0, length_adaptive=True,
+      alpha=0.05, lam_policy=0.95, group_std_norm=True, whiten=True, gae_impl="scan")
+  values = jnp.asarray([[0.2, 0.5, 0.9, 0.0], [0.6, 0.1, 0.0, 0.0]], jnp.float32)
+  mask = jnp.asarray([[1, 1, 1, 0], [1, 1, 0, 0]], jnp.float32)
+  out = advantages_lib.compute_advantages(ac, jnp.asarray([1.0, 0.0]), jnp.asarray([3, 2]),
+                                          mask, values, jnp.asarray([0, 0]))
+  assert abs(float(out.metrics["value/s0_mean"]) - 0.4) < 1e-6
+  assert abs(float(out.metrics["value/s0_minus_return"]) - ((0.2 - 1.0) + 0.6) / 2) < 1e-6
+  grpo = advantages_lib.compute_advantages(dataclasses.replace(ac, use_critic=False),
+                                           jnp.asarray([1.0, 0.0]), jnp.asarray([3, 2]), mask,
+                                           None, jnp.asarray([0, 0]))
+  assert "value/s0_mean" not in grpo.metrics
+
+
 def test_step_errors_of_a_perfect_critic_are_zero_at_td_and_unbiased_at_any_lambda():
   rng = np.random.default_rng(4)
   pooled = {lam: [] for lam in (0.0, 0.8, 1.0)}

@@ -41,7 +41,8 @@ class Advantages(NamedTuple):
   advantages_BxR: jax.Array
   returns_BxR: jax.Array    # the critic's targets (zeros without a critic)
   lam_policy_B: jax.Array
-  metrics: dict             # adv/*, lam_policy/*, value/explained_variance, value/mean
+  metrics: dict             # adv/*, lam_policy/*, value/explained_variance, value/mean,
+                            # value/s0_mean, value/s0_minus_return
 
 
 def place_rewards(scores_B: jax.Array, lengths_B: jax.Array, num_columns: int) -> jax.Array:
@@ -84,6 +85,10 @@ def compute_advantages(ac: AdvantageConfig, scores_B: jax.Array, lengths_B: jax.
                                         impl=ac.gae_impl)
     metrics["value/explained_variance"] = losses.explained_variance(values_BxR, ret, mask)
     metrics["value/mean"] = losses.masked_mean(values_BxR, mask)
+    # The critic's start-of-response bias: mean V(s₀) − reward; a group's mean reward is an
+    # unbiased V*(s₀), so this is the bias of V(s₀) up to sampling noise (issue 29, M3).
+    metrics["value/s0_mean"] = jnp.mean(values_BxR[:, 0])
+    metrics["value/s0_minus_return"] = jnp.mean(values_BxR[:, 0] - scores_B)
   else:
     per_response = losses.group_relative_advantages(scores_B, group_ids=group_ids_B,
                                                     normalize_std=ac.group_std_norm)
