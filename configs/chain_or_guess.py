@@ -1,7 +1,7 @@
 """A toy where the paper's value-model rows can act: "chain or guess" (`data.chain_mix`).
 
 Design (review `ablation-2026-12-01.md` §4.2, issue 29): chains of one-digit values (±1..3 in
-[0, 9]), half short (3–6 steps, responses 25–57 tokens) and half long (14–20 steps, 113–169
+[0, 9]), half short (3–6 steps, responses 34–58 tokens) and half long (14–20 steps, 122–170
 tokens), and 15% of the SFT targets a direct guess `\\boxed{d}` (d uniform: right 10% of the
 time, ≈ 10 tokens). The SFT policy then guesses ≈ 15% of the time whatever the prompt: the
 short, unreasoned answer the paper's PPO collapses into; response lengths vary ~10×; and the
@@ -68,7 +68,7 @@ FIXED_LAMBDA = 0.8
 # The table's rows (tools.ablate's default --rows for this config).
 ABLATION_ROWS = "vapo,ppo,no_value_pretrain,no_decoupled_gae,no_decoupled_gae_vp"
 # The shared SFT start is accepted only inside this band (tools.sft_band), set in advance.
-SFT_BAND = {"examples": 256, "guess_max_tokens": 15,
+SFT_BAND = {"examples": 256, "samples": 4, "guess_max_tokens": 15,
             "bounds": {"accuracy/long": (0.25, 0.40), "accuracy/short": (0.60, 0.80),
                        "guess_rate": (0.12, 0.18)}}
 # tools.ablate --smoke: every stage at a few steps (a check that the command runs end to
@@ -109,7 +109,7 @@ def get_config(preset: str = "vapo"):
   c.data.num_train = 8192
   c.data.num_eval = 256
 
-  c.sampling.max_new_tokens = 176     # long solutions are 113–169 characters (+ EOS)
+  c.sampling.max_new_tokens = 176     # long solutions are 121–169 characters (+ EOS)
   c.sampling.temperature = 1.0
 
   c.sft.enabled = True

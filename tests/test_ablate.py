@@ -506,3 +506,31 @@ def test_smoke_overrides_plan_every_row(name, tmp_path):
   for r in runs:
     if r.module == "vapo_jax.main":
       load(r.preset, dict(r.overrides))
+
+
+def test_smoke_command_shares_one_sft_start_checked_by_the_band(tmp_path):
+  """`--smoke` on chain_or_guess end to end: one shared SFT run, its band check (SMOKE_BAND
+  accepts any start; the verdict and metrics are kept), a coupled value pretraining that says
+  what ended it, and the row from them."""
+  w = tmp_path / "w"
+  out = subprocess.run(
+      [sys.executable, "-m", "vapo_jax.tools.ablate", f"--config={COG}", "--smoke",
+       "--rows=no_decoupled_gae_vp", "--seeds=3,", f"--workdir={w}",
+       "--config.sampling.max_new_tokens=24", "--config.eval.samples_per_problem=1",
+       "--config.sft.steps=2"],
+      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "4 runs (1 rows × seeds, 3 shared stages)" in out.stdout, out.stdout
+  assert "shared stage sft_band: finished" in out.stdout, out.stdout
+  (sft,) = [p for p in (w / "shared").iterdir() if p.name.startswith("stage-sft-")]
+  verdict = json.loads((sft / ablate.BAND_DIR / ablate.BAND_FILE).read_text())
+  assert verdict["accepted"] and verdict["band"]["bounds"] == {}
+  assert {"accuracy", "accuracy/short", "accuracy/long", "guess_rate"} <= set(verdict["metrics"])
+  (vp,) = [p for p in (w / "seed3").iterdir() if p.name.startswith("stage-value_pretrain-")]
+  assert "--config.value_pretrain.coupled_gae=True" in (vp / "log.txt").read_text()
+  last = [r for r in _records(vp) if r["stage"] == "value_pretrain"][-1]
+  assert last["value_pretrain/stopped_by"] == "cap" and "value/s0_minus_return" in last
+  assert (w / "metrics" / "seed3" / "no_decoupled_gae_vp.jsonl").exists()
+  assert (w / "metrics" / "shared" / sft.name / "band.json").exists()
+  md = (w / "ablation.md").read_text()
+  assert "| no_decoupled_gae_vp (without decoupled GAE, value pretraining coupled too) |" in md

@@ -228,3 +228,29 @@ def test_the_command_runs_end_to_end_on_a_tiny_budget(tmp_path):
   assert sum(b["samples"] for b in branches.values()) == 8 * 2  # prompts × continuations
   assert all(b["value"] == 0.0 for b in branches.values())
   assert "## M1" in md and "## M2" in md and "## M3" in md and "| zero_head |" in md
+
+
+def test_the_preregistered_criteria_read_mechanically():
+  import cog_criteria  # pylint: disable=import-outside-toplevel
+
+  def run(row, seed, avg, length=100.0, guess=0.1, start=0.3):
+    return {"kind": "run", "row": row, "seed": seed, "state": "finished", "avg": avg,
+            "curve": [[0, start], [40, avg]], "response_length": length, "guess_rate": guess}
+
+  records = [run("vapo", s, 0.5, guess=0.05) for s in (0, 1, 2)]
+  # PPO collapses in seeds 0 and 1 (guesses, below the start), not in 2; every Δ <= -20.
+  records += [run("ppo", 0, 0.1, 12, 0.9), run("ppo", 1, 0.2, 30, 0.6),
+              run("ppo", 2, 0.3, 100, 0.1, start=0.2)]
+  records += [run("no_value_pretrain", s, a) for s, a in ((0, 0.4), (1, 0.45), (2, 0.49))]
+  records += [run("no_decoupled_gae", s, a) for s, a in ((0, 0.4), (1, 0.55), (2, 0.45))]
+  got = {r["row"]: r for r in cog_criteria.verdicts(records)}
+  assert got["ppo"]["verdict"] == "reproduced", got["ppo"]
+  assert "collapsed in 2/3" in got["ppo"]["evidence"]
+  # Every Δ < 0 and the mean is -5.3 points: reproduced (<= -5).
+  assert got["no_value_pretrain"]["verdict"] == "reproduced"
+  assert got["no_decoupled_gae_vp"]["verdict"] == "not run"  # the row is missing
+  assert got["no_decoupled_gae"]["verdict"] == "not reproduced"  # seed 1 has Δ > 0
+  records[0]["guess_rate"] = 0.2  # VAPO's own guess rate too high in one seed
+  ppo = cog_criteria.verdicts(records)[0]
+  assert ppo["verdict"] == "not reproduced"
+  assert "| pre-registered criterion |" in cog_criteria.markdown(cog_criteria.verdicts(records))

@@ -12,9 +12,9 @@ instead of the worked solution:
 
 So the SFT policy answers without reasoning with probability ≈ guess_fraction whatever the
 prompt: the short, unreasoned answer that PPO's collapse in the paper goes to. Response
-lengths are ≈ 10 (guess), 25–57 (short) and 113–169 (long) tokens, so they vary ~10×, and the
-value of the first response token is an easy feature for a critic (≈ 0.1 after `\\`, the
-chain's success rate after `A`).
+lengths are 10 (guess), 34–58 (short) and 122–170 (long) tokens with EOS, so they vary ~15×,
+and the value of the first response token is an easy feature for a critic (≈ 0.1 after `\\`,
+the chain's success rate after `A`).
 
 Every example's uid ends in its kind: ".../short", ".../long" or ".../guess" (a train
 problem whose target is a guess, whatever its chain's length). Problems

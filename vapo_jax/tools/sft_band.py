@@ -5,7 +5,8 @@
 
 The band is the config file's module-level `SFT_BAND`, fixed before any row runs:
 
-  SFT_BAND = {"examples": 256,            # development problems (k = eval.samples_per_problem)
+  SFT_BAND = {"examples": 256,            # development problems
+              "samples": 4,               # samples per problem at the run's temperature
               "guess_max_tokens": 15,     # a response this short is a guess
               "bounds": {"accuracy/long": (0.25, 0.40), "guess_rate": (0.12, 0.18), ...}}
 
@@ -17,6 +18,7 @@ and exits with status 3 when the start is outside the band (so `tools.ablate` ru
 from it), 0 inside.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -96,6 +98,9 @@ def measure(cfg, band: dict) -> dict[str, float]:
   from vapo_jax.run import evaluation  # pylint: disable=import-outside-toplevel
   from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   examples = dev_examples(cfg, band["examples"])
+  if "samples" in band:  # (the SFT stage's own small evaluation takes 1)
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(
+        cfg.eval, samples_per_problem=int(band["samples"])))
   trainer = trainer_lib.Trainer(cfg, None, progress=False, read_only=True)
   try:
     p = trainer.parts
