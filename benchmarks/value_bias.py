@@ -58,7 +58,7 @@ def buckets_of(lengths, edges: str) -> list[tuple]:
     cut = [int(x) for x in edges.split(",")]
   else:
     cut = [int(x) for x in np.quantile(lengths, [1 / 3, 2 / 3])]
-  bounds = [0, *cut, 10 ** 9]
+  bounds = [0, *sorted({c for c in cut if c > 0}), 10 ** 9]  # (equal terciles: one edge)
   return [(f"{lo + 1}–{hi}" if hi < 10 ** 9 else f">{lo}", lo + 1, hi)
           for lo, hi in zip(bounds, bounds[1:])]
 

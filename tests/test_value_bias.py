@@ -201,6 +201,7 @@ def test_cuts_and_buckets():
                                                       (">80", 81, 10 ** 9)]
   names = [b[0] for b in value_bias.buckets_of(list(range(1, 101)), "")]
   assert len(names) == 3 and names[-1].startswith(">")
+  assert value_bias.buckets_of([32] * 8, "") == [("1–32", 1, 32), (">32", 33, 10 ** 9)]
 
 
 def test_the_command_runs_end_to_end_on_a_tiny_budget(tmp_path):
