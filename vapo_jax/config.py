@@ -545,6 +545,8 @@ def validate(cfg: Config) -> None:
          "mesh.rules", rule, "(logical name, mesh axes) pairs")
   e = cfg.eval
   need(e.every >= 0, "eval.every", e.every, ">= 0")
+  need(e.short_response_tokens >= 0, "eval.short_response_tokens", e.short_response_tokens,
+       ">= 0 (0: off)")
   need(e.reward_mode in ("strict", "lenient"), "eval.reward_mode", e.reward_mode,
        '"strict" or "lenient"')
   need(e.num_examples >= 1 and e.samples_per_problem >= 1 and e.batch_prompts >= 1,
