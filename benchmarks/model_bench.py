@@ -129,7 +129,7 @@ def jax_step_fn(cfg: ModelConfig, tokens: np.ndarray, chunked: bool,
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  # As the trainer's steps (vapo_jax/rl/update.py `_donate`): state donated except on CPU,
+  # As the trainer's steps (vapo_jax/rl/train_state.py `_donate`): state donated except on CPU,
   # where XLA copies every donated parameter first.
   step = jax.jit(step, donate_argnums=() if jax.default_backend() == "cpu" else (0, 1))
   state = [params, opt_state]

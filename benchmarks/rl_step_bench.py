@@ -60,17 +60,18 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   jax.block_until_ready(batch)
   out = {"rollout": em["time/rollout_s"],
          "overlapped": time.perf_counter() - t0 - em["time/rollout_s"]}
-  tokens, mask = batch["tokens_BxL"], batch["mask_BxL"]
-  p = tokens.shape[1] - batch["response_mask_BxR"].shape[1]
+  tokens, mask = batch.tokens_BxL, batch.mask_BxL
+  p = tokens.shape[1] - batch.response_mask_BxR.shape[1]
   t0 = time.perf_counter()
   ex = t.parts.experience
   jax.block_until_ready(ex.logprobs(t.state.policy_params, tokens, mask, prompt_len=p,
                                     temperature=cfg.sampling.temperature))
-  if t.state.critic_state is not None:
-    jax.block_until_ready(ex.values(t.state.critic_state.params, tokens, mask, prompt_len=p))
+  if t.state.train_state("critic") is not None:
+    jax.block_until_ready(t.critic_values(t.state.train_state("critic").params, tokens, mask,
+                                          prompt_len=p))
   out["forward"] = time.perf_counter() - t0
   n = cfg.responses_per_prompt
-  resp, rmask = np.asarray(tokens)[:, p:], np.asarray(batch["response_mask_BxR"])
+  resp, rmask = np.asarray(tokens)[:, p:], np.asarray(batch.response_mask_BxR)
   texts = [t.parts.text.decode(r[m > 0].tolist()) for r, m in zip(resp, rmask)]
   t0 = time.perf_counter()
   t.parts.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,
@@ -78,7 +79,7 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   out["reward"] = time.perf_counter() - t0
   t0 = time.perf_counter()
   t.update(batch, stage="rl", step=i, policy=True)
-  t.state.policy_params = t.state.policy_state.params
+  t.state.policy_params = t.state.train_state("policy").params
   jax.block_until_ready(t.state.policy_params)
   out["updates"] = time.perf_counter() - t0
   out["response_tokens"] = float(rmask.sum())
@@ -110,7 +111,7 @@ def measure(args, load):
   print(f"jax {jax.__version__} ({jax.device_count()} {jax.devices()[0].platform} devices)")
   t = trainer_lib.Trainer(cfg, progress=False)
   try:
-    if cfg.rl.use_critic:
+    if cfg.uses_critic:
       t.setup("critic")
     t.setup("policy")
     runs = []
@@ -141,7 +142,7 @@ def measure(args, load):
   mcfg = t.parts.model_cfg
   seq = t.cfg.data.max_prompt_tokens + t.cfg.sampling.max_new_tokens
   flops_tok = model_config.flops_per_token(mcfg, seq)  # forward FLOPs per token
-  nets = 2 if cfg.rl.use_critic else 1
+  nets = 2 if cfg.uses_critic else 1
   update_flops = 3 * flops_tok * med["train_tokens"] * nets
   lines.append(
       f"rollout: {med['response_tokens'] / med['rollout']:.0f} response tokens/s; "

@@ -153,7 +153,7 @@ def ground_truth(suite: Suite, n_prompts: int, m: int) -> dict:
 
 def critics(suite: Suite, budgets: list[int], m3_steps: int, with_rm: bool) -> tuple:
   """({name: (graphdef, params)}, M3 per-step records). The trainer's internals are read
-  only here (critic_state, critic_graphdef, reward_model_state, rm_graphdef)."""
+  only here (`state.learners[name]`: the Learner records' graphdef and state)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   jax, cfg = suite.jax, suite.cfg
@@ -171,7 +171,11 @@ def critics(suite: Suite, budgets: list[int], m3_steps: int, with_rm: bool) -> t
   mc, coupled = suite.trainer, fresh(coupled_gae=True)
   mc.setup("critic")
   coupled.setup("critic")
-  out = {"zero_head": (mc.critic_graphdef, copy(mc.state.critic_state.params))}
+  def net(trainer, name):
+    learner = trainer.state.learners[name]
+    return learner.graphdef, copy(learner.state.params)
+
+  out = {"zero_head": net(mc, "critic")}
   m3 = []
   for i in range(max([*budgets, m3_steps])):
     batch, em = mc.experience(next(mc.state.prompts), for_value_pretraining=True)
@@ -180,28 +184,28 @@ def critics(suite: Suite, budgets: list[int], m3_steps: int, with_rm: bool) -> t
       cb, cm = coupled.experience(next(coupled.state.prompts), for_value_pretraining=True)
       rec.update(_m3_record("coupled", cb, cm))
       rec["same_rollouts"] = bool(np.array_equal(*jax.device_get(
-          (batch["tokens_BxL"], cb["tokens_BxL"]))))
+          (batch.tokens_BxL, cb.tokens_BxL))))
       coupled.update(cb, stage="value_pretrain", step=i, policy=False)
     mc.update(batch, stage="value_pretrain", step=i, policy=False)
     m3.append(rec)
     if i + 1 in budgets:
-      out[f"vp@{i + 1}"] = (mc.critic_graphdef, copy(mc.state.critic_state.params))
+      out[f"vp@{i + 1}"] = net(mc, "critic")
   if with_rm:
     c = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, enabled=False),
                             model=dataclasses.replace(cfg.model, critic_start="reward_model"))
     rm = trainer_lib.Trainer(c, None, progress=False)
     rm.state.policy_params = suite.pi0
     rm.reward_model()
-    out["reward_model"] = (rm.rm_graphdef, copy(rm.state.reward_model_state.params))
+    out["reward_model"] = net(rm, "reward_model")
     rm.close()
   coupled.close()
   return out, m3
 
 
-def _m3_record(name: str, batch: dict, em: dict) -> dict:
+def _m3_record(name: str, batch, em: dict) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
-  v, mask, scores = jax.device_get((batch["old_values_BxR"], batch["response_mask_BxR"],
-                                    batch["scores_B"]))
+  v, mask, scores = jax.device_get((batch.old_values_BxR, batch.response_mask_BxR,
+                                    batch.scores_B))
   last = np.maximum(mask.sum(1).astype(int) - 1, 0)
   return {f"{name}/v_s0": float(v[:, 0].mean()),
           f"{name}/v_last": float(v[np.arange(len(last)), last].mean()),

@@ -177,7 +177,7 @@ def test_init_from_takes_the_policy_of_another_runs_newest_checkpoint(tmp_path):
   """The hook the rows start with (`model.init_from`): the newest checkpoint's policy
   weights (a TrainState's params, or the frozen policy of a stage that trains none)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from vapo_jax.rl import update  # pylint: disable=import-outside-toplevel
+  from vapo_jax.rl import train_state  # pylint: disable=import-outside-toplevel
   from vapo_jax.run import checkpoint as run_checkpoint  # pylint: disable=import-outside-toplevel
   from vapo_jax.run import checkpoint_store  # pylint: disable=import-outside-toplevel
   like = {"b": jnp.zeros((3,)), "w": jnp.zeros((2, 3))}
@@ -186,8 +186,9 @@ def test_init_from_takes_the_policy_of_another_runs_newest_checkpoint(tmp_path):
   store = checkpoint_store.CheckpointStore(str(tmp_path / "run" / "checkpoints"),
                                            async_save=False)
   store.save(1, {"policy_params": older}, {})
-  store.save(5, {"policy": update.TrainState(newest, {"mu": older}, jnp.zeros((), jnp.int32)),
-                 "critic": update.TrainState(older, {}, jnp.zeros((), jnp.int32))}, {})
+  zero = jnp.zeros((), jnp.int32)
+  store.save(5, {"policy": train_state.TrainState(newest, {"mu": older}, zero),
+                 "critic": train_state.TrainState(older, {}, zero)}, {})
   store.close()
   for where in ("run", "run/checkpoints"):
     got, note = run_checkpoint.initial_policy(str(tmp_path / where), like)

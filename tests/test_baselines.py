@@ -180,7 +180,7 @@ def test_qwen32b_budget_is_the_papers_5000_updates():
 
 def critic_free(**overrides):
   """tiny() as a critic-free baseline: 4 prompts × 4 responses, 8-token responses."""
-  base = {"rl.use_critic": False, "value_pretrain.enabled": False, "rl.nll_coef": 0.0,
+  base = {"rl.advantage_estimator": "group", "value_pretrain.enabled": False, "rl.nll_coef": 0.0,
           "rl.prompts_per_step": 4, "rl.responses_per_prompt": 4, "rl.whiten_advantages": False,
           "mesh.fsdp": 1}
   return tiny(**{**base, **overrides})
@@ -201,15 +201,15 @@ def test_overlong_shaping_reaches_the_advantages():
   finally:
     t.close()
   b = jax.device_get(batch)
-  lengths = b["response_mask_BxR"].sum(1)
+  lengths = b.response_mask_BxR.sum(1)
   # L_max = 8, L_cache = 4: −(l − 4) / 4 above 4 tokens.
   penalty = np.where(lengths <= 4, 0.0, -(lengths - 4) / 4)
   assert penalty.min() < 0, "no response long enough to be penalised"
   np.testing.assert_allclose(m["reward/overlong_penalty_mean"], penalty.mean(), rtol=1e-5)
-  want = group_advantages(b["scores_B"] + penalty, 4, b["response_mask_BxR"])
-  np.testing.assert_allclose(b["advantages_BxR"], want, rtol=1e-4, atol=1e-4)
+  want = group_advantages(b.scores_B + penalty, 4, b.response_mask_BxR)
+  np.testing.assert_allclose(b.advantages_BxR, want, rtol=1e-4, atol=1e-4)
   # The batch's scores stay the checker's (0 / 1): the NLL's "correct" is not shaped.
-  assert set(np.unique(b["scores_B"])) <= {0.0, 1.0}
+  assert set(np.unique(b.scores_B)) <= {0.0, 1.0}
 
 
 @pytest.mark.parametrize("reward, rounds", [("trainer_plugins:even_digits", 3),
@@ -236,8 +236,8 @@ def test_dynamic_sampling_batch_holds_mixed_groups(reward, rounds):
     t.close()
   b = jax.device_get(batch)
   n, groups = 2, 8
-  scores = b["scores_B"].reshape(groups, n)
-  kept = b["response_mask_BxR"].reshape(groups, n, -1).sum((1, 2)) > 0
+  scores = b.scores_B.reshape(groups, n)
+  kept = b.response_mask_BxR.reshape(groups, n, -1).sum((1, 2)) > 0
   mixed = scores.max(1) > scores.min(1)
   np.testing.assert_array_equal(kept, mixed)  # kept groups are exactly the mixed ones
   assert m["dynamic/masked_groups"] == groups - kept.sum()
@@ -302,10 +302,10 @@ def test_whitening_switch_reaches_the_policy_loss():
     finally:
       t.close()
   (b0, _, u0), (b1, m1, u1) = out[False], out[True]
-  mask = b0["response_mask_BxR"] > 0
-  np.testing.assert_array_equal(b0["tokens_BxL"], b1["tokens_BxL"])  # the same rollout
-  raw = b0["advantages_BxR"].astype(np.float64)[mask]
-  np.testing.assert_allclose(b1["advantages_BxR"][mask],
+  mask = b0.response_mask_BxR > 0
+  np.testing.assert_array_equal(b0.tokens_BxL, b1.tokens_BxL)  # the same rollout
+  raw = b0.advantages_BxR.astype(np.float64)[mask]
+  np.testing.assert_allclose(b1.advantages_BxR[mask],
                              (raw - raw.mean()) / np.sqrt(raw.var() + 1e-8), rtol=1e-4,
                              atol=1e-4)
   assert abs(m1["adv/mean"]) < 1e-4 and abs(m1["adv/std"] - 1) < 1e-3
@@ -321,7 +321,7 @@ def test_baseline_fields_are_checked(field, value, message):
   c = load_config_file("tiny.py", "dapo")
   section, name = field.split(".")
   if field == "rl.group_sampling":  # dapo has no critic: keep the critic-free check quiet
-    c.rl.use_critic = True
+    c.rl.advantage_estimator = "gae"
   c[section][name] = value
   with pytest.raises(config_lib.ConfigError, match=message.replace(".", r"\.")):
     config_lib.from_config_dict(c)

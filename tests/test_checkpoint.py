@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from vapo_jax.run import inputs
-from vapo_jax.run import checkpoint_store as checkpointing
+from vapo_jax.run import checkpoint_store
 from vapo_jax.run import metrics as metrics_lib
 from vapo_jax import sharding as shd
 from vapo_jax.run import trainer as trainer_lib
@@ -78,7 +78,7 @@ class Recorder:
 
 
 def final_state(t):
-  return jax.device_get({"policy": t.state.policy_state, "critic": t.state.critic_state})
+  return jax.device_get({n: t.state.train_state(n) for n in ("policy", "critic")})
 
 
 def run_to_end(cfg, workdir):
@@ -154,7 +154,7 @@ def test_restore_onto_another_mesh_and_checksums(tmp_path):
   tree = {"w": jax.device_put(jnp.arange(64.0).reshape(16, 4),
                               NamedSharding(mesh8, PartitionSpec("fsdp"))),
           "b": jnp.arange(3, dtype=jnp.bfloat16), "step": jnp.int32(7)}
-  store = checkpointing.CheckpointStore(str(tmp_path / "ck"), keep=2, keep_best=True)
+  store = checkpoint_store.CheckpointStore(str(tmp_path / "ck"), keep=2, keep_best=True)
   store.save(1, {"s": tree}, {"note": "scored"}, score=0.5)
   for step in (2, 3, 4):
     store.save(step, {"s": tree}, {"note": step})
@@ -165,15 +165,15 @@ def test_restore_onto_another_mesh_and_checksums(tmp_path):
   out = store.restore(4, like)["s"]
   assert out["w"].sharding == like["s"]["w"].sharding   # the new run's sharding, not the old
   assert_bitwise_equal(out, tree)
-  assert checkpointing.checksums(tree) == checkpointing.checksums(out)
+  assert checkpoint_store.checksums(tree) == checkpoint_store.checksums(out)
   flipped = dict(tree, w=tree["w"].at[3, 1].add(1e-3))
-  assert checkpointing.checksums(flipped) != checkpointing.checksums(tree)
-  with pytest.raises(checkpointing.CheckpointMismatch, match="'s' has other leaves"):
+  assert checkpoint_store.checksums(flipped) != checkpoint_store.checksums(tree)
+  with pytest.raises(checkpoint_store.CheckpointMismatch, match="'s' has other leaves"):
     store.restore(4, {"s": {"w": like["s"]["w"]}})
-  with pytest.raises(checkpointing.CheckpointMismatch,
+  with pytest.raises(checkpoint_store.CheckpointMismatch,
                      match=r"s\['w'\] is float32\[16,4\] there but float32\[16,2\] in this run"):
     store.restore(4, {"s": dict(like["s"], w=jnp.zeros((16, 2)))})
-  with pytest.raises(checkpointing.CheckpointMismatch, match="has no 'x'"):
+  with pytest.raises(checkpoint_store.CheckpointMismatch, match="has no 'x'"):
     store.restore(4, {"x": like["s"]})
   store.close()
 
@@ -194,7 +194,8 @@ def stopped_in_rl(tmp_path_factory):
     t = trainer_lib.Trainer(rl_only(), str(workdir), progress=False)
     try:
       assert "preempted" in t.run()
-      saved = jax.device_get({"policy": t.state.policy_state, "critic": t.state.critic_state,
+      saved = jax.device_get({"policy": t.state.train_state("policy"),
+                              "critic": t.state.train_state("critic"),
                               "key": jax.random.key_data(t.state.key)})
       saved["prompts"] = t.state.prompts.get_state()
     finally:
@@ -219,7 +220,7 @@ def test_changed_optimizer_chain_stops_with_one_line_and_keeps_checkpoints(
   before = listing(workdir)
   t = trainer_lib.Trainer(rl_only(**{"optim.grad_clip": 0.0}), str(workdir), progress=False)
   try:
-    with pytest.raises(checkpointing.CheckpointMismatch) as e:
+    with pytest.raises(checkpoint_store.CheckpointMismatch) as e:
       t.run()
   finally:
     t.close()
@@ -242,17 +243,18 @@ def test_weights_only_restore_continues_with_a_fresh_optimizer(stopped_in_rl, tm
       assert t.resume() == 1
     assert (t.ctl.stage, t.ctl.step, t.ctl.global_step) == ("rl", 1, 1)
     s = t.state
-    assert_bitwise_equal(s.policy_state.params, saved["policy"].params)
-    assert_bitwise_equal(s.critic_state.params, saved["critic"].params)
+    assert_bitwise_equal(s.train_state("policy").params, saved["policy"].params)
+    assert_bitwise_equal(s.train_state("critic").params, saved["critic"].params)
     assert_bitwise_equal(s.policy_params, saved["policy"].params)
     np.testing.assert_array_equal(jax.random.key_data(s.key), saved["key"])
-    for st in (s.policy_state, s.critic_state):  # fresh AdamW: no updates, zero moments
+    # Fresh AdamW: no updates, zero moments.
+    for st in (s.train_state("policy"), s.train_state("critic")):
       assert int(st.step) == 0
       assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(st.opt_state))
     assert s.prompts.get_state() == saved["prompts"]
     summary = t.run()  # the remaining RL step with the new optimizer, then eval
     assert "preempted" not in summary and summary["eval_after_rl"]
-    assert int(t.state.policy_state.step) > 0
+    assert int(t.state.train_state("policy").step) > 0
   finally:
     t.close()
   assert not os.path.exists(tmp_path / "run" / "checkpoints_corrupt")
@@ -263,7 +265,7 @@ def test_weights_only_restore_still_refuses_other_weights(stopped_in_rl, tmp_pat
   cfg = rl_only(**{"model.intermediate_size": 32, "checkpoint.restore": "weights"})
   t = trainer_lib.Trainer(cfg, str(workdir), progress=False)
   try:
-    with pytest.raises(checkpointing.CheckpointMismatch,
+    with pytest.raises(checkpoint_store.CheckpointMismatch,
                        match=r"mlp.*float32\[64,32\] there but float32\[32,32\] in this run.*"
                              r"model.intermediate_size=32 \(was 64\)") as e:
       t.resume()
@@ -278,7 +280,7 @@ def test_iterator_settings_that_do_not_fit_are_a_mismatch(stopped_in_rl, tmp_pat
   before = listing(workdir)
   t = trainer_lib.Trainer(rl_only(**{"rl.prompts_per_step": 4}), str(workdir), progress=False)
   try:
-    with pytest.raises(checkpointing.CheckpointMismatch,
+    with pytest.raises(checkpoint_store.CheckpointMismatch,
                        match=r"batch_size=8 but this iterator has 4.*"
                              r"rl.prompts_per_step=4 \(was 8\)") as e:
       t.resume()
@@ -290,18 +292,18 @@ def test_iterator_settings_that_do_not_fit_are_a_mismatch(stopped_in_rl, tmp_pat
 
 def test_flipped_value_is_caught_by_its_checksum_and_set_aside(tmp_path):
   tree = {"w": jnp.arange(12.0).reshape(3, 4), "n": jnp.arange(5, dtype=jnp.int32)}
-  store = checkpointing.CheckpointStore(str(tmp_path / "ck"), keep=5, async_save=False)
+  store = checkpoint_store.CheckpointStore(str(tmp_path / "ck"), keep=5, async_save=False)
   store.save(1, {"s": tree}, {"note": 1})
   store.save(2, {"s": tree}, {"note": 2})
   # Checkpoint 3: readable files whose one value differs from what its checksums say.
   flipped = dict(tree, w=tree["w"].at[1, 2].set(-7.0))
-  arrays = ocp.args.StandardSave({"s": checkpointing._flat(flipped)})  # pylint: disable=protected-access
+  arrays = ocp.args.StandardSave({"s": checkpoint_store._flat(flipped)})  # pylint: disable=protected-access
   meta = ocp.args.JsonSave(store.read_meta(2))
   store._manager.save(3, args=ocp.args.Composite(  # pylint: disable=protected-access
-      **{checkpointing.ARRAYS: arrays, checkpointing.META: meta}))
+      **{checkpoint_store.ARRAYS: arrays, checkpoint_store.META: meta}))
   store.wait()
   like = {"s": jax.tree.map(jnp.zeros_like, tree)}
-  with pytest.raises(checkpointing.CheckpointDamaged, match=r"\['w'\] does not match its "
+  with pytest.raises(checkpoint_store.CheckpointDamaged, match=r"\['w'\] does not match its "
                      "stored checksums"):
     store.restore(3, like)
   with pytest.warns(UserWarning, match="checkpoint 3 .* cannot be restored .*checksums"):

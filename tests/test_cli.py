@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from vapo_jax.run import checkpoint_store as checkpointing
+from vapo_jax.run import checkpoint_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 600
@@ -82,7 +82,7 @@ def _wait_for(workdir, stage: str, step: int, proc: subprocess.Popen) -> None:
 
 
 def _final(workdir) -> tuple[int, dict]:
-  store = checkpointing.CheckpointStore(os.path.join(workdir, "checkpoints"), read_only=True)
+  store = checkpoint_store.CheckpointStore(os.path.join(workdir, "checkpoints"), read_only=True)
   try:
     step = store.steps()[-1]
     return step, store.read_meta(step)["groups"]

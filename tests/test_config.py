@@ -3,13 +3,14 @@
 import dataclasses
 import importlib.util
 import os
+import re
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from vapo_jax import config as config_lib
-from vapo_jax.rl import advantages as advantages_lib
+from vapo_jax.rl import advantages
 from vapo_jax.run import inputs, parts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,6 +66,28 @@ def test_wrong_type_and_unknown_field():
     config_lib.apply_preset(config_lib.default_config_dict(), "vapo2")
 
 
+def test_removed_use_critic_says_what_to_write():
+  for value in (True, False):
+    c = config_lib.default_config_dict()
+    c.rl.use_critic = value
+    with pytest.raises(config_lib.ConfigError, match=r'config\.rl\.use_critic was removed: set '
+                       r'rl\.advantage_estimator="gae" \(was True\) or "group"'):
+      config_lib.from_config_dict(c)
+  # Unset (the default), it is no field at all.
+  cfg = config_lib.from_config_dict(config_lib.default_config_dict())
+  assert not hasattr(cfg.rl, "use_critic") and cfg.uses_critic
+
+
+def test_estimator_and_policy_loss_names_are_checked():
+  for field, value, allowed in (("advantage_estimator", "vtrace", "['gae', 'group']"),
+                                ("policy_loss", "gspo", "['ppo']")):
+    c = config_lib.default_config_dict()
+    c.rl[field] = value
+    with pytest.raises(config_lib.ConfigError,
+                       match=re.escape(f"config.rl.{field}='{value}': must be one of {allowed}")):
+      config_lib.from_config_dict(c)
+
+
 def test_critic_free_preset_needs_groups():
   c = load_config_file("tiny.py", "grpo")
   c.rl.group_sampling = False
@@ -76,7 +99,7 @@ def resolved(cfg):
   """Everything the trainer derives from the switches, as a flat dict."""
   out = {f"adv.{k}": v for k, v in dataclasses.asdict(parts.advantage_config(cfg)).items()}
   out.update({f"policy.{k}": v for k, v in dataclasses.asdict(parts.policy_hparams(cfg)).items()})
-  out["value_pretrain"] = cfg.value_pretrain.enabled and cfg.rl.use_critic
+  out["value_pretrain"] = cfg.value_pretrain.enabled and cfg.uses_critic
   out["prompts_per_step"] = cfg.prompts_per_step
   out["responses_per_prompt"] = cfg.responses_per_prompt
   return out
@@ -122,16 +145,16 @@ def test_length_adaptive_switch_gives_constant_lambda():
   scores = jnp.array([1.0, 0.0, 1.0, 0.0])
   values = jnp.zeros(mask.shape)
   groups = jnp.arange(4) // 2
-  on = advantages_lib.compute_advantages(advantage_config(), scores, lengths, mask, values,
+  on = advantages.compute_advantages(advantage_config(), scores, lengths, mask, values,
                                          groups)
   np.testing.assert_allclose(on.lam_policy_B, [0.0, 0.8, 0.98, 0.0], atol=1e-6)
-  off = advantages_lib.compute_advantages(
+  off = advantages.compute_advantages(
       advantage_config(length_adaptive=False, lam_policy=0.95), scores, lengths, mask,
       values, groups)
   np.testing.assert_allclose(off.lam_policy_B, 0.95)
   # Decoupled: critic targets are the Monte Carlo returns whatever λ_policy is.
   np.testing.assert_allclose(on.returns_BxR, scores[:, None] * mask, atol=1e-6)
-  coupled = advantages_lib.compute_advantages(
+  coupled = advantages.compute_advantages(
       advantage_config(decoupled=False), scores, lengths, mask, values + 0.5, groups)
   # With λ = 0 (short rows) the coupled target bootstraps: R_t = V_{t+1} (+ r on the last).
   np.testing.assert_allclose(coupled.returns_BxR[0, :9], 0.5, atol=1e-6)
@@ -140,8 +163,8 @@ def test_length_adaptive_switch_gives_constant_lambda():
 def test_group_relative_without_critic():
   lengths = jnp.array([3, 4, 5, 6])
   mask = (jnp.arange(8)[None] < lengths[:, None]).astype(jnp.float32)
-  out = advantages_lib.compute_advantages(
-      advantage_config(use_critic=False, group_std_norm=False, whiten=False),
+  out = advantages.compute_advantages(
+      advantage_config(estimator="group", group_std_norm=False, whiten=False),
       jnp.array([1.0, 0.0, 1.0, 1.0]), lengths, mask, None, jnp.array([0, 0, 1, 1]))
   np.testing.assert_allclose(out.advantages_BxR[:, 0], [0.5, -0.5, 0.0, 0.0])
   np.testing.assert_allclose(out.advantages_BxR * (1 - mask), 0.0)

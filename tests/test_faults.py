@@ -1,6 +1,7 @@
 """Faults: a NaN gradient skips its update (counted, training goes on); too many in a row stop
 the run with a clear message and its checkpoints intact."""
 
+import dataclasses
 import functools
 import os
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from vapo_jax.run import control as run_control
-from vapo_jax.rl import update as ts
+from vapo_jax.rl import train_state
 from vapo_jax.run import trainer as trainer_lib
 from test_checkpoint import compile_cache, small  # noqa: F401 (fixture)
 
@@ -23,7 +24,7 @@ def poison(monkeypatch, calls):
   def patched(trainer, examples, **kw):
     batch, metrics = experience(trainer, examples, **kw)
     if count[0] in calls:
-      batch["advantages_BxR"] = batch["advantages_BxR"] * jnp.nan
+      batch = dataclasses.replace(batch, advantages_BxR=batch.advantages_BxR * jnp.nan)
     count[0] += 1
     return batch, metrics
 
@@ -32,11 +33,11 @@ def poison(monkeypatch, calls):
 
 def test_skip_keeps_state_bit_for_bit():
   """The jitted step drops a non-finite update: same params, optimizer state and step."""
-  tx = ts.make_optimizer(1e-2)
+  tx = train_state.make_optimizer(1e-2)
   params = {"w": jnp.arange(4.0)}
-  state = ts.init_state(jax.device_put(params, jax.sharding.NamedSharding(
+  state = train_state.init_state(jax.device_put(params, jax.sharding.NamedSharding(
       jax.sharding.Mesh(jax.devices()[:1], ("d",)), jax.sharding.PartitionSpec())), tx)
-  apply = jax.jit(functools.partial(ts._apply, tx))  # pylint: disable=protected-access
+  apply = jax.jit(functools.partial(train_state.apply_update, tx))
   good, norm, skipped = apply(state, {"w": jnp.ones(4)}, jnp.float32(1.0))
   assert float(skipped) == 0 and int(good.step) == 1 and float(norm) == 2.0
   for bad_grad, loss in (({"w": jnp.array([1.0, jnp.nan, 0, 0])}, 1.0),
@@ -60,8 +61,9 @@ def test_nan_gradient_is_skipped_counted_and_training_continues(monkeypatch):
   assert skipped == [2.0, 0.0, 0.0]                 # both mini-batch policy updates of step 1
   assert history[-1]["nonfinite/skipped_total"] == 2.0
   assert not np.isfinite(history[0]["policy_grad_norm"])
-  assert int(t.state.policy_state.step) == 4 and int(t.state.critic_state.step) == 2 * 2 + 3 * 2
-  for x in jax.tree.leaves(jax.device_get(t.state.policy_state)):
+  assert int(t.state.train_state("policy").step) == 4
+  assert int(t.state.train_state("critic").step) == 2 * 2 + 3 * 2
+  for x in jax.tree.leaves(jax.device_get(t.state.train_state("policy"))):
     assert np.all(np.isfinite(np.asarray(x)))
 
 

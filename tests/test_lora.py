@@ -20,8 +20,8 @@ from vapo_jax import policy as policy_lib
 from vapo_jax import sharding as shd
 from vapo_jax.models import lora, transformer
 from vapo_jax.models.config import LORA_TARGETS, tiny_config
-from vapo_jax.rl import update
-from vapo_jax.run import checkpoint_store as checkpointing
+from vapo_jax.rl import forward
+from vapo_jax.run import checkpoint_store
 from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax.sampler import types as rollout_lib
@@ -140,8 +140,8 @@ def test_sampler_logprobs_equal_the_train_steps():
   sampler = sampler_lib.Sampler.for_transformer(graphdef, model.cfg, cfg)
   out = sampler(state, [[5, 17, 33, 2, 7], [3, 14], [9]], jax.random.key(1))
   tokens_BxL, mask_BxL = rollout_lib.rollout_tokens(out)
-  # What the policy step scores the rollout with: update.policy_logprobs on the params.
-  logp, _ = update.policy_logprobs(graphdef, state, tokens_BxL, mask_BxL, out.prompt_len,
+  # What the policy step scores the rollout with: forward.policy_logprobs on the params.
+  logp, _ = forward.policy_logprobs(graphdef, state, tokens_BxL, mask_BxL, out.prompt_len,
                                    temperature=0.7)
   m = np.asarray(out.response_mask_BxR)
   assert m.sum() > 10
@@ -232,7 +232,7 @@ def test_cli_run_with_lora_exports_a_plain_checkpoint_transformers_loads(tmp_pat
     run("vapo_jax.tools.export", f"--workdir={workdir}", f"--out={tmp_path / what}",
         f"--what={what}", "--dtype=float32")
 
-  store = checkpointing.CheckpointStore(os.path.join(workdir, "checkpoints"), read_only=True)
+  store = checkpoint_store.CheckpointStore(os.path.join(workdir, "checkpoints"), read_only=True)
   try:  # the run's config, as the command built it
     cfg = config_lib.from_config_dict(store.read_meta(store.steps()[-1])["config"])
   finally:

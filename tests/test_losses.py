@@ -222,27 +222,6 @@ def test_entropy_and_kl_estimators():
                                rtol=1e-5)
 
 
-def test_group_relative_advantages():
-  scores = np.array([1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1], np.float32)
-  adv = losses.group_relative_advantages(scores, 4)
-  for g in range(3):
-    s = scores[4 * g:4 * g + 4].astype(np.float64)
-    np.testing.assert_allclose(adv[4 * g:4 * g + 4], (s - s.mean()) / (s.std(ddof=1) + 1e-6),
-                               rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(adv[4:8], 0.0)  # an all-correct group carries no signal
-  no_std = losses.group_relative_advantages(scores, 4, normalize_std=False)
-  np.testing.assert_allclose(no_std[:4], [0.5, -0.5, -0.5, 0.5])
-  with pytest.raises(ValueError, match="n=5"):
-    losses.group_relative_advantages(scores, 5)
-  # The same groups given by id, in any row order, give the same advantages.
-  perm = np.random.default_rng(0).permutation(12)
-  for normalize_std in (True, False):
-    by_size = losses.group_relative_advantages(scores, 4, normalize_std=normalize_std)
-    by_id = losses.group_relative_advantages(scores[perm], group_ids=perm // 4,
-                                             normalize_std=normalize_std)
-    np.testing.assert_allclose(by_id, np.asarray(by_size)[perm], rtol=1e-6, atol=1e-6)
-
-
 def test_masked_whiten_and_bad_mode():
   logp, _, adv, mask = batch(9)
   w = np.asarray(losses.masked_whiten(adv, mask))
@@ -262,19 +241,3 @@ def test_masked_whiten_matches_formula_with_and_without_mean_shift():
     got = np.asarray(losses.masked_whiten(adv, mask, shift_mean=shift_mean))
     np.testing.assert_allclose(got[m], want[m], rtol=1e-5, atol=1e-6)
     assert np.all(got[~m] == 0)
-
-
-@pytest.mark.parametrize("normalize_std, ddof", [(True, 1), (True, 0), (False, 1)])
-def test_group_relative_advantages_with_unequal_groups(normalize_std, ddof):
-  """Groups by id of sizes 3, 1, 4 and 2, rows interleaved; float64 reference per group."""
-  scores = np.array([1, 0, 0.5, 1, 0, 0, 1, 1, 0, 1], np.float32)
-  ids = np.array([0, 2, 1, 2, 0, 2, 3, 0, 3, 2])
-  got = np.asarray(losses.group_relative_advantages(scores, group_ids=ids,
-                                                    normalize_std=normalize_std, ddof=ddof,
-                                                    eps=1e-3))
-  for g in np.unique(ids):
-    s = scores[ids == g].astype(np.float64)
-    want = s - s.mean()
-    if normalize_std:
-      want = want / (np.sqrt(np.sum(want ** 2) / max(len(s) - ddof, 1)) + 1e-3)
-    np.testing.assert_allclose(got[ids == g], want, rtol=1e-5, atol=1e-6, err_msg=f"group {g}")

@@ -70,7 +70,8 @@ def test_stage_order_and_nonfinite_counter():
   c.sft.update(enabled=True, steps=1)
   cfg = config_lib.from_config_dict(c)
   assert run_control.stages_of(cfg) == ["sft", "value_pretrain", "rl", "done"]
-  c.rl.use_critic, c.value_pretrain.enabled, c.sft.enabled = False, False, False
+  c.rl.advantage_estimator = "group"
+  c.value_pretrain.enabled, c.sft.enabled = False, False
   assert run_control.stages_of(config_lib.from_config_dict(c)) == ["rl", "done"]
   ctl = run_control.RunControl(max_in_a_row=3)
   assert ctl.count_skipped([True, True, False], "x")["nonfinite/skipped_total"] == 2

@@ -222,10 +222,10 @@ from vapo_jax import distributed as dist
 dist.initialize("explicit", coordinator=f"127.0.0.1:{{port}}", num_processes=2, process_id=pid)
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from vapo_jax.run import checkpoint_store as checkpointing
+from vapo_jax.run import checkpoint_store
 mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
 tree = [jax.device_put(jnp.arange(64.0) + i, NamedSharding(mesh, P("d"))) for i in range(120)]
-sums = checkpointing.checksums(tree)                     # one program, not 120
+sums = checkpoint_store.checksums(tree)                     # one program, not 120
 total = jax.jit(lambda x: jnp.sum(x))
 paced = [dist.pace(total(x)) for x in tree]             # 120 collective programs, paced
 print("ok", len(set(sums)), float(sum(jax.device_get(paced))), flush=True)

@@ -95,7 +95,7 @@ def test_reward_model_stage_starts_the_critic_and_resumes(tmp_path):
   t = trainer_lib.Trainer(cfg, workdir, progress=False)
   try:
     summary = t.run()
-    critic = leaves(t.state.critic_state.params)
+    critic = leaves(t.state.train_state("critic").params)
     policy = leaves(t.state.policy_params)
   finally:
     t.close()

@@ -73,7 +73,8 @@ def test_export_policy_and_critic_reload_in_transformers(finished_run, tmp_path)
   with torch.no_grad():  # HF scores the whole sequence (its last token)
     score = hf_critic(torch.tensor(tokens, dtype=torch.long)).logits.numpy()[:, 0]
   np.testing.assert_allclose(values[:, -1], score, atol=2e-5, rtol=1e-4)
-  assert np.abs(np.asarray(t.state.critic_state.params["score"][...])).max() > 0  # trained head
+  head = t.state.train_state("critic").params["score"][...]
+  assert np.abs(np.asarray(head)).max() > 0  # trained head
 
 
 def test_plot_command_draws_runs_side_by_side(finished_run, tmp_path):
@@ -98,8 +99,8 @@ def test_checkpoint_restores_onto_another_mesh(finished_run):
     t = trainer_lib.Trainer(c, workdir, progress=False, read_only=True)
     try:
       t.resume()
-      trees.append(jax.device_get((t.state.policy_state, t.state.critic_state)))
-      assert jax.tree.leaves(t.state.policy_state.params)[0].sharding.mesh.shape == dict(
+      trees.append(jax.device_get((t.state.train_state("policy"), t.state.train_state("critic"))))
+      assert jax.tree.leaves(t.state.train_state("policy").params)[0].sharding.mesh.shape == dict(
           zip(("data", "fsdp", "tensor"), mesh))
     finally:
       t.close()

@@ -37,8 +37,8 @@ def run_rl_step(cfg):
   try:
     t.value_pretrain()
     history = t.rl()["history"]
-    return (jax.device_get(t.state.policy_state.params),
-            jax.device_get(t.state.critic_state.params), history[-1])
+    return (jax.device_get(t.state.train_state("policy").params),
+            jax.device_get(t.state.train_state("critic").params), history[-1])
   finally:
     t.close()
 

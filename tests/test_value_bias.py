@@ -117,19 +117,19 @@ def test_rl_steps_log_the_critics_start_of_response_bias():
   """Every critic step's metrics carry mean V(s₀) and mean V(s₀) − reward (M3 in RL rows)."""
   import dataclasses  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from vapo_jax.rl import advantages as advantages_lib  # pylint: disable=import-outside-toplevel
-  ac = advantages_lib.AdvantageConfig(
-      use_critic=True, gamma=1.0, decoupled=True, lam_critic=1.0, length_adaptive=True,
+  from vapo_jax.rl import advantages  # pylint: disable=import-outside-toplevel
+  ac = advantages.AdvantageConfig(
+      estimator="gae", gamma=1.0, decoupled=True, lam_critic=1.0, length_adaptive=True,
       alpha=0.05, lam_policy=0.95, group_std_norm=True, whiten=True, gae_impl="scan")
   values = jnp.asarray([[0.2, 0.5, 0.9, 0.0], [0.6, 0.1, 0.0, 0.0]], jnp.float32)
   mask = jnp.asarray([[1, 1, 1, 0], [1, 1, 0, 0]], jnp.float32)
-  out = advantages_lib.compute_advantages(ac, jnp.asarray([1.0, 0.0]), jnp.asarray([3, 2]),
-                                          mask, values, jnp.asarray([0, 0]))
+  out = advantages.compute_advantages(ac, jnp.asarray([1.0, 0.0]), jnp.asarray([3, 2]),
+                                      mask, values, jnp.asarray([0, 0]))
   assert abs(float(out.metrics["value/s0_mean"]) - 0.4) < 1e-6
   assert abs(float(out.metrics["value/s0_minus_return"]) - ((0.2 - 1.0) + 0.6) / 2) < 1e-6
-  grpo = advantages_lib.compute_advantages(dataclasses.replace(ac, use_critic=False),
-                                           jnp.asarray([1.0, 0.0]), jnp.asarray([3, 2]), mask,
-                                           None, jnp.asarray([0, 0]))
+  grpo = advantages.compute_advantages(dataclasses.replace(ac, estimator="group"),
+                                       jnp.asarray([1.0, 0.0]), jnp.asarray([3, 2]), mask,
+                                       None, jnp.asarray([0, 0]))
   assert "value/s0_mean" not in grpo.metrics
 
 

@@ -198,7 +198,10 @@ class RLSection:
   prompts_per_step: int = 512
   responses_per_prompt: int = 16
   group_sampling: bool = True
-  use_critic: bool = True               # False: GRPO/DAPO-style group-relative advantages
+  # The advantage estimator, a key of `rl.advantages.ESTIMATORS`: "gae" (VAPO/PPO: GAE
+  # with a critic) or "group" (GRPO/DAPO: group-relative, no critic).
+  advantage_estimator: str = "gae"
+  policy_loss: str = "ppo"              # a key of `losses.POLICY_LOSSES`: "ppo" (clipped)
   gamma: float = 1.0
   decoupled_gae: bool = True
   lam_critic: float = 1.0
@@ -344,6 +347,11 @@ class Config:
     return self.rl.overlong_cache_tokens or dapo.default_cache_len(self.sampling.max_new_tokens)
 
   @property
+  def uses_critic(self) -> bool:
+    """The advantage estimator reads a critic's values: the run trains a critic."""
+    return uses_critic(self.rl.advantage_estimator)
+
+  @property
   def eps_high(self) -> float:
     return self.rl.eps_high if self.rl.clip_higher else self.rl.eps_low
 
@@ -354,7 +362,34 @@ class Config:
 
 def default_config_dict() -> ml_collections.ConfigDict:
   """A ConfigDict holding every field at its default (configs/*.py start from it)."""
-  return ml_collections.ConfigDict(_to_dict(Config()))
+  c = ml_collections.ConfigDict(_to_dict(Config()))
+  for dotted, (hint, _) in REMOVED.items():  # settable, so that setting one says what to do
+    section, name = dotted.split(".")
+    c[section][name] = ml_collections.FieldReference(None, field_type=hint)
+  return c
+
+
+# Fields that were removed: section.field -> (its type, what to write instead). Setting one
+# (in a config file or on the command line) is an error that says so.
+REMOVED: dict[str, tuple[type, str]] = {
+    "rl.use_critic": (bool, 'set rl.advantage_estimator="gae" (was True) or "group" (was '
+                            'False)'),
+}
+
+
+def uses_critic(advantage_estimator: str) -> bool:
+  """Whether the estimator of that name (`rl.advantages.ESTIMATORS`) reads a critic."""
+  return _estimators()[advantage_estimator].critic
+
+
+def _estimators() -> dict:
+  from vapo_jax.rl import advantages  # pylint: disable=import-outside-toplevel
+  return advantages.ESTIMATORS
+
+
+def _policy_losses() -> dict:
+  from vapo_jax import losses  # pylint: disable=import-outside-toplevel
+  return losses.POLICY_LOSSES
 
 
 # Whole rows of the paper's ablation table, and the baselines, as field overrides.
@@ -380,12 +415,12 @@ PRESETS: dict[str, dict[str, Any]] = {
             "rl.group_sampling": False},
     # GRPO: no critic, group-normalised advantages, per-sequence loss, symmetric clipping,
     # k3 KL to the initial (reference) policy with GRPO's β = 0.04.
-    "grpo": {"rl.use_critic": False, "value_pretrain.enabled": False,
+    "grpo": {"rl.advantage_estimator": "group", "value_pretrain.enabled": False,
              "rl.token_level_loss": False, "rl.clip_higher": False, "rl.nll_coef": 0.0,
              "rl.group_std_norm": True, "rl.whiten_advantages": False, "rl.kl_coef": 0.04},
     # DAPO: GRPO without KL + token-level loss + Clip-Higher + dynamic sampling + overlong
     # reward shaping.
-    "dapo": {"rl.use_critic": False, "value_pretrain.enabled": False,
+    "dapo": {"rl.advantage_estimator": "group", "value_pretrain.enabled": False,
              "rl.token_level_loss": True, "rl.clip_higher": True, "rl.nll_coef": 0.0,
              "rl.group_std_norm": True, "rl.whiten_advantages": False,
              "rl.dynamic_sampling": True, "rl.overlong_shaping": True},
@@ -502,14 +537,19 @@ def validate(cfg: Config) -> None:
   need(vp.plateau_window >= 0 and vp.plateau_smooth >= 1 and vp.plateau_tol >= 0,
        "value_pretrain.plateau_window", vp.plateau_window,
        ">= 0 (0: off), with plateau_smooth >= 1 and plateau_tol >= 0")
-  need(not (vp.enabled and not rl.use_critic), "value_pretrain.enabled", vp.enabled,
-       "False when rl.use_critic is False (there is no critic to pretrain)")
+  need(rl.advantage_estimator in _estimators(), "rl.advantage_estimator",
+       rl.advantage_estimator, f"one of {sorted(_estimators())}")
+  need(rl.policy_loss in _policy_losses(), "rl.policy_loss", rl.policy_loss,
+       f"one of {sorted(_policy_losses())}")
+  need(not (vp.enabled and not cfg.uses_critic), "value_pretrain.enabled", vp.enabled,
+       f"False with rl.advantage_estimator={rl.advantage_estimator!r} (there is no critic "
+       "to pretrain)")
   need(rl.steps >= 0, "rl.steps", rl.steps, ">= 0")
   need(rl.prompts_per_step >= 1, "rl.prompts_per_step", rl.prompts_per_step, ">= 1")
   need(rl.responses_per_prompt >= 1, "rl.responses_per_prompt", rl.responses_per_prompt, ">= 1")
-  need(rl.use_critic or cfg.responses_per_prompt >= 2, "rl.responses_per_prompt",
-       rl.responses_per_prompt, ">= 2 with rl.group_sampling when rl.use_critic is False "
-       "(group-relative advantages need a group)")
+  need(cfg.uses_critic or cfg.responses_per_prompt >= 2, "rl.responses_per_prompt",
+       rl.responses_per_prompt, ">= 2 with rl.group_sampling when rl.advantage_estimator="
+       f"{rl.advantage_estimator!r} (group-relative advantages need a group)")
   need(0 < rl.gamma <= 1, "rl.gamma", rl.gamma, "in (0, 1]")
   need(0 <= rl.lam_critic <= 1, "rl.lam_critic", rl.lam_critic, "in [0, 1]")
   need(0 <= rl.lam_policy <= 1, "rl.lam_policy", rl.lam_policy, "in [0, 1]")
@@ -578,6 +618,12 @@ def _build(cls, values: dict, path: str):
   if not isinstance(values, dict):
     raise ConfigError(f"{path} must be a section (a ConfigDict), got {type(values).__name__}")
   fields = {f.name: f for f in dataclasses.fields(cls)}
+  values = dict(values)
+  for name in list(values):
+    removed = REMOVED.get(f"{path}.{name}".removeprefix("config."))
+    if removed is not None:
+      if values.pop(name) is not None:
+        raise ConfigError(f"{path}.{name} was removed: {removed[1]}")
   unknown = sorted(set(values) - set(fields))
   if unknown:
     raise ConfigError(f"{path}.{unknown[0]} is not a known field; {path} has: "

@@ -19,7 +19,7 @@ G counts responses with at least one real token. "VAPO without token-level loss"
 ``mode="seq_mean_token_mean"``.
 """
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -145,6 +145,12 @@ def ppo_policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array
       "tokens": jnp.sum(mask),
   }
   return PolicyLoss(aggregate(per_token, mask, mode), metrics)
+
+
+# rl.policy_loss -> the policy-gradient loss, fn(logp, old_logp, advantages, mask, *,
+# eps_low, eps_high, dual_clip, mode) -> PolicyLoss (the policy step adds μ·NLL and β·KL).
+# A new loss is one function with that signature and one row here.
+POLICY_LOSSES: dict[str, Callable[..., PolicyLoss]] = {"ppo": ppo_policy_loss}
 
 
 def positive_nll(logp: Array, mask: Array, scores: Array, *,
@@ -302,57 +308,6 @@ def kl_penalty(logp: Array, ref_logp: Array, mask: Array, *, mode: str = "token"
   return aggregate(jnp.expm1(d) - d, mask, mode)
 
 
-# ---------------------------------------------------------------- group-relative baselines
-
-
-def group_relative_advantages(scores: Array, group_size: int | None = None, *,
-                              group_ids: Array | None = None, normalize_std: bool = True,
-                              eps: float = 1e-6, ddof: int = 1) -> Array:
-  """GRPO's advantage: each response's score minus its group's mean, over the group's std.
-
-  A_i = (r_i − mean_g(r)) / (std_g(r) + ε), or r_i − mean_g(r) with ``normalize_std=False``
-  (Dr. GRPO). Groups are given by ``group_size`` (rows ``g·n … g·n + n − 1`` answer prompt g)
-  or by ``group_ids`` (row b answers prompt ``group_ids[b]``, any order, any group sizes).
-
-  Args:
-    scores: ``[B]`` per-response scores, B = P·n.
-    group_size: n, responses per prompt (contiguous groups).
-    group_ids: ``[B]`` int, the group of each row in ``[0, B)`` (instead of group_size).
-    normalize_std: divide by the group's standard deviation.
-    eps: added to the std.
-    ddof: delta degrees of freedom of the std (1: the sample std, as in GRPO).
-
-  Returns:
-    float32 ``[B]`` advantages (broadcast them over the response's tokens).
-  """
-  scores = jnp.asarray(scores, jnp.float32)
-  if group_ids is not None:
-    return _group_relative_by_id(scores, jnp.asarray(group_ids, jnp.int32), normalize_std,
-                                 eps, ddof)
-  if scores.ndim != 1 or scores.shape[0] % group_size:
-    raise ValueError(f"scores must be [P*n] with n={group_size}, got shape {scores.shape}")
-  grouped = scores.reshape(-1, group_size)
-  centred = grouped - jnp.mean(grouped, axis=-1, keepdims=True)
-  if normalize_std:
-    if group_size - ddof <= 0:
-      raise ValueError(f"group_size {group_size} too small for ddof={ddof}")
-    std = jnp.sqrt(jnp.sum(jnp.square(centred), -1, keepdims=True) / (group_size - ddof))
-    centred = centred / (std + eps)
-  return jax.lax.stop_gradient(centred.reshape(-1))
-
-
-def _group_relative_by_id(scores: Array, ids: Array, normalize_std: bool, eps: float,
-                          ddof: int) -> Array:
-  b = scores.shape[0]
-  total = lambda x: jax.ops.segment_sum(x, ids, num_segments=b)[ids]  # noqa: E731
-  count = total(jnp.ones_like(scores))
-  centred = scores - total(scores) / count
-  if normalize_std:
-    std = jnp.sqrt(total(jnp.square(centred)) / jnp.maximum(count - ddof, 1.0))
-    centred = centred / (std + eps)
-  return jax.lax.stop_gradient(centred)
-
-
 def masked_whiten(x: Array, mask: Array, *, shift_mean: bool = True, eps: float = 1e-8) -> Array:
   """(x − mean) / std over real tokens (PPO's advantage normalisation); 0 at masked positions."""
   mask = jnp.asarray(mask, jnp.float32)
@@ -368,3 +323,18 @@ def masked_whiten(x: Array, mask: Array, *, shift_mean: bool = True, eps: float 
 def _check_mode(mode: str) -> None:
   if mode not in MODES:
     raise ValueError(f"loss aggregation mode must be one of {MODES}, got {mode!r}")
+
+
+def __getattr__(name: str):
+  """`losses.group_relative_advantages` moved to `vapo_jax.rl.advantages` (an advantage
+  estimator, not a loss); the old name keeps working, with a DeprecationWarning, for the
+  projects that import it from here. The import happens only on that use, so this module
+  still imports nothing but jax."""
+  if name == "group_relative_advantages":
+    import warnings  # pylint: disable=import-outside-toplevel
+    from vapo_jax.rl import advantages  # pylint: disable=import-outside-toplevel
+    warnings.warn("vapo_jax.losses.group_relative_advantages moved to "
+                  "vapo_jax.rl.advantages.group_relative_advantages", DeprecationWarning,
+                  stacklevel=2)
+    return advantages.group_relative_advantages
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

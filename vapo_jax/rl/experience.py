@@ -6,7 +6,7 @@
       ──checker──▶ scores                                                       [rl.reward]
       ──▶ advantages (λ_policy) and critic targets (λ_critic)               [rl.advantages]
 
-The batch it returns is what the update (`rl.update`, BATCH_SPEC) takes. Value pretraining
+It returns the `rl.batch.RolloutBatch` the update (`rl.update`) takes. Value pretraining
 uses the same experience with Monte Carlo targets (λ = 1) for the critic.
 
 The baselines' extras (`rl.dapo`, config `rl.*`): overlong shaping adds DAPO's soft length
@@ -34,7 +34,9 @@ import numpy as np
 
 from vapo_jax import distributed as dist
 from vapo_jax.rewards.scorer import BatchScores
+from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import dapo
+from vapo_jax.rl import length_stats
 from vapo_jax.rl import reward as reward_lib
 from vapo_jax.rl import rollout as rollout_lib
 from vapo_jax.sampler import types as types_lib
@@ -49,8 +51,6 @@ class Experience:
   scorer: the reward checker (`rewards.RewardScorer`).
   logprobs: jitted (params, tokens_BxL, mask_BxL, *, prompt_len, temperature) ->
     (log-probs, entropies) [B, R].
-  values: jitted (critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R]
-    (None until the run has a critic).
   advantages, monte_carlo: jitted (scores_B, lengths_B, mask_BxR, values_BxR,
     group_ids_B) -> `rl.advantages.Advantages`, with the run's settings / with λ_critic = 1 (value
     pretraining).
@@ -64,7 +64,6 @@ class Experience:
   text: Any
   scorer: Any
   logprobs: Callable
-  values: Callable | None
   advantages: Callable
   monte_carlo: Callable
   temperature: float
@@ -73,11 +72,14 @@ class Experience:
   dynamic_rounds: int = -1
   group_size: int = 1
 
-  def __call__(self, policy_params, critic_params, examples, key, *,
+  def __call__(self, policy_params, examples, key, *, values: Callable | None = None,
                for_value_pretraining: bool = False, ref_params=None,
-               more_examples: Callable[[], list] | None = None) -> tuple[dict, dict]:
+               more_examples: Callable[[], list] | None = None
+               ) -> tuple[batch_lib.RolloutBatch, dict]:
     """Samples, scores and annotates one rollout batch: (device batch, metrics).
 
+    values: the critic, (tokens_BxL, mask_BxL, prompt_len) -> V(s_t) [B, R] (jitted, its
+      parameters bound: `run.parts.values_fn`), or None without a critic.
     ref_params: the reference policy's parameters (adds `ref_logp_BxR`), or None.
     more_examples: () -> the next global list of prompts, for dynamic sampling's extra
       rounds (dynamic sampling is on when `dynamic_rounds` >= 0 and this is given; never
@@ -105,8 +107,7 @@ class Experience:
     ref_logp = (self.logprobs(ref_params, tokens, mask, prompt_len=p,
                               temperature=self.temperature)[0]
                 if ref_params is not None else None)
-    values = (self.values(critic_params, tokens, mask, prompt_len=p)
-              if critic_params is not None else None)
+    values = values(tokens, mask, p) if values is not None else None
     if not dynamic:
       scored = reward_lib.score(self.scorer, rollout, self.text.decode,
                                 [ex.problem for ex in examples], [ex.answer for ex in examples])
@@ -121,12 +122,11 @@ class Experience:
       on_device["reward/overlong_penalty_mean"] = jnp.mean(penalty_B)
     fn = self.monte_carlo if for_value_pretraining else self.advantages
     adv = fn(rewards_B, rollout.lengths_B, resp_mask, values, rollout.group_ids_B)
-    batch = {"tokens_BxL": tokens, "mask_BxL": mask, "old_logp_BxR": old_logp,
-             "advantages_BxR": adv.advantages_BxR, "returns_BxR": adv.returns_BxR,
-             "old_values_BxR": values if values is not None else jnp.zeros_like(old_logp),
-             "response_mask_BxR": resp_mask, "scores_B": scores_B}
-    if ref_logp is not None:
-      batch["ref_logp_BxR"] = ref_logp
+    batch = batch_lib.RolloutBatch(
+        tokens_BxL=tokens, mask_BxL=mask, old_logp_BxR=old_logp,
+        advantages_BxR=adv.advantages_BxR, returns_BxR=adv.returns_BxR,
+        old_values_BxR=values if values is not None else jnp.zeros_like(old_logp),
+        response_mask_BxR=resp_mask, scores_B=scores_B, ref_logp_BxR=ref_logp)
     lengths, truncated = dist.to_host((rollout.lengths_B, rollout.truncated_B))
     ent = jnp.sum(entropy * resp_mask) / jnp.maximum(jnp.sum(resp_mask), 1)
     metrics = {**all_scores.metrics(), **extra,
@@ -144,9 +144,14 @@ class Experience:
         "time/reward_and_forward_s": t3 - t1,
         "rollout_tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9),
     })
+    metrics.update(length_stats.length_metrics(  # what tools/step_model reads (--lengths)
+        lengths, dist.to_host(jnp.sum(rollout.prompt_mask_BxP, axis=1)), prompt_len=p,
+        max_new_tokens=resp_mask.shape[1],
+        rows_per_call=(self.prompts_per_call or len(examples)) * self.group_size))
     return batch, metrics
 
-  def sample_and_score(self, policy_params, examples, key) -> tuple[dict, dict]:
+  def sample_and_score(self, policy_params, examples, key
+                       ) -> tuple[batch_lib.RolloutBatch, dict]:
     """Steps 1–2 only, for the reward-model stage: (device batch of tokens_BxL, mask_BxL,
     response_mask_BxR and the checker's scores_B, reward and length metrics)."""
     rollout = self._sample(policy_params, examples, key)
@@ -156,8 +161,9 @@ class Experience:
     scored = reward_lib.score(self.scorer, rollout, self.text.decode,
                               [ex.problem for ex in examples], [ex.answer for ex in examples])
     lengths = dist.to_host(rollout.lengths_B)
-    batch = {"tokens_BxL": tokens, "mask_BxL": mask,
-             "response_mask_BxR": rollout.response_mask_BxR, "scores_B": scored.scores_B}
+    batch = batch_lib.RolloutBatch(tokens_BxL=tokens, mask_BxL=mask,
+                                   response_mask_BxR=rollout.response_mask_BxR,
+                                   scores_B=scored.scores_B)
     return batch, {**scored.all_scores.metrics(),
                    "response/length_mean": float(lengths.mean())}
 

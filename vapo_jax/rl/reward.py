@@ -16,12 +16,12 @@ import numpy as np
 
 from vapo_jax import distributed as dist
 from vapo_jax.rewards.scorer import BatchScores
-from vapo_jax.sampler import types as rollout_lib
+from vapo_jax.sampler import types
 
 _NO_ANSWER = ("no_answer", "malformed_box", "empty_box")
 
 
-def local_responses(rollout: rollout_lib.Rollout) -> tuple[np.ndarray, list[list[int]]]:
+def local_responses(rollout: types.Rollout) -> tuple[np.ndarray, list[list[int]]]:
   """(rows, token lists) of this host's responses, real tokens only."""
   rows, resp = dist.local_rows(rollout.response_BxR)
   rows_l, lengths = dist.local_rows(rollout.lengths_B)
@@ -41,7 +41,7 @@ class Scored:
   all_scores: BatchScores
 
 
-def score(scorer, rollout: rollout_lib.Rollout, decode, problems: Sequence[str],
+def score(scorer, rollout: types.Rollout, decode, problems: Sequence[str],
           answers: Sequence[str]) -> Scored:
   """Scores this host's responses; row b answers problem `group_ids_B[b]` (global lists)."""
   rows, responses = local_responses(rollout)

@@ -31,9 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from vapo_jax.data import PromptIterator
-from vapo_jax.run import checkpoint_store as checkpointing
+from vapo_jax.run import checkpoint_store
 from vapo_jax.run import control as run_control
 from vapo_jax.run import metrics as metrics_lib
+from vapo_jax.run import parts
 
 CHECKPOINTS = "checkpoints"
 
@@ -46,17 +47,16 @@ class RunState:
   prompt iterators, the PRNG key, the metric records written (`log`) and the summary.
   """
   cfg: Any                                   # config.Config
-  ckpt: checkpointing.CheckpointStore | None
+  ckpt: checkpoint_store.CheckpointStore | None
   ctl: run_control.RunControl
   log: metrics_lib.MetricsWriter
   prompts: PromptIterator                    # the RL / value-pretraining prompts
   key: jax.Array                             # rollouts split their keys from it
   policy_params: Any
   sft_prompts: PromptIterator | None = None  # while SFT runs
-  sft_state: Any = None                      # TrainStates, once their stage has set them up
-  reward_model_state: Any = None
-  policy_state: Any = None
-  critic_state: Any = None
+  # The trained networks ("sft", "policy", "critic", "reward_model": `rl.train_state.Learner`),
+  # once their stage has set them up; their TrainStates are checkpoint groups of that name.
+  learners: dict[str, Any] = dataclasses.field(default_factory=dict)
   ref_params: Any = None                     # the KL penalty's reference policy, once set up
   summary: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -64,33 +64,46 @@ class RunState:
     self.key, sub = jax.random.split(self.key)
     return sub
 
+  def train_state(self, name: str) -> Any:
+    """The TrainState of learner `name`, or None when it is not set up."""
+    learner = self.learners.get(name)
+    return learner.state if learner is not None else None
+
 
 def store(cfg, workdir: str | None, *, read_only: bool = False
-          ) -> checkpointing.CheckpointStore | None:
+          ) -> checkpoint_store.CheckpointStore | None:
   """The run's checkpoint store under `workdir/checkpoints` (None without a workdir)."""
   if not workdir:
     return None
   ck = cfg.checkpoint
-  return checkpointing.CheckpointStore(os.path.join(workdir, CHECKPOINTS), keep=ck.keep,
+  return checkpoint_store.CheckpointStore(os.path.join(workdir, CHECKPOINTS), keep=ck.keep,
                                        keep_best=ck.keep_best, async_save=ck.async_save,
                                        read_only=read_only)
 
 
+# The learners whose parameters are the policy's, and the learner each stage trains; a
+# learner is saved at its own stage, any other (the critic) whenever it is set up.
+POLICY_LEARNERS = ("sft", "policy")
+STAGE_LEARNER = {"sft": "sft", "reward_model": "reward_model", "rl": "policy", "done": "policy"}
+# The frozen parameter trees a checkpoint may hold beside the learners' TrainStates.
+FROZEN = ("policy_params", "reference")
+# Every group a checkpoint may hold.
+GROUPS = (*parts.LEARNERS, *FROZEN)
+
+
 def groups(state: RunState) -> dict[str, Any]:
-  """The arrays a checkpoint holds at the run's current position."""
+  """The arrays a checkpoint holds at the run's current position: the TrainState of the
+  stage's learner and of any learner no stage owns (the critic), the policy's parameters
+  unless that learner holds them, and the KL penalty's reference."""
   out = {}
-  stage = state.ctl.stage
-  if stage == "sft" and state.sft_state is not None:
-    out["sft"] = state.sft_state
-  elif stage == "reward_model" and state.reward_model_state is not None:
-    out["reward_model"] = state.reward_model_state
+  own = STAGE_LEARNER.get(state.ctl.stage)
+  if own in state.learners:
+    out[own] = state.learners[own].state
+  if not (own in POLICY_LEARNERS and own in state.learners):
     out["policy_params"] = state.policy_params
-  elif stage in ("rl", "done") and state.policy_state is not None:
-    out["policy"] = state.policy_state
-  else:
-    out["policy_params"] = state.policy_params
-  if state.critic_state is not None:
-    out["critic"] = state.critic_state
+  for name, learner in state.learners.items():
+    if name not in STAGE_LEARNER.values():
+      out[name] = learner.state
   if state.ref_params is not None:
     out["reference"] = state.ref_params
   return out
@@ -114,11 +127,6 @@ def save(state: RunState, score: float | None = None) -> None:
           "metrics_lines": state.log.lines, "summary": state.summary,
           "config": dataclasses.asdict(state.cfg)}
   ckpt.save(state.ctl.global_step, groups(state), meta, score=score)
-
-
-GROUPS = ("sft", "policy", "critic", "policy_params", "reference", "reward_model")
-WEIGHTS = {"sft": ".params", "policy": ".params", "critic": ".params", "policy_params": "",
-           "reference": "", "reward_model": ".params"}
 
 
 def restore(state: RunState, build: Callable[[str], Any], step: int | None = None
@@ -150,15 +158,15 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
 
   def like(name: str):
     if name not in GROUPS:
-      raise checkpointing.CheckpointError(f"unknown checkpoint group {name!r}")
+      raise checkpoint_store.CheckpointError(f"unknown checkpoint group {name!r}")
     return build(name)
 
   def reset():
     # Undo what a failed attempt built or set, so states match a run that never stopped.
     state.policy_params, state.key = initial[:2]
     state.prompts.set_state(initial[2])
-    state.sft_state = state.sft_prompts = state.policy_state = None
-    state.critic_state = state.ref_params = state.reward_model_state = None
+    state.sft_prompts = state.ref_params = None
+    state.learners.clear()
 
   def attempt(s, meta):
     reset()
@@ -168,7 +176,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
       how = ("rerun with the checkpoint's config, start over with a fresh --workdir"
              + (", or set --config.checkpoint.restore=weights to restore only the model "
                 "weights (fresh optimizer state)" if weights_hint else ""))
-      return checkpointing.CheckpointMismatch(
+      return checkpoint_store.CheckpointMismatch(
           f"{what}; config changed since it was saved: {', '.join(changes) or 'nothing'}; "
           f"every checkpoint was left in place; to go on, {how}")
 
@@ -180,17 +188,17 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     note = None
     try:
       arrays = ckpt.restore(s, likes)
-    except checkpointing.CheckpointMismatch as e:
+    except checkpoint_store.CheckpointMismatch as e:
       weights = {n: _weights(n, t) for n, t in likes.items()}
-      subtrees = {n: WEIGHTS[n] for n in likes}
+      subtrees = {n: _weights_path(n) for n in likes}
       try:
         ckpt.check(s, weights, subtrees=subtrees)
-      except checkpointing.CheckpointMismatch as e2:
+      except checkpoint_store.CheckpointMismatch as e2:
         raise mismatch(f"{e2} (its model weights do not fit this run)", False) from e2
       if not weights_ok:  # (only the optimizer state does not fit)
         raise mismatch(f"{e} (the checkpoint does not fit this run)", True) from e
       params = ckpt.restore(s, weights, subtrees=subtrees)
-      arrays = {n: p if WEIGHTS[n] == "" else dataclasses.replace(likes[n], params=p)
+      arrays = {n: p if n in FROZEN else dataclasses.replace(likes[n], params=p)
                 for n, p in params.items()}
       note = (f"checkpoint.restore=weights: restored only the weights of checkpoint {s}; "
               f"the optimizer state starts fresh ({e})")
@@ -203,7 +211,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
       return None
   else:
     if step not in ckpt.steps():
-      raise checkpointing.CheckpointError(f"no checkpoint {step} in {ckpt.directory} "
+      raise checkpoint_store.CheckpointError(f"no checkpoint {step} in {ckpt.directory} "
                                           f"(there are {ckpt.steps()})")
     found = attempt(step, ckpt.read_meta(step))
   step, meta, arrays, changes, note = found
@@ -211,20 +219,15 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     warnings.warn(f"resuming with config.{change} (changed since checkpoint {step})")
   if note:
     warnings.warn(note)
-  if "sft" in arrays:
-    state.sft_state = arrays["sft"]
-    state.policy_params = state.sft_state.params
-  if "policy" in arrays:
-    state.policy_state = arrays["policy"]
-    state.policy_params = state.policy_state.params
+  for name, tree in arrays.items():
+    if name in state.learners:  # (set up by `build` as the restore target)
+      state.learners[name].state = tree
+      if name in POLICY_LEARNERS:
+        state.policy_params = tree.params
   if "policy_params" in arrays:
     state.policy_params = arrays["policy_params"]
-  if "critic" in arrays:
-    state.critic_state = arrays["critic"]
   if "reference" in arrays:
     state.ref_params = arrays["reference"]
-  if "reward_model" in arrays:
-    state.reward_model_state = arrays["reward_model"]
   state.key = jax.random.wrap_key_data(jnp.asarray(meta["key"], jnp.uint32))
   pos = state.ctl
   pos.load(meta["position"])
@@ -256,27 +259,34 @@ def initial_policy(run: str, like: Any) -> tuple[Any, str]:
   directory = run if os.path.basename(os.path.normpath(run)) == CHECKPOINTS else os.path.join(
       run, CHECKPOINTS)
   if not os.path.isdir(directory):
-    raise checkpointing.CheckpointError(f"model.init_from={run!r}: no {directory}")
-  source = checkpointing.CheckpointStore(directory, keep_best=False, read_only=True)
+    raise checkpoint_store.CheckpointError(f"model.init_from={run!r}: no {directory}")
+  source = checkpoint_store.CheckpointStore(directory, keep_best=False, read_only=True)
   try:
     steps = source.steps()
     if not steps:
-      raise checkpointing.CheckpointError(f"model.init_from={run!r}: no checkpoint in "
+      raise checkpoint_store.CheckpointError(f"model.init_from={run!r}: no checkpoint in "
                                           f"{directory}")
     saved = source.read_meta(steps[-1])["groups"]
     name = next((g for g in ("policy", "sft", "policy_params") if g in saved), None)
     if name is None:
-      raise checkpointing.CheckpointError(f"model.init_from={run!r}: checkpoint {steps[-1]} "
+      raise checkpoint_store.CheckpointError(f"model.init_from={run!r}: checkpoint {steps[-1]} "
                                           f"holds no policy (it has {sorted(saved)})")
-    params = source.restore(steps[-1], {name: like}, subtrees={name: WEIGHTS[name]})[name]
+    params = source.restore(steps[-1], {name: like}, subtrees={name: _weights_path(name)}
+                            )[name]
   finally:
     source.close()
   return params, f"the policy of {directory} step {steps[-1]} ({name})"
 
 
+def _weights_path(group: str) -> str:
+  """Where a group's model parameters sit in its tree: a TrainState's `.params`, or the
+  whole (frozen) tree."""
+  return "" if group in FROZEN else ".params"
+
+
 def _weights(group: str, tree: Any) -> Any:
   """The model parameters in a group's tree (a TrainState's params, or the tree itself)."""
-  return tree if WEIGHTS[group] == "" else tree.params
+  return tree if group in FROZEN else tree.params
 
 
 def _set_iterators(state: RunState, meta: dict, build: Callable[[str], Any]) -> None:
@@ -288,18 +298,18 @@ def _set_iterators(state: RunState, meta: dict, build: Callable[[str], Any]) -> 
     state.sft_prompts.set_state(meta["iterators"]["sft"])
 
 
-def select_step(ckpt: checkpointing.CheckpointStore | None, which: str) -> int:
+def select_step(ckpt: checkpoint_store.CheckpointStore | None, which: str) -> int:
   """"latest", "best" (highest eval avg@k) or a number, as a checkpoint step of the run."""
   steps = ckpt.steps() if ckpt else []
   if not steps:
-    raise checkpointing.CheckpointError(
+    raise checkpoint_store.CheckpointError(
         f"no checkpoints under {ckpt.directory if ckpt else 'a run without a workdir'}")
   if which == "latest":
     return steps[-1]
   if which == "best":
     best = ckpt.best_step()
     if best is None:
-      raise checkpointing.CheckpointError("no checkpoint has an eval score (best needs "
+      raise checkpoint_store.CheckpointError("no checkpoint has an eval score (best needs "
                                           "eval.every > 0 or a finished RL stage)")
     return best
   return int(which)

@@ -40,9 +40,9 @@ class NonFiniteError(RuntimeError):
 def stages_of(cfg) -> list[str]:
   """The stages this config runs, in order, ending with "done"."""
   out = ["sft"] if cfg.sft.enabled else []
-  if cfg.model.critic_start == "reward_model" and cfg.rl.use_critic:
+  if cfg.model.critic_start == "reward_model" and cfg.uses_critic:
     out.append("reward_model")
-  if cfg.value_pretrain.enabled and cfg.rl.use_critic:
+  if cfg.value_pretrain.enabled and cfg.uses_critic:
     out.append("value_pretrain")
   return out + ["rl", "done"]
 

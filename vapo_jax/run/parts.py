@@ -1,10 +1,11 @@
 """The one place that builds a run's parts from a `config.Config`.
 
 Mesh, policy and critic (the tokenizer and examples: `run.inputs`); the samplers; the
-settings of each RL step (every Config → dataclass adapter); the optimizers and the jitted
-programs. The trainer builds its run with `build` and `train_state`, and `tools/programs`
-(the compile check) builds the same programs from abstract parameters with the same
-functions, so the check compiles exactly what a run runs.
+settings of each RL step (every Config → dataclass adapter); the trained networks
+(`LEARNERS`, one row each: optimizer and compiled step) and the jitted programs. The trainer
+builds its run with `build` and `learner`, and `tools/programs` (the compile check) builds
+the same programs from abstract parameters with the same functions, so the check compiles
+exactly what a run runs.
 """
 
 import dataclasses
@@ -20,19 +21,22 @@ from jax.sharding import NamedSharding
 
 from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
-from vapo_jax import distributed as dist
+from vapo_jax import distributed
 from vapo_jax import sharding as shd
 from vapo_jax.models import config as model_config
 from vapo_jax.models import hf_io, lora, transformer
 from vapo_jax.rewards import fn_for_mode
 from vapo_jax.rewards import RewardScorer
-from vapo_jax.rl import advantages as advantages_lib
+from vapo_jax.rl import advantages
+from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import experience as experience_lib
+from vapo_jax.rl import forward
+from vapo_jax.rl import train_state
 from vapo_jax.rl import update
 from vapo_jax.run import inputs
 from vapo_jax.run.inputs import Text
 from vapo_jax.sampler import engine as sampler_lib
-from vapo_jax.sampler import ops as sampling
+from vapo_jax.sampler import ops
 
 
 def rules_of(cfg) -> shd.Rules:
@@ -129,7 +133,7 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
                   temperature: float | None = None, greedy: bool = False):
   """A compiled group sampler with the run's sampling settings."""
   s = cfg.sampling
-  scfg = sampling.SamplingConfig(
+  scfg = ops.SamplingConfig(
       max_new_tokens=s.max_new_tokens, temperature=temperature or s.temperature,
       top_p=s.top_p, top_k=s.top_k, greedy=greedy, stop_token_ids=text.eos_ids,
       pad_id=text.pad_id, vocab_size=text.vocab_size, n_per_prompt=n,
@@ -169,11 +173,11 @@ def device_count_check(cfg, mesh, rules) -> None:
 # ---------------------------------------------------------------- config -> step settings
 
 
-def advantage_config(cfg: config_lib.Config) -> advantages_lib.AdvantageConfig:
+def advantage_config(cfg: config_lib.Config) -> advantages.AdvantageConfig:
   """The advantage settings of step 3 (`rl.alpha` reaches `gae` only through here)."""
   rl = cfg.rl
-  return advantages_lib.AdvantageConfig(
-      use_critic=rl.use_critic, gamma=rl.gamma, decoupled=rl.decoupled_gae,
+  return advantages.AdvantageConfig(
+      estimator=rl.advantage_estimator, gamma=rl.gamma, decoupled=rl.decoupled_gae,
       lam_critic=rl.lam_critic, length_adaptive=rl.length_adaptive, alpha=rl.alpha,
       lam_policy=rl.lam_policy, group_std_norm=rl.group_std_norm,
       whiten=rl.whiten_advantages, gae_impl=rl.gae_impl)
@@ -185,7 +189,8 @@ def policy_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.Pol
   return update.PolicyHParams(
       temperature=cfg.sampling.temperature, eps_low=rl.eps_low, eps_high=cfg.eps_high,
       dual_clip=rl.dual_clip or None, loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
-      nll_threshold=rl.nll_threshold, micro_batches=micro_batches, kl_coef=rl.kl_coef)
+      nll_threshold=rl.nll_threshold, micro_batches=micro_batches, kl_coef=rl.kl_coef,
+      policy_loss=rl.policy_loss)
 
 
 def critic_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.CriticHParams:
@@ -220,65 +225,94 @@ def sft_warmup(cfg: config_lib.Config) -> int:
   return min(cfg.optim.warmup_steps, cfg.sft.steps // 10)
 
 
-def optimizer(cfg: config_lib.Config, model: str) -> update.Optimizer:
-  """The AdamW of "sft", "policy" or "critic" training."""
-  o = cfg.optim
-  lr, warmup = {"sft": (o.sft_lr, sft_warmup(cfg)), "policy": (o.policy_lr, o.warmup_steps),
-                "critic": (o.critic_lr, o.warmup_steps),
-                "reward_model": (o.critic_lr, o.warmup_steps)}[model]
-  return update.make_optimizer(lr, warmup_steps=warmup, weight_decay=o.weight_decay, b1=o.b1,
-                               b2=o.b2, eps=o.eps, grad_clip=o.grad_clip)
-
-
 # ------------------------------------------------------------------------------ programs
 # Each takes parameters or a TrainState, concrete or abstract (`jax.ShapeDtypeStruct`s with
 # shardings): only their structure and shardings are read.
 
 
+def _compile(step_fn, state, mesh, rules):
+  return train_state.compile_step(step_fn, state, mesh, batch_axes(mesh, rules), rules)
+
+
 def sft_step(cfg, graphdef, tx, state, mesh, rules):
   del cfg
-  return update.compile_step(functools.partial(update.sft_step, graphdef, tx), state, mesh,
-                             batch_axes(mesh, rules), rules)
+  return _compile(functools.partial(update.sft_step, graphdef, tx), state, mesh, rules)
 
 
 def policy_step(cfg, graphdef, tx, state, mesh, rules):
   hp = policy_hparams(cfg, rows_of(cfg).micro_batches)
-  return update.compile_step(functools.partial(update.policy_step, graphdef, tx, hp), state,
-                             mesh, batch_axes(mesh, rules), rules)
+  return _compile(functools.partial(update.policy_step, graphdef, tx, hp), state, mesh, rules)
 
 
 def critic_step(cfg, graphdef, tx, state, mesh, rules):
   hp = critic_hparams(cfg, rows_of(cfg).micro_batches)
-  return update.compile_step(functools.partial(update.critic_step, graphdef, tx, hp), state,
-                             mesh, batch_axes(mesh, rules), rules)
+  return _compile(functools.partial(update.critic_step, graphdef, tx, hp), state, mesh, rules)
 
 
 def reward_model_step(cfg, graphdef, tx, state, mesh, rules):
   hp = critic_hparams(cfg, rows_of(cfg).micro_batches)
-  return update.compile_step(functools.partial(update.reward_model_step, graphdef, tx, hp),
-                             state, mesh, batch_axes(mesh, rules), rules)
+  return _compile(functools.partial(update.reward_model_step, graphdef, tx, hp), state, mesh,
+                  rules)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerRow:
+  """How one trained network is built: its optimizer's (rate, warm-up) from the config, and
+  its step builder (cfg, graphdef, tx, state, mesh, rules) -> compiled step."""
+  schedule: Callable[[config_lib.Config], tuple[float, int]]
+  step: Callable
+
+
+# Every network a run trains, by name: the one table (a process reward model or a second
+# critic would be one more row, plus its step function in rl.update).
+LEARNERS: dict[str, LearnerRow] = {
+    "sft": LearnerRow(lambda cfg: (cfg.optim.sft_lr, sft_warmup(cfg)), sft_step),
+    "policy": LearnerRow(lambda cfg: (cfg.optim.policy_lr, cfg.optim.warmup_steps),
+                         policy_step),
+    "critic": LearnerRow(lambda cfg: (cfg.optim.critic_lr, cfg.optim.warmup_steps),
+                         critic_step),
+    "reward_model": LearnerRow(lambda cfg: (cfg.optim.critic_lr, cfg.optim.warmup_steps),
+                               reward_model_step),
+}
+
+
+def optimizer(cfg: config_lib.Config, name: str) -> train_state.Optimizer:
+  """The AdamW of one of LEARNERS."""
+  o = cfg.optim
+  lr, warmup = LEARNERS[name].schedule(cfg)
+  return train_state.make_optimizer(lr, warmup_steps=warmup, weight_decay=o.weight_decay,
+                                    b1=o.b1, b2=o.b2, eps=o.eps, grad_clip=o.grad_clip)
+
+
+def learner(cfg, name: str, graphdef, params, mesh, rules) -> train_state.Learner:
+  """One of LEARNERS set up: its optimizer, a fresh TrainState of `params`, its compiled
+  step."""
+  tx = optimizer(cfg, name)
+  state = train_state.init_state(params, tx)
+  return train_state.Learner(name, graphdef, tx,
+                             LEARNERS[name].step(cfg, graphdef, tx, state, mesh, rules), state)
 
 
 def logprobs_fn(cfg, graphdef, mesh, rules):
   """(params, tokens_BxL, mask_BxL, *, prompt_len, temperature) -> old log-probs, entropy."""
-  return jax.jit(update.in_micro_batches(functools.partial(update.policy_logprobs, graphdef),
-                                         rows_of(cfg).forward_chunks, mesh, rules),
+  return jax.jit(forward.in_micro_batches(functools.partial(forward.policy_logprobs, graphdef),
+                                          rows_of(cfg).forward_chunks, mesh, rules),
                  static_argnames=("prompt_len", "temperature"))
 
 
 def values_fn(cfg, graphdef, mesh, rules):
   """(critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R]."""
-  return jax.jit(update.in_micro_batches(functools.partial(update.critic_values, graphdef),
-                                         rows_of(cfg).forward_chunks, mesh, rules),
+  return jax.jit(forward.in_micro_batches(functools.partial(forward.critic_values, graphdef),
+                                          rows_of(cfg).forward_chunks, mesh, rules),
                  static_argnames=("prompt_len",))
 
 
 def take_fn(mesh, batch_axes_):
   """take(batch, idx): rows idx of a batch, sharded like a batch."""
   take = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, 0), batch),
-                 out_shardings=update.batch_sharding(mesh, batch_axes_))
+                 out_shardings=batch_lib.batch_sharding(mesh, batch_axes_))
   # idx is the same on every host; as a replicated global array it also works multi-host.
-  return lambda batch, idx: take(batch, dist.replicated(np.asarray(idx), mesh))
+  return lambda batch, idx: take(batch, distributed.replicated(np.asarray(idx), mesh))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,17 +328,17 @@ def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text) -> Samplers:
                   build(n=1, greedy=True))
 
 
-def experience(cfg, sampler, text: Text, scorer, logprobs, values=None
-               ) -> experience_lib.Experience:
-  """Steps 1–3 of the RL step with the run's settings (`values` is added with the critic)."""
+def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Experience:
+  """Steps 1–3 of the RL step with the run's settings (the critic's values come with each
+  call: `Experience.__call__`)."""
   ac = advantage_config(cfg)
   return experience_lib.Experience(
-      sampler=sampler, text=text, scorer=scorer, logprobs=logprobs, values=values,
-      advantages=jax.jit(functools.partial(advantages_lib.compute_advantages, ac)),
+      sampler=sampler, text=text, scorer=scorer, logprobs=logprobs,
+      advantages=jax.jit(functools.partial(advantages.compute_advantages, ac)),
       # Value pretraining's targets: Monte Carlo (λ = 1), or with value_pretrain.coupled_gae
       # the RL stage's λ_policy (the critic then bootstraps on itself, as without decoupling).
-      monte_carlo=jax.jit(functools.partial(advantages_lib.compute_advantages, dataclasses.replace(
-          ac, use_critic=True, decoupled=not cfg.value_pretrain.coupled_gae, lam_critic=1.0))),
+      monte_carlo=jax.jit(functools.partial(advantages.compute_advantages, dataclasses.replace(
+          ac, estimator="gae", decoupled=not cfg.value_pretrain.coupled_gae, lam_critic=1.0))),
       temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call,
       overlong=((cfg.sampling.max_new_tokens, cfg.overlong_cache_tokens)
                 if cfg.rl.overlong_shaping else None),
@@ -312,19 +346,9 @@ def experience(cfg, sampler, text: Text, scorer, logprobs, values=None
       group_size=cfg.responses_per_prompt)
 
 
-def train_state(cfg, model: str, graphdef, params, mesh, rules):
-  """(TrainState, compiled step, optimizer) of "sft", "policy", "critic" or "reward_model"
-  training."""
-  tx = optimizer(cfg, model)
-  state = update.init_state(params, tx)
-  build_step = {"sft": sft_step, "policy": policy_step, "critic": critic_step,
-                "reward_model": reward_model_step}[model]
-  return state, build_step(cfg, graphdef, tx, state, mesh, rules), tx
-
-
 @dataclasses.dataclass
 class RunParts:
-  """What a run is built from (the TrainStates come later, from `train_state`)."""
+  """What a run is built from (the trained networks come later: `learner`)."""
   mesh: Any
   rules: shd.Rules
   batch_axes: tuple[str, ...]
@@ -338,7 +362,7 @@ class RunParts:
   scorer: RewardScorer          # training rewards (reward.mode)
   eval_scorer: Any              # the same pool, checking in eval.reward_mode
   samplers: Samplers
-  experience: experience_lib.Experience  # steps 1–3 (its `values` join with the critic)
+  experience: experience_lib.Experience  # steps 1–3
   take: Callable                # take(batch, idx): the mini-batch of rows idx, on the mesh
 
 

@@ -17,7 +17,7 @@ only orders the stages; their parts are built by `run.parts`, and everything a c
 holds is the trainer's `RunState` (`run.checkpoint`).
 """
 
-import dataclasses
+import functools
 import os
 import time
 import warnings
@@ -36,7 +36,8 @@ from vapo_jax.run import inputs
 from vapo_jax.run import metrics as metrics_lib
 from vapo_jax.run import parts
 from vapo_jax.run import stopping
-from vapo_jax.rl import update as update_lib
+from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import update
 
 CRITIC_DIR = "critic"          # workdir/critic: HF-format critic after value pretraining
 REWARD_MODEL_DIR = "reward_model"  # workdir/reward_model: HF-format RM after its stage
@@ -59,8 +60,7 @@ class Trainer:
     """
     self.cfg, self.workdir, self.progress = cfg, workdir, progress
     self.parts = p = parts.build(cfg)
-    self.critic_graphdef = self.rm_graphdef = None
-    self.steps: dict[str, tuple] = {}  # "sft" / "policy" / "critic" -> (compiled step, tx)
+    self.critic_values = None  # the critic's jitted forward, once it is set up
     self.ckpt = run_checkpoint.store(cfg, workdir, read_only=read_only)
     self.ctl = run_control.RunControl(
         stage=run_control.first_stage(cfg), max_in_a_row=cfg.faults.max_consecutive_nonfinite,
@@ -80,54 +80,52 @@ class Trainer:
         key=jax.random.key(cfg.seed), policy_params=policy_params)
 
   # -------------------------------------------------------------------------- parts
-  def setup(self, group: str):
-    """Sets up (once) and returns a checkpoint group's state: "sft", "policy", "critic",
-    "reward_model" (each with its optimizer and compiled step), "policy_params" or
-    "reference" (a frozen copy of the policy's parameters as they are now: at RL's start).
+  def setup(self, name: str):
+    """Sets up (once) and returns a checkpoint group's tree: one of `parts.LEARNERS` ("sft",
+    "policy", "critic", "reward_model": a `Learner`, whose TrainState is returned),
+    "policy_params" or "reference" (a frozen copy of the policy's parameters as they are
+    now: at RL's start).
 
     The critic starts as model.critic_start says; from "reward_model" it takes the trained
     reward model's weights when there is one (else the policy's shape: a restore target)."""
     s, p, cfg = self.state, self.parts, self.cfg
-    if group == "policy_params":
+    if name == "policy_params":
       return s.policy_params
-    if group == "reference":
+    if name == "reference":
       if s.ref_params is None:
         # A copy: the policy's train step donates (and so invalidates) its own buffers.
         s.ref_params = jax.jit(lambda t: jax.tree.map(jnp.copy, t))(s.policy_params)
       return s.ref_params
-    attr = f"{group}_state"
-    if getattr(s, attr) is None:
-      graphdef, params = p.graphdef, s.policy_params
-      if group == "critic":
-        rm = s.reward_model_state.params if s.reward_model_state is not None else None
-        self.critic_graphdef, params = parts.build_critic(cfg, p.graphdef, s.policy_params,
-                                                          p.mesh, p.rules, params=rm)
-        graphdef = self.critic_graphdef
-        p.experience = dataclasses.replace(p.experience, values=parts.values_fn(
-            cfg, graphdef, p.mesh, p.rules))
-      if group == "reward_model":
-        graphdef, params = parts.build_critic(cfg, p.graphdef, s.policy_params, p.mesh,
-                                              p.rules, from_path=False)
-        self.rm_graphdef = graphdef
-      state, step, tx = parts.train_state(cfg, group, graphdef, params, p.mesh, p.rules)
-      setattr(s, attr, state)
-      self.steps[group] = (step, tx)
-      if group == "sft":
+    if name not in s.learners:
+      graphdef, params = self._network(name)
+      s.learners[name] = parts.learner(cfg, name, graphdef, params, p.mesh, p.rules)
+      if name == "critic":
+        self.critic_values = parts.values_fn(cfg, graphdef, p.mesh, p.rules)
+      if name == "sft":
         # The global batch, identical on every host (like the RL prompts): SFT is the same
         # for any number of processes, and resumes on a different number.
         s.sft_prompts = PromptIterator(p.train_examples, cfg.sft.batch_size,
                                        seed=cfg.init_seed + 1)
-    return getattr(s, attr)
+    return s.learners[name].state
 
-  def _lr(self, group: str) -> float:
-    """The rate the optimizer of `group` applies at its next update (its own schedule)."""
-    return float(self.steps[group][1].learning_rate(getattr(self.state, f"{group}_state").step))
+  def _network(self, name: str):
+    """(graphdef, initial parameters) of a network to train: the policy's for "sft" and
+    "policy", a value model for "critic" and "reward_model" (`parts.build_critic`)."""
+    s, p = self.state, self.parts
+    if name == "critic":
+      rm = s.learners.get("reward_model")
+      return parts.build_critic(self.cfg, p.graphdef, s.policy_params, p.mesh, p.rules,
+                                params=rm.state.params if rm else None)
+    if name == "reward_model":
+      return parts.build_critic(self.cfg, p.graphdef, s.policy_params, p.mesh, p.rules,
+                                from_path=False)
+    return p.graphdef, s.policy_params
 
   def policy_model(self):
     return nnx.merge(self.parts.graphdef, self.state.policy_params)
 
   def critic_model(self):
-    return nnx.merge(self.critic_graphdef, self.state.critic_state.params)
+    return self.state.learners["critic"].model()
 
   def _bar(self, total: int, desc: str, start: int = 0):
     return metrics_lib.progress_bar(total, desc, enabled=self.progress, start=start)
@@ -137,26 +135,28 @@ class Trainer:
     """Supervised warm start on the examples' worked solutions."""
     cfg, s = self.cfg, self.state
     self.setup("sft")
+    sft = s.learners["sft"]
     start = self.ctl.enter("sft")
     bar = self._bar(cfg.sft.steps, "sft", start)
     metrics = {}
     for i in range(start, cfg.sft.steps):
-      batch = inputs.sft_batch(next(s.sft_prompts), self.parts.text, cfg.data.max_prompt_tokens,
-                               cfg.sampling.max_new_tokens)
-      s.sft_state, m = self.steps["sft"][0](
-          s.sft_state, update_lib.shard_batch(batch, self.parts.mesh, self.parts.batch_axes))
+      batch = batch_lib.RolloutBatch(**inputs.sft_batch(
+          next(s.sft_prompts), self.parts.text, cfg.data.max_prompt_tokens,
+          cfg.sampling.max_new_tokens))
+      sft.state, m, skipped = sft.step(
+          sft.state, batch_lib.shard_batch(batch, self.parts.mesh, self.parts.batch_axes))
       m = {k: float(v) for k, v in jax.device_get(m).items()}
-      m.update(self.ctl.count_skipped([m.pop("sft_skipped") > 0], f"sft step {i + 1}"))
+      m.update(self.ctl.count_skipped([float(skipped) > 0], f"sft step {i + 1}"))
       if (i + 1) % cfg.log_every == 0 or i + 1 == cfg.sft.steps:
-        m["lr/sft"] = self._lr("sft")
+        m["lr/sft"] = sft.learning_rate()
         metrics = m
         s.log.write("sft", i + 1, metrics)
         bar.set_postfix(loss=f"{metrics['sft_loss']:.3f}")
       bar.update(1)
       self._step_end("sft", i + 1, last=i + 1 == cfg.sft.steps)
     bar.close()
-    s.policy_params = s.sft_state.params
-    s.sft_state = None  # frees the SFT optimizer's moments before the critic is built
+    s.policy_params = sft.state.params
+    del s.learners["sft"]  # frees the SFT optimizer's moments before the critic is built
     return metrics
 
   def reward_model(self) -> dict[str, float]:
@@ -164,6 +164,7 @@ class Trainer:
     token, `update.reward_model_step`): reward_model.steps rollout steps."""
     cfg, s = self.cfg, self.state
     self.setup("reward_model")
+    rm = s.learners["reward_model"]
     start = self.ctl.enter("reward_model")
     steps = cfg.reward_model.steps
     bar = self._bar(steps, "reward model", start)
@@ -171,13 +172,11 @@ class Trainer:
     for i in range(start, steps):
       batch, em = self.parts.experience.sample_and_score(s.policy_params, next(s.prompts),
                                                          s.next_key())
-      models = {"reward_model": (self.steps["reward_model"][0], s.reward_model_state)}
-      states, um, skipped = update_lib.ppo_updates(parts.ppo_loop(cfg), models, batch,
-                                                   self.parts.take, stage="reward_model",
-                                                   step=i)
-      s.reward_model_state = states["reward_model"]
+      states, um, skipped = update.ppo_updates(parts.ppo_loop(cfg), [rm], batch,
+                                               self.parts.take, stage="reward_model", step=i)
+      rm.state = states["reward_model"]
       um.update(self.ctl.count_skipped(skipped, f"reward_model step {i + 1}"))
-      um["lr/reward_model"] = self._lr("reward_model")
+      um["lr/reward_model"] = rm.learning_rate()
       metrics = {**em, **um}
       s.log.write("reward_model", i + 1, metrics)
       bar.update(1)
@@ -191,34 +190,38 @@ class Trainer:
     model.critic_path of other runs loads), and the critic set up from it."""
     s = self.state
     if self.workdir and self.cfg.checkpoint.save_critic:
-      critic_lib.save_pretrained(nnx.merge(self.rm_graphdef, s.reward_model_state.params),
+      critic_lib.save_pretrained(s.learners["reward_model"].model(),
                                  os.path.join(self.workdir, REWARD_MODEL_DIR))
     self.setup("critic")
-    s.reward_model_state = None  # the critic holds the weights now; frees the RM's optimizer
+    del s.learners["reward_model"]  # the critic holds the weights now; frees its optimizer
 
-  def experience(self, examples, *, for_value_pretraining: bool = False) -> tuple[dict, dict]:
+  def experience(self, examples, *, for_value_pretraining: bool = False
+                 ) -> tuple[batch_lib.RolloutBatch, dict]:
     """Steps 1–3 on the step's global prompts: (device batch, metrics); see rl.experience.
 
     Dynamic sampling's extra rounds take the next prompts of the same iterator (so a resumed
     run draws the same ones); the reference's log-probs come with the KL penalty."""
     s = self.state
+    critic = s.learners.get("critic")
+    values = None
+    if critic is not None:
+      values = functools.partial(_bound_values, self.critic_values, critic.state.params)
     return self.parts.experience(
-        s.policy_params, s.critic_state.params if s.critic_state is not None else None,
-        examples, s.next_key(), for_value_pretraining=for_value_pretraining,
+        s.policy_params, examples, s.next_key(), values=values,
+        for_value_pretraining=for_value_pretraining,
         ref_params=None if for_value_pretraining else s.ref_params,
         more_examples=lambda: next(s.prompts))
 
-  def update(self, batch: dict, *, stage: str, step: int, policy: bool) -> dict:
+  def update(self, batch: batch_lib.RolloutBatch, *, stage: str, step: int, policy: bool) -> dict:
     """Step 4: the PPO loop over one batch; skipped non-finite updates are counted here."""
-    s = self.state
-    trained = ["policy"] * policy + ["critic"] * (s.critic_state is not None)
-    models = {g: (self.steps[g][0], getattr(s, f"{g}_state")) for g in trained}
-    states, out, skipped = update_lib.ppo_updates(parts.ppo_loop(self.cfg), models, batch,
-                                                  self.parts.take, stage=stage, step=step)
-    for g, st in states.items():
-      setattr(s, f"{g}_state", st)
+    names = ["policy"] * policy + ["critic"] * ("critic" in self.state.learners)
+    learners = [self.state.learners[n] for n in names]
+    states, out, skipped = update.ppo_updates(parts.ppo_loop(self.cfg), learners, batch,
+                                              self.parts.take, stage=stage, step=step)
+    for learner in learners:
+      learner.state = states[learner.name]
     out.update(self.ctl.count_skipped(skipped, f"{stage} step {step + 1}"))
-    out.update({f"lr/{g}": self._lr(g) for g in states})
+    out.update({f"lr/{learner.name}": learner.learning_rate() for learner in learners})
     return out
 
   def value_pretrain(self) -> dict[str, float]:
@@ -266,7 +269,7 @@ class Trainer:
   def rl(self) -> dict[str, Any]:
     """VAPO RL (or the preset's variant) for rl.steps steps (continuing a resumed run)."""
     cfg, rl, s = self.cfg, self.cfg.rl, self.state
-    if rl.use_critic:
+    if cfg.uses_critic:
       self.setup("critic")
     if rl.kl_coef > 0:
       self.setup("reference")
@@ -279,7 +282,7 @@ class Trainer:
       batch, em = self.experience(next(s.prompts))
       t1 = time.perf_counter()
       um = self.update(batch, stage="rl", step=i, policy=True)
-      s.policy_params = s.policy_state.params
+      s.policy_params = s.learners["policy"].state.params
       t2 = time.perf_counter()
       metrics = {**em, **um, "time/update_s": t2 - t1, "time/step_s": t2 - t0}
       score = None
@@ -399,7 +402,8 @@ class Trainer:
 
   def _save_critic(self):
     """The value-pretrained critic as an HF directory other runs load via model.critic_path."""
-    if not (self.workdir and self.cfg.checkpoint.save_critic and self.state.critic_state):
+    if not (self.workdir and self.cfg.checkpoint.save_critic
+            and "critic" in self.state.learners):
       return
     critic_lib.save_pretrained(self.critic_model(), os.path.join(self.workdir, CRITIC_DIR))
 
@@ -411,3 +415,8 @@ class Trainer:
       plotting.plot_runs([self.workdir], os.path.join(self.workdir, CURVES_PNG))
     except ImportError as e:
       warnings.warn(f"no {CURVES_PNG}: {e}")
+
+
+def _bound_values(values_fn, critic_params, tokens_BxL, mask_BxL, prompt_len: int):
+  """The critic's V(s_t) [B, R] of a rollout, its parameters bound (`Experience`'s values)."""
+  return values_fn(critic_params, tokens_BxL, mask_BxL, prompt_len=prompt_len)

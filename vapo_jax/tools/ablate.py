@@ -113,8 +113,8 @@ SHARED_SFT_READS = SFT_READS[1:]
 SHARED = "shared"
 CRITIC_START = ("model.critic_start", "model.critic_path")  # read by neither SFT nor the policy
 VALUE_PRETRAIN_READS = SFT_READS + (
-    "value_pretrain", "reward", "rl.use_critic", "rl.gamma", "rl.value_clip", "rl.ppo_epochs",
-    "rl.num_minibatches", "rl.micro_batch_size", "rl.gae_impl")
+    "value_pretrain", "reward", "rl.advantage_estimator", "rl.gamma", "rl.value_clip",
+    "rl.ppo_epochs", "rl.num_minibatches", "rl.micro_batch_size", "rl.gae_impl")
 # The reward-model stage (model.critic_start = "reward_model") reads what the RM's rollouts
 # and updates read; its model lands in <stage>/reward_model, which rows load as critic_path.
 REWARD_MODEL_READS = SFT_READS + (
@@ -258,7 +258,8 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
         if shared and band is not None:
           needs = (add(band_run(sft, band_name)).directory,)
         critic_from: dict[str, Any] = {}  # how the critic starts, where it is not the policy
-        if cfg["rl"]["use_critic"] and cfg["model"]["critic_start"] == "reward_model":
+        critic = config_lib.uses_critic(cfg["rl"]["advantage_estimator"])
+        if critic and cfg["model"]["critic_start"] == "reward_model":
           rm = add(_stage("reward_model", cfg, base, REWARD_MODEL_READS, {
               "sft.enabled": False, "model.init_from": sft.directory, "rl.steps": 0,
               "value_pretrain.enabled": False, "model.critic_start": "reward_model",
@@ -267,7 +268,7 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
           critic_from = {"model.critic_start": "path",
                          "model.critic_path": os.path.join(rm.directory, REWARD_MODEL_DIR)}
           needs = (rm.directory,)
-        if cfg["value_pretrain"]["enabled"] and cfg["rl"]["use_critic"]:
+        if cfg["value_pretrain"]["enabled"] and critic:
           vp = add(_stage("value_pretrain", cfg, base, VALUE_PRETRAIN_READS, {
               "sft.enabled": False, "model.init_from": sft.directory, "rl.steps": 0,
               "checkpoint.save_critic": True, "metrics.plot": False, **critic_from,

@@ -17,10 +17,18 @@ rollout batch; a sampler's KV cache is its own programs' argument, freed after u
 when peak ≤ (1 − headroom) · HBM. A program that XLA itself cannot fit fails to compile; that
 is reported as not fitting too.
 
-The step time is an estimate: per program max(FLOPs / (peak FLOP/s · MFU), bytes accessed /
-(HBM bandwidth · BW efficiency)), from the compiled per-chip cost analysis, summed over one
-RL step: calls × (prefill + R · decode_step) + logprobs + values + minibatches · epochs ·
-(policy_step + critic_step). Decoding is assumed to run all R steps (long tails do).
+With `--lengths=SPEC` it also prints `tools.step_model`'s analytic step time and floor at those
+lengths (the honest figure: every loop counted, collectives, decode windows and early exit),
+with the decode loop's collectives per step read from the compiled `Sampler._generate`
+(`tools.decode_hlo`, at `--decode_hlo_layers` layers, extrapolated to the model's depth).
+`--no_compile` skips every compile (no libtpu needed) and prints only the analytic model.
+
+The older compile-based step time below counts XLA's loop bodies once and has no
+communication term; it is kept for comparison only. It is: per program max(FLOPs / (peak
+FLOP/s · MFU), bytes accessed / (HBM bandwidth · BW efficiency)), from the compiled
+per-chip cost analysis, summed over one RL step: calls × (prefill + R · decode_step) +
+logprobs + values + minibatches · epochs · (policy_step + critic_step). Decoding is assumed
+to run all R steps (long tails do).
 
 Exit status: 0 when everything fits on every slice given, 1 otherwise (with the reason).
 """
@@ -43,6 +51,7 @@ from ml_collections import config_flags
 from vapo_jax import config as config_lib
 from vapo_jax.models import platform
 from vapo_jax.tools import archs
+from vapo_jax.tools import step_model
 from vapo_jax.tools import tpu_specs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -57,9 +66,16 @@ _MFU = flags.DEFINE_float("mfu", 0.4, "Assumed model FLOPs utilisation for the e
 _BW = flags.DEFINE_float("bw_efficiency", 0.7, "Assumed fraction of HBM bandwidth reached.")
 _HEADROOM = flags.DEFINE_float("headroom", 0.05, "Fraction of HBM kept free.")
 _JSON = flags.DEFINE_string("json", None, "Also write the results here as JSON.")
+_NO_COMPILE = flags.DEFINE_bool("no_compile", False, "Compile nothing (no libtpu needed): "
+                                 "print only the analytic step model of --lengths.")
+_HLO_LAYERS = flags.DEFINE_list("decode_hlo_layers", ["2", "4"], "With --lengths: compile the "
+                                "sampler's decode loop at these layer counts for its "
+                                "collectives per step (empty: assume 9 L + 4).")
 _PROBE = flags.DEFINE_list("probe_layers", None, "Two layer counts, e.g. 2,4: compile those "
                            "and extrapolate to the model's depth (fast, approximate); "
                            "default: compile the whole model.")
+
+step_model.define_flags(flags, lengths_default=None)
 
 GB = 1e9
 
@@ -77,6 +93,8 @@ class Result:
   bytes_accessed: float = 0.0
   compile_s: float = 0.0
   error: str = ""
+  collectives: float = 0.0       # in the compiled HLO, loop bodies once (`hlo_stats`)
+  collective_bytes: float = 0.0  # their result bytes per chip
 
 
 def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
@@ -91,6 +109,8 @@ def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
       raise
     return Result(prog.name, False, compile_s=time.perf_counter() - t0, error=msg)
   m = compiled.memory_analysis()
+  from vapo_jax.tools import hlo_stats  # pylint: disable=import-outside-toplevel
+  coll = hlo_stats.collectives(compiled.as_text())
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   args, temp = m.argument_size_in_bytes, m.temp_size_in_bytes
@@ -102,7 +122,8 @@ def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
   return Result(prog.name, peak <= budget, peak, args, temp, out, alias,
                 prog.trips * float(cost.get("flops", 0.0)),
                 prog.trips * float(cost.get("bytes accessed", 0.0)),
-                time.perf_counter() - t0)
+                time.perf_counter() - t0, collectives=coll.total,
+                collective_bytes=coll.total_bytes)
 
 
 def step_time(results: dict[str, Result], plan, cfg, s: tpu_specs.Slice, mfu: float,
@@ -133,7 +154,8 @@ def extrapolate(ra: Result, rb: Result, la: int, lb: int, layers: int, prog, par
     return ra if ra.error else rb
   lin = lambda a, b: a + (b - a) * (layers - la) / (lb - la)  # noqa: E731
   f = {k: lin(getattr(ra, k), getattr(rb, k)) for k in
-       ("arguments", "temporaries", "outputs", "aliased", "flops", "bytes_accessed")}
+       ("arguments", "temporaries", "outputs", "aliased", "flops", "bytes_accessed",
+        "collectives", "collective_bytes")}
   # Temporaries need not grow with depth (remat keeps one layer's activations); when XLA's
   # schedules of the two probes differ the line can slope down: never go below a probe.
   f["temporaries"] = max(f["temporaries"], ra.temporaries, rb.temporaries)
@@ -202,7 +224,8 @@ def _line(r: Result, budget: float) -> str:
   return (f"  {r.program:12s} peak {r.peak / GB:8.2f} GB of {budget / GB:6.1f} "
           f"[args {r.arguments / GB:7.2f} temp {r.temporaries / GB:7.2f} out "
           f"{r.outputs / GB:7.2f} aliased {r.aliased / GB:7.2f}] "
-          f"{r.flops / 1e12:9.2f} TFLOP/chip  {'ok' if r.fits else 'DOES NOT FIT'}  "
+          f"{r.flops / 1e12:9.2f} TFLOP/chip, {r.collectives:.0f} collectives "
+          f"({r.collective_bytes / 1e6:.0f} MB)  {'ok' if r.fits else 'DOES NOT FIT'}  "
           f"({r.compile_s:.0f} s)")
 
 
@@ -220,8 +243,9 @@ def summary(report: dict) -> str:
   bad = [p for p in report["programs"].values() if not p["fits"]]
   if not bad:
     lines.append(f"{name}: FITS — every program within {report['budget_per_chip'] / GB:.1f} GB "
-                 f"per chip; estimated RL step {report['step_time_s']:.0f} s "
-                 f"(MFU {report['assumed']['mfu']:.0%}, an estimate)")
+                 f"per chip; XLA-cost RL step {report['step_time_s']:.0f} s (MFU "
+                 f"{report['assumed']['mfu']:.0%}; loop bodies once, no communication: "
+                 "use --lengths for the step model)")
   for p in bad:
     why = (p["error"] or f"needs {p['peak'] / GB:.1f} GB per chip, "
            f"{report['hbm_per_chip'] / GB:.1f} GB HBM less "
@@ -233,14 +257,64 @@ def summary(report: dict) -> str:
   return "\n".join(lines)
 
 
+def model_report(cfg, mcfg, s: tpu_specs.Slice, *, compile_decode: bool, compiled=None,
+                 log=print) -> list:
+  """`step_model` at --lengths on slice s, decode collectives from the compiled loop; with
+  the compiled programs' figures, their XLA FLOPs beside the analytic ones."""
+  knobs = step_model.knobs_from_flags(flags.FLAGS)
+  layers = [int(x) for x in _HLO_LAYERS.value or ()]
+  if compile_decode and len(layers) == 2 and knobs.decode_collectives is None:
+    from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
+    from vapo_jax.tools import decode_hlo  # pylint: disable=import-outside-toplevel
+    mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor,
+                         devices=tpu_specs.devices(s))
+    ra, rb = (decode_hlo.compile_generate(cfg, mcfg.replace(num_layers=n), mesh, target="tpu")
+              for n in layers)
+    la, lb = layers
+
+    def lin(a, b):
+      return a + (b - a) * (mcfg.num_layers - la) / (lb - la)
+
+    knobs = dataclasses.replace(
+        knobs, decode_collectives=lin(ra.per_step, rb.per_step),
+        decode_collective_bytes=lin(ra.per_step_bytes, rb.per_step_bytes),  # per device
+        decode_weights="gathered" if (ra.weight_gathers or rb.weight_gathers) else "stationary")
+    log(f"  decode loop (libtpu, {ra.summary()}; {rb.summary()}); at {mcfg.num_layers} layers: "
+        f"{knobs.decode_collectives:.0f} collectives per step")
+  st = step_model.Setup.of(cfg, mcfg, s, knobs)
+  if compiled:
+    log("  FLOPs cross-check (XLA counts a loop body once: attention key blocks and LM-head "
+        "chunks are undercounted; the standalone decode steps have no loop):")
+    for line in step_model.crosscheck(st, compiled):
+      log(line)
+  log("  assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knobs).items()))
+  from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
+  out = []
+  for label, spec in lengths.phases(flags.FLAGS.lengths):
+    r = step_model.run(st, spec, flags.FLAGS.prompt_lengths)
+    log(step_model.format_report(label, r))
+    sys.stdout.flush()
+    out.append(r)
+  return out
+
+
 def main(argv):
   del argv
   if _CONFIG.value is None or not _TOPOLOGY.value:
     raise app.UsageError("--config=configs/<experiment>.py and --topology=v5p-128 are needed")
-  if not tpu_specs.libtpu_available():
-    sys.exit('libtpu is not installed: pip install "jax[tpu]==<jax version>" (no TPU needed)')
+  if not _NO_COMPILE.value and not tpu_specs.libtpu_available():
+    sys.exit('libtpu is not installed: pip install "jax[tpu]==<jax version>" (no TPU needed), '
+             "or pass --no_compile --lengths=SPEC for the analytic model alone")
+  if _NO_COMPILE.value and not flags.FLAGS.lengths:
+    raise app.UsageError("--no_compile needs --lengths=SPEC (there is nothing else to print)")
   cfg = config_lib.from_command_line(_CONFIG.value)
   mcfg = archs.model_config(cfg, _ARCH.value)
+  if flags.FLAGS.lengths:  # a bad length spec fails now, not after the compiles
+    from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
+    for _, spec in lengths.phases(flags.FLAGS.lengths):
+      lengths.sample(spec, 1, cfg.sampling.max_new_tokens)
+    lengths.sample(flags.FLAGS.prompt_lengths, 1, cfg.data.max_prompt_tokens,
+                   prefix="prompt/length_")
   print(f"model: {mcfg.num_layers} layers, d={mcfg.hidden_size}, "
         f"{mcfg.num_params / 1e9:.2f} B parameters")
   reports = []
@@ -248,10 +322,14 @@ def main(argv):
     s = tpu_specs.parse(name)
     print(f"{s.name} = {s.accelerator_type}, topology {s.topology_name}, {s.chips} chips × "
           f"{s.gen.hbm_bytes / 2**30:.0f} GiB HBM:")
-    probe = tuple(int(x) for x in _PROBE.value) if _PROBE.value else None
-    reports.append(check(cfg, mcfg, s, names=_PROGRAMS.value, mfu=_MFU.value, bw=_BW.value,
-                         headroom=_HEADROOM.value, probe_layers=probe))
-    print(summary(reports[-1]), flush=True)
+    if not _NO_COMPILE.value:
+      probe = tuple(int(x) for x in _PROBE.value) if _PROBE.value else None
+      reports.append(check(cfg, mcfg, s, names=_PROGRAMS.value, mfu=_MFU.value, bw=_BW.value,
+                           headroom=_HEADROOM.value, probe_layers=probe))
+      print(summary(reports[-1]), flush=True)
+    if flags.FLAGS.lengths:
+      model_report(cfg, mcfg, s, compile_decode=not _NO_COMPILE.value,
+                   compiled=reports[-1].get("programs") if reports else None)
   if _JSON.value:
     with open(_JSON.value, "w", encoding="utf-8") as f:
       json.dump(reports, f, indent=1)

@@ -42,7 +42,7 @@ def export(cfg, workdir: str, out: str, *, what: str = "policy", step: str = "la
       hf_io.save_pretrained(trainer.policy_model(), trainer.parts.model_cfg, out,
                             dtype=dtype)
     else:
-      if trainer.state.critic_state is None:
+      if "critic" not in trainer.state.learners:
         raise ValueError(f"checkpoint {restored} has no critic (stage {trainer.ctl.stage})")
       critic_lib.save_pretrained(trainer.critic_model(), out, dtype=dtype)
   finally:

@@ -34,10 +34,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from vapo_jax import critic as critic_lib
 from vapo_jax import sharding as shd
 from vapo_jax.models import transformer
-from vapo_jax.rl import update
+from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import train_state
 from vapo_jax.run import inputs, parts
 from vapo_jax.sampler import engine as sampler_lib
-from vapo_jax.sampler import ops as sampling
+from vapo_jax.sampler import ops
 
 PROGRAMS = ("policy_step", "critic_step", "logprobs", "values", "prefill", "decode_step",
             "eval_decode_step")
@@ -54,12 +55,13 @@ def abstract_model(build: Callable[[nnx.Rngs], nnx.Module], mesh, rules):
   return graphdef, jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), abs_state, shardings)
 
 
-def abstract_train_state(params, tx, mesh) -> update.TrainState:
-  """The TrainState `update.init_state` would create, as shapes with shardings."""
-  opt_sh = update.opt_state_shardings(params, tx)
+def abstract_train_state(params, tx, mesh) -> train_state.TrainState:
+  """The TrainState `train_state.init_state` would create, as shapes with shardings."""
+  opt_sh = train_state.opt_state_shardings(params, tx)
   opt = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s),
-                     jax.eval_shape(tx.init, update.trainable(params)), opt_sh)
-  return update.TrainState(params, opt, _sds((), jnp.int32, NamedSharding(mesh, PartitionSpec())))
+                     jax.eval_shape(tx.init, train_state.trainable(params)), opt_sh)
+  step = _sds((), jnp.int32, NamedSharding(mesh, PartitionSpec()))
+  return train_state.TrainState(params, opt, step)
 
 
 def per_device_bytes(tree) -> int:
@@ -100,7 +102,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
   rules = parts.rules_of(cfg)
   batch_axes = parts.batch_axes(mesh, rules)
   parts.device_count_check(cfg, mesh, rules)
-  rows_sh = update.batch_sharding(mesh, batch_axes)
+  rows_sh = batch_lib.batch_sharding(mesh, batch_axes)
   rep = NamedSharding(mesh, PartitionSpec())
   graphdef, params = abstract_model(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
   c_graphdef, c_params = abstract_model(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, rules)
@@ -113,12 +115,11 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
   p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
 
   def batch(b):
-    shapes = update.batch_shapes(b, p_len, r_len, reference=cfg.rl.kl_coef > 0)
-    return {k: _sds(shape, dtype, rows_sh) for k, (shape, dtype) in shapes.items()}
+    return batch_lib.abstract(b, p_len, r_len, rows_sh, reference=cfg.rl.kl_coef > 0)
 
   rollout_batch = batch(rows.rollout)
   resident = {"policy_state": per_device_bytes(p_state),
-              "critic_state": per_device_bytes(c_state) if cfg.rl.use_critic else 0,
+              "critic_state": per_device_bytes(c_state) if cfg.uses_critic else 0,
               # GRPO's KL penalty keeps a frozen copy of the initial policy's weights.
               "reference": per_device_bytes(params) if cfg.rl.kl_coef > 0 else 0,
               "rollout_batch": per_device_bytes(rollout_batch)}
@@ -142,18 +143,18 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
     fn = parts.policy_step(cfg, graphdef, p_tx, p_state, mesh, rules)
     progs.append(Program("policy_step", fn, (p_state, batch(rows.minibatch)), {},
                          resident["policy_state"], trips=micro))
-  if "critic_step" in names and cfg.rl.use_critic:
+  if "critic_step" in names and cfg.uses_critic:
     fn = parts.critic_step(cfg, c_graphdef, c_tx, c_state, mesh, rules)
     progs.append(Program("critic_step", fn, (c_state, batch(rows.minibatch)), {},
                          resident["critic_state"], trips=micro))
-  tokens, mask = rollout_batch["tokens_BxL"], rollout_batch["mask_BxL"]
+  tokens, mask = rollout_batch.tokens_BxL, rollout_batch.mask_BxL
   in_rollout = per_device_bytes((tokens, mask))
   if "logprobs" in names:
     fn = parts.logprobs_fn(cfg, graphdef, mesh, rules)
     progs.append(Program("logprobs", fn, (params, tokens, mask),
                          {"prompt_len": p_len, "temperature": cfg.sampling.temperature},
                          per_device_bytes(params) + in_rollout, trips=chunks))
-  if "values" in names and cfg.rl.use_critic:
+  if "values" in names and cfg.uses_critic:
     fn = parts.values_fn(cfg, c_graphdef, mesh, rules)
     progs.append(Program("values", fn, (c_params, tokens, mask), {"prompt_len": p_len},
                          per_device_bytes(c_params) + in_rollout, trips=chunks))
@@ -222,7 +223,7 @@ def _decode(name, sampler, graphdef, params, cache, b, rows_sh, rep, resident_in
     model = nnx.merge(graphdef, state)
     hidden, cache = model(tok_B[:, None], positions_B[:, None], kv_mask_BxS, cache=cache,
                           cache_index=slot)
-    new_B, logp_B = sampling.sample_step(key, model.logits(hidden[:, -1]), sampler.cfg)
+    new_B, logp_B = ops.sample_step(key, model.logits(hidden[:, -1]), sampler.cfg)
     return sampler.constrain(new_B, 0), sampler.constrain(logp_B, 0), cache
 
   fn = jax.jit(decode, donate_argnums=(4,))

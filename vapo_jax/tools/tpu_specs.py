@@ -7,9 +7,10 @@ Names, as `gcloud compute tpus tpu-vm create --accelerator-type` spells them:
   v6e-N                N = chips
   GEN:AxBxC            an explicit chip topology, e.g. v5p:4x4x4 (= v5p-128) or v5e:2x2
 
-Per-chip figures (Google Cloud TPU documentation, 2026): HBM capacity, dense bf16 peak and
-HBM bandwidth. Slices of more than one host have 4 chips per host ((2, 2, 1) host bounds);
-single-host slices of 8 chips (v5e-8, v6e-8) have (2, 4, 1).
+Per-chip figures (Google Cloud TPU documentation, 2026): HBM capacity, dense bf16 peak,
+HBM bandwidth and inter-chip interconnect bandwidth (ICI: the per-chip Gbps figure / 8).
+Slices of more than one host have 4 chips per host ((2, 2, 1) host bounds); single-host
+slices of 8 chips (v5e-8, v6e-8) have (2, 4, 1).
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ class Generation:
   dims: int                 # 3 (v4, v5p: 3-D torus) or 2 (v5e, v6e)
   chip_config: str | None   # chip_config_name for get_topology_desc
   topology_prefix: str      # platform name libtpu expects in "v5p:4x4x4"
+  ici_bandwidth: float = 0.0  # bytes/s per chip, inter-chip interconnect (all links)
 
 
 GENERATIONS = {
-    "v4": Generation("v4", 32 * GIB, 275e12, 1228e9, 2, 3, "megacore", "v4"),
-    "v5e": Generation("v5e", 16 * GIB, 197e12, 819e9, 1, 2, None, "v5e"),
-    "v5p": Generation("v5p", 95 * GIB, 459e12, 2765e9, 2, 3, "megacore", "v5p"),
-    "v6e": Generation("v6e", 32 * GIB, 918e12, 1640e9, 1, 2, None, "v6e"),
+    "v4": Generation("v4", 32 * GIB, 275e12, 1228e9, 2, 3, "megacore", "v4", 2400e9 / 8),
+    "v5e": Generation("v5e", 16 * GIB, 197e12, 819e9, 1, 2, None, "v5e", 1600e9 / 8),
+    "v5p": Generation("v5p", 95 * GIB, 459e12, 2765e9, 2, 3, "megacore", "v5p", 4800e9 / 8),
+    "v6e": Generation("v6e", 32 * GIB, 918e12, 1640e9, 1, 2, None, "v6e", 3584e9 / 8),
 }
 ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "trillium": "v6e"}
 

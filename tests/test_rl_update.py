@@ -25,6 +25,8 @@ from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
 from vapo_jax import sharding as shd
 from vapo_jax.models import Transformer, forward_logits, init_sharded, tiny_config
+from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import train_state
 from vapo_jax.rl import update
 from vapo_jax.run import parts
 
@@ -142,11 +144,13 @@ def pulled_back(fn, params, cotangent):
 
 def run_step(step_fn, hp, graphdef, params, mesh, batch):
   """One compiled step with plain SGD(lr=1): (metrics, gradient read off the parameters)."""
-  state = update.init_state(params, SGD)
+  state = train_state.init_state(params, SGD)
   before = jax.device_get(state.params)
-  step = update.compile_step(functools.partial(step_fn, graphdef, SGD, hp), state, mesh,
-                             shd.batch_axes(mesh))
-  state, metrics = step(state, update.shard_batch(batch, mesh, shd.batch_axes(mesh)))
+  step = train_state.compile_step(functools.partial(step_fn, graphdef, SGD, hp), state, mesh,
+                                  shd.batch_axes(mesh))
+  batch = batch_lib.RolloutBatch(**batch)
+  state, metrics, skipped = step(state, batch_lib.shard_batch(batch, mesh, shd.batch_axes(mesh)))
+  metrics = dict(metrics, skipped=skipped)
   after = jax.device_get(state.params)
   grads = jax.tree.map(lambda b, a: np.asarray(b, np.float64) - np.asarray(a), before, after)
   return jax.device_get(metrics), grads
@@ -229,7 +233,7 @@ def test_policy_step_matches_reference(make_hp, name):
   np.testing.assert_allclose(metrics["policy_loss"], total, rtol=1e-5, atol=1e-7)
   assert_grads_close(grads, want_grads)
   np.testing.assert_allclose(metrics["policy_grad_norm"], tree_norm(want_grads), rtol=1e-4)
-  assert metrics["policy_skipped"] == 0 and metrics["rows"] == len(SCORES)
+  assert metrics["skipped"] == 0 and metrics["rows"] == len(SCORES)
 
   # The token-mean diagnostics, over the batch's real tokens.
   m = batch["response_mask_BxR"] > 0
@@ -290,7 +294,7 @@ def test_critic_step_matches_reference(hp):
   np.testing.assert_allclose(metrics["value_loss"], loss, rtol=1e-5, atol=1e-7)
   assert_grads_close(grads, want_grads)
   np.testing.assert_allclose(metrics["critic_grad_norm"], tree_norm(want_grads), rtol=1e-4)
-  assert metrics["critic_skipped"] == 0
+  assert metrics["skipped"] == 0
   if hp.value_clip:
     v, old = np.asarray(values32, np.float64), batch["old_values_BxR"]
     ret, m = batch["returns_BxR"], batch["response_mask_BxR"] > 0

@@ -1,0 +1,132 @@
+"""FLOPs of the code's loops, counted from shapes (the step model's arithmetic).
+
+Notation: L layers, D width, F MLP width, H query / K kv heads of Dh, V vocabulary (padded
+embedding rows included), C = attention_block.
+
+  matmul per token   m = 2 L (D Dh (H + 2K) + H Dh D + 3 D F)      (+ 2 D V for the LM head)
+  attention          a = 4 L H Dh per (query, key) pair computed    (q·k and p·v)
+  pairs              what the kernels compute (`attention_pairs`): blocked causal = per query
+                     group [a, e) of `attention._query_groups`, (e − a) · ⌈e/C⌉ C; causal
+                     dense = per `causal_query_blocks` block (e − a) · e; decode = W keys per
+                     row at window W
+  train pass         fwd + remat fwd + bwd: 4 m − down per token, 4.5 a per pair, 4× head
+
+`tests/test_step_model.py` checks these against XLA's cost analysis of the run's own programs
+compiled with every loop at one trip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+  """The shapes the counts need (from a `ModelConfig`)."""
+  layers: int
+  d: int
+  f: int
+  h: int
+  k: int
+  dh: int
+  vocab: int
+  params: float            # policy parameters (embedding and head counted as stored)
+  critic_params: float     # backbone + value head (no LM head)
+  block: int               # attention_block C
+  impl: str                # "blocked" | "dense" | "auto"
+  remat: bool
+  untied: bool = True      # the LM head is its own matrix (not the embedding)
+
+  @classmethod
+  def of(cls, m) -> "Arch":
+    n = float(m.num_params)
+    head = 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size
+    return cls(m.num_layers, m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads,
+               m.head_dim, m.vocab_size, n, n - head + m.hidden_size, m.attention_block,
+               m.attention_impl, bool(m.remat), not m.tie_word_embeddings)
+
+  @property
+  def matmul(self) -> float:
+    """Body matmul FLOPs per token (no LM head)."""
+    d, dh = self.d, self.dh
+    return 2.0 * self.layers * (d * dh * (self.h + 2 * self.k) + self.h * dh * d
+                                + 3 * d * self.f)
+
+  @property
+  def decode_weights(self) -> float:
+    """Parameters a decode step reads whole (all but an untied input embedding)."""
+    return self.params - (self.vocab * self.d if self.untied else 0)
+
+  @property
+  def down(self) -> float:
+    """The MLP down projection's FLOPs per token: a remat block's recompute skips it (its
+    output is the block's, which the backward pass does not need; XLA drops it)."""
+    return 2.0 * self.layers * self.d * self.f
+
+  @property
+  def head(self) -> float:
+    return 2.0 * self.d * self.vocab
+
+  @property
+  def pair(self) -> float:
+    """Attention FLOPs per (query, key) pair, all layers and heads (forward)."""
+    return 4.0 * self.layers * self.h * self.dh
+
+  def kv_bytes(self, itemsize: int = 2) -> float:
+    """KV cache bytes per token (all layers, k and v)."""
+    return 2.0 * self.layers * self.k * self.dh * itemsize
+
+  def uses_blocked(self, t: int, s: int) -> bool:
+    """As `ModelConfig.blocked_attention`."""
+    if t < 2 or self.impl == "dense":
+      return False
+    return self.impl == "blocked" or s >= 4 * self.block
+
+
+def query_groups(t: int, block: int, groups: int = 8) -> list[tuple[int, int]]:
+  """`attention._query_groups` (the blocked causal path's query ranges)."""
+  c = max(1, min(block, t))
+  n_blocks = -(-t // c)
+  n = max(1, min(groups, n_blocks))
+  cuts = sorted({min(t, round(i * n_blocks / n) * c) for i in range(n + 1)})
+  return list(zip(cuts[:-1], cuts[1:]))
+
+
+def attention_pairs(arch: Arch, t: int, s: int | None = None, causal: bool = True) -> float:
+  """(query, key) pairs one row's attention computes (masked keys in a computed block count)."""
+  s = t if s is None else s
+  c = arch.block
+  if arch.uses_blocked(t, s):
+    if causal and s == t:
+      return float(sum((e - a) * -(-e // min(c, e)) * min(c, e)
+                       for a, e in query_groups(t, c)))
+    cc = max(1, min(c, s))
+    return float(t * -(-s // cc) * cc)
+  if causal and s == t:
+    n = max(1, min(8, t // 64))  # attention.causal_query_blocks
+    edges = [round(i * t / n) for i in range(n + 1)]
+    return float(sum((e - a) * e for a, e in zip(edges[:-1], edges[1:])))
+  return float(t * s)
+
+
+def forward_flops(arch: Arch, rows: int, t: int, head_positions: int, critic: bool = False,
+                  causal: bool = True) -> dict:
+  """FLOPs of one forward over `rows` rows of t tokens: {"matmul", "attention", "head"}."""
+  return {"matmul": rows * t * arch.matmul,
+          "attention": rows * attention_pairs(arch, t, t, causal) * arch.pair,
+          "head": rows * head_positions * (2.0 * arch.d if critic else arch.head)}
+
+
+def train_factors(remat: bool) -> dict:
+  """Multiples of the forward FLOPs in one fwd + bwd (with block remat: one more fwd)."""
+  return {"matmul": 4.0 if remat else 3.0, "attention": 4.5 if remat else 3.5, "head": 4.0}
+
+
+def padded_head_positions(r: int, chunk: int = 128) -> int:
+  """Positions `policy.chunked_logprobs` projects: R rounded up to whole chunks."""
+  c = max(1, min(chunk, r))
+  return -(-r // c) * c
+
+
+def decode_step_flops(arch: Arch, rows: int, window: int) -> float:
+  """One decode step over `rows` rows attending `window` cache slots (LM head included)."""
+  return rows * (arch.matmul + arch.head + window * arch.pair)

@@ -1,0 +1,593 @@
+"""One RL step on a TPU slice, counted from the code's shapes: FLOPs, HBM bytes, collectives,
+time at stated efficiencies, and the step's physical floor beside it.
+
+  python -m vapo_jax.tools.step_model --config=configs/qwen32b.py --topology=v5p-128 \
+      --arch=qwen2.5-32b --lengths=review --prompt_lengths=uniform:80,400
+  ... --train=packed --rollout=engine            # what the packing / engine issues would buy
+  ... --lengths=/run/metrics.jsonl               # a run's logged length quantiles
+
+Everything is per chip and analytic (no compile; `decode_hlo` gives the collectives of the
+compiled decode loop, `--decode_collectives` takes its count). The FLOP counts are in
+`step_counts`. Notation: L layers, D width,
+F MLP width, H query / K kv heads of Dh, V vocabulary (padded embedding rows included), N
+parameters, P = data.max_prompt_tokens, R = sampling.max_new_tokens, C = attention_block.
+
+FLOPs (2 per multiply-add):
+  matmul per token   m = 2 L (D Dh (H + 2K) + H Dh D + 3 D F)      (+ 2 D V for the LM head)
+  attention          a = 4 L H Dh per (query, key) pair computed    (q·k and p·v)
+  pairs              exactly what the kernels compute (`attention_pairs`): blocked causal =
+                     per query group [a, e) of `attention._query_groups`, (e − a) · ⌈e/C⌉ C;
+                     causal dense = per `causal_query_blocks` block (e − a) · e; decode = W
+                     keys per row at window W
+  train pass         fwd + remat fwd + bwd: 4 m − down per token (the recompute's last
+                     matmul, the MLP down projection 2 L D F, is dead: XLA drops it),
+                     4.5 a per pair (bwd 2.5 a:
+                     `attention._backward` has five pair products), LM head 4× (checkpointed
+                     chunks of 128 positions over the R response positions)
+Time of a program = its matmul FLOPs / (peak · MFU) + max(attention FLOPs / (peak · MFU),
+attention score bytes / (BW · bw_eff)) for the train side (the pure-JAX blocked scan writes
+its [B, K, G, T, C] float32 scores to HBM: `--attn_score_bytes` per (pair, head) forward), and
+per decode step max(FLOPs / (peak · MFU), bytes / (BW · bw_eff)) + collectives · latency.
+
+Today (`--train=padded --rollout=static`): every train row is P + R tokens; the rollout is
+B / (prompts_per_call · n) sampler calls, each a prefill of P-token prompts and the windowed
+while loops of `sampler.engine._generate` (`ops.decode_windows`), which stop at the call's
+longest row (steps t = 1 .. max ℓ − 1); each step reads the weight shards in place
+(`--decode_weights=stationary`: the TPU compile shows no weight gather in the loop, and XLA
+hoists the fp32 -> bf16 casts out of it, so (N − untied embedding) · 2 / chips bytes,
+`--decode_weight_itemsize`; `gathered` adds a per-step gather of N · 4 / tensor) and the
+whole window W of the cache for every row.
+Alternatives: `--train=packed` (rows of P + R tokens filled with whole sequences of real
+prompt + response tokens by first-fit-decreasing; attention per sequence, block-causal at
+C), `--rollout=engine` (continuous batching on replicas of `--engine_tp` chips, bf16 decode
+weights, KV read at live lengths, slots refilled FIFO while the live KV fits; one bf16
+reshard per step).
+
+Floor: real tokens only, exact causal attention per sequence (T (T+1) / 2 pairs), no remat
+(fwd 1, bwd 2 matmul, 2.5 attention), LM head on response tokens, at `--mfu_ceiling`; rollout
+as the engine with 100 % bandwidth, no collective latency, compute at peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import types
+
+import numpy as np
+
+from vapo_jax.tools.step_counts import (  # noqa: F401  (re-exported: the model's arithmetic)
+    Arch, attention_pairs, decode_step_flops, forward_flops, padded_head_positions,
+    query_groups, train_factors)
+
+GB = 1e9
+
+
+# ---------------------------------------------------------------------------- the setup
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+  """Stated efficiencies and switches (each a flag of the CLI, each printed)."""
+  mfu: float = 0.4                   # train and prefill matmuls
+  bw_efficiency: float = 0.7         # HBM bandwidth reached
+  collective_latency_us: float = 7.0  # per collective in a decode step
+  mfu_ceiling: float = 0.5           # the floor's train MFU
+  attn_score_bytes: float = 16.0     # HBM bytes per (pair, head) of a blocked fwd (bwd 2.5×)
+  decode_collectives: float | None = None  # per decode step; None: 9 L + 4
+  decode_collective_bytes: float = 0.0  # per decode step and chip, over ICI (decode_hlo)
+  decode_weights: str = "stationary"  # or "gathered" (FSDP weights all-gathered per step)
+  # Bytes per weight a decode step reads: XLA hoists the fp32 -> bf16 casts of the stationary
+  # weight shards out of the decode loop (its carry holds bf16 shards: `decode_hlo`), so 2.
+  decode_weight_itemsize: float = 2.0
+  train: str = "padded"              # or "packed"
+  rollout: str = "static"            # or "engine"
+  engine_tp: int = 4
+  workspace_gb: float = 5.0          # per chip, kept free by the engine besides weights
+  headroom: float = 0.05
+  engine_admit: float = 0.9          # admit while live KV < this share of the KV budget
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  arch: Arch
+  chips: int
+  tensor: int
+  peak: float                 # bf16 FLOP/s per chip
+  bw: float                   # HBM bytes/s per chip
+  hbm: float                  # bytes per chip
+  ici: float                  # ICI bytes/s per chip
+  rows: int                   # B
+  n: int                      # responses per prompt
+  prompt_len: int             # P
+  max_new: int                # R
+  per_call: int               # prompts per sampler call
+  windows: tuple              # ops.decode_windows(P, ...)
+  epochs: int
+  use_critic: bool
+  param_bytes: int            # itemsize of the master weights
+  eval_rows: int              # per evaluation
+  eval_per_call: int          # rows per eval sampler call
+  eval_every: int
+  knobs: Knobs = Knobs()
+  minibatches: int = 1
+  eval_n: int = 1             # samples per evaluation problem
+
+  @classmethod
+  def of(cls, cfg, mcfg, s, knobs: Knobs = Knobs()) -> "Setup":
+    from vapo_jax.sampler import ops  # pylint: disable=import-outside-toplevel
+    p, r = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
+    wins = ops.decode_windows(p, types.SimpleNamespace(max_new_tokens=r,
+                                                       decode_windows=cfg.sampling.decode_windows))
+    n = cfg.responses_per_prompt
+    per_call = cfg.sampling.prompts_per_call or cfg.prompts_per_step
+    ev = cfg.eval
+    eval_rows = ev.num_examples * ev.samples_per_problem if ev.every else 0
+    return cls(Arch.of(mcfg), s.chips, cfg.mesh.tensor, s.gen.bf16_flops, s.gen.hbm_bandwidth,
+               s.gen.hbm_bytes, s.gen.ici_bandwidth, cfg.prompts_per_step * n, n, p, r,
+               per_call, wins, cfg.rl.ppo_epochs, cfg.rl.use_critic,
+               np.dtype(mcfg.param_dtype).itemsize, eval_rows,
+               ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
+               cfg.rl.num_minibatches, ev.samples_per_problem)
+
+  @property
+  def resident(self) -> float:
+    """Both TrainStates per chip (fp32 params + two Adam moments)."""
+    return 3.0 * self.param_bytes * (self.arch.params + self.use_critic
+                                     * self.arch.critic_params) / self.chips
+
+
+@dataclasses.dataclass
+class Program:
+  """One program's figures per chip for one RL step (all its calls)."""
+  name: str
+  flops: float = 0.0
+  hbm_bytes: float = 0.0
+  collectives: float = 0.0
+  ici_bytes: float = 0.0
+  terms: dict = dataclasses.field(default_factory=dict)   # seconds by cause
+  note: str = ""
+
+  @property
+  def time(self) -> float:
+    return sum(self.terms.values())
+
+
+# ---------------------------------------------------------------------------- train side
+def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, float]],
+                   critic: bool, train: bool, floor: bool) -> Program:
+  """rows_t: [(count, T, pairs per row, head positions per row)]."""
+  a, k = st.arch, st.knobs
+  mfu = k.mfu_ceiling if floor else k.mfu
+  fac = train_factors(a.remat and not floor) if train else {"matmul": 1.0, "attention": 1.0,
+                                                            "head": 1.0}
+  if floor and train:
+    fac = {"matmul": 3.0, "attention": 3.5, "head": 3.0}
+  tokens = sum(c * t for c, t, _, _ in rows_t)
+  mm = tokens * a.matmul * fac["matmul"]
+  if train and a.remat and not floor:
+    mm -= tokens * a.down
+  at = sum(c * pr for c, _, pr, _ in rows_t) * a.pair * fac["attention"]
+  hd = sum(c * hp for c, _, _, hp in rows_t) * (2.0 * a.d if critic else a.head) * fac["head"]
+  chips, rate = st.chips, st.peak * mfu
+  score_bytes = 0.0 if floor else (sum(c * pr for c, _, pr, _ in rows_t) * a.layers * a.h
+                                   * k.attn_score_bytes * fac["attention"])
+  weights = (a.critic_params if critic else a.params) * 2.0 / st.tensor
+  prog = Program(name, (mm + at + hd) / chips, score_bytes / chips + weights)
+  prog.terms = {"matmul": (mm + hd) / chips / rate,
+                "attention": max(at / chips / rate,
+                                 score_bytes / chips / (st.bw * k.bw_efficiency))}
+  if score_bytes / chips / (st.bw * k.bw_efficiency) > at / chips / rate:
+    prog.note = "attention bound by its HBM score traffic"
+  return prog
+
+
+def _pack(seq_lens: np.ndarray, capacity: int) -> int:
+  """Rows of `capacity` tokens that first-fit-decreasing needs for these sequences."""
+  free: list[int] = []
+  for x in sorted(seq_lens.tolist(), reverse=True):
+    for i, f in enumerate(free):
+      if f >= x:
+        free[i] -= x
+        break
+    else:
+      free.append(capacity - x)
+  return len(free)
+
+
+def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = False
+               ) -> list[Program]:
+  """logprobs, values, policy_step (all mini-batches × epochs), critic_step."""
+  a, k = st.arch, st.knobs
+  t_row = st.prompt_len + st.max_new
+  if floor:
+    seq = prompts + resp
+    groups = [(1, int(t), t * (t + 1) / 2.0, int(r)) for t, r in zip(seq, resp)]
+  elif k.train == "packed":
+    seq = prompts + resp
+    c = a.block
+    nrows = _pack(seq, t_row)
+    pad = nrows * t_row - int(seq.sum())
+    groups = [(1, int(t), float(t * (t + c) / 2.0), int(r)) for t, r in zip(seq, resp)]
+    groups.append((1, pad, 0.0, 0))  # the tail of each packed row: matmuls only
+  else:
+    pr = attention_pairs(a, t_row, t_row, causal=True)
+    groups = [(st.rows, t_row, pr, padded_head_positions(st.max_new))]
+  progs = [_train_program(st, "logprobs", groups, False, False, floor)]
+  if st.use_critic:
+    progs.append(_train_program(st, "values", groups, True, False, floor))
+  ep = [(c * st.epochs, t, pr, hp) for c, t, pr, hp in groups]
+  progs.append(_train_program(st, "policy_step", ep, False, True, floor))
+  if st.use_critic:
+    progs.append(_train_program(st, "critic_step", ep, True, True, floor))
+  return progs
+
+
+# ---------------------------------------------------------------------------- rollout
+def _decode_collectives(st: Setup) -> float:
+  k = st.knobs
+  return k.decode_collectives if k.decode_collectives is not None else 9.0 * st.arch.layers + 4
+
+
+def static_rollout(st: Setup, resp: np.ndarray, name: str = "rollout",
+                   rows_per_call: int | None = None, n: int | None = None) -> Program:
+  """Today's sampler: sequential calls, each prefill + windowed loops to its longest row
+  (n responses per prompt: the prefill runs once per prompt)."""
+  a, k = st.arch, st.knobs
+  n = n or st.n
+  b = rows_per_call or st.per_call * n
+  calls = -(-len(resp) // b)
+  kvb = a.kv_bytes()
+  # Weights read per step, in place; an untied embedding is only looked up (B rows).
+  w_bytes = a.decode_weights * k.decode_weight_itemsize / st.chips
+  gathered = a.params * st.param_bytes / st.tensor if k.decode_weights == "gathered" else 0.0
+  ncoll = _decode_collectives(st)
+  lat = ncoll * k.collective_latency_us * 1e-6 + k.decode_collective_bytes / st.ici
+  eff_bw = st.bw * k.bw_efficiency
+  terms = {"decode weights": 0.0, "decode KV": 0.0, "decode logits": 0.0, "decode compute": 0.0,
+           "decode latency": 0.0, "window copies": 0.0, "prefill": 0.0}
+  prog = Program(name)
+  steps_total = 0
+  for ci in range(calls):
+    lmax = int(resp[ci * b:(ci + 1) * b].max())
+    # Prefill of the call's prompts (P padded slots), causal, one head position each.
+    bp = max(1, b // n)
+    pf = forward_flops(a, bp, st.prompt_len, 1)
+    pf_flops = sum(pf.values()) / st.chips
+    terms["prefill"] += pf_flops / (st.peak * k.mfu) + b * st.prompt_len * kvb / st.chips / eff_bw
+    prog.flops += pf_flops
+    for t0, t1, w in st.windows:
+      steps = max(0, min(t1, lmax) - t0)
+      copy = 4.0 * b * w * kvb / st.chips                  # cut + write back, read + write
+      terms["window copies"] += copy / eff_bw
+      prog.hbm_bytes += copy
+      if not steps:
+        continue
+      steps_total += steps
+      kv = b * w * kvb / st.chips
+      logits = 4.0 * b * a.vocab * 4 / st.tensor
+      byts = w_bytes + gathered + kv + logits
+      fl = decode_step_flops(a, b, w) / st.chips
+      t_mem, t_cmp = byts / eff_bw, fl / (st.peak * k.mfu)
+      if t_mem >= t_cmp:
+        terms["decode weights"] += steps * (w_bytes + gathered) / eff_bw
+        terms["decode KV"] += steps * kv / eff_bw
+        terms["decode logits"] += steps * logits / eff_bw
+      else:
+        terms["decode compute"] += steps * t_cmp
+      terms["decode latency"] += steps * (lat + gathered / st.ici)
+      prog.flops += steps * fl
+      prog.hbm_bytes += steps * byts
+      prog.collectives += steps * ncoll
+      prog.ici_bytes += steps * gathered
+  prog.terms = terms
+  prog.note = (f"{calls} calls × {b} rows, {steps_total} decode steps "
+               f"({steps_total / max(calls, 1):.0f} per call), token efficiency "
+               f"{resp.sum() / max(b * steps_total, 1):.1%}, {ncoll:.0f} collectives/step")
+  return prog
+
+
+def kv_budget(st: Setup, tp: int) -> float:
+  """KV bytes per chip the engine may fill: HBM less headroom, train state, bf16 weights and
+  workspace."""
+  k = st.knobs
+  return ((1 - k.headroom) * st.hbm - st.resident - 2.0 * st.arch.params / tp
+          - k.workspace_gb * GB)
+
+
+def _interval_cost(m: int, x0: float, n: int, a_: float, b_: float, g: float) -> float:
+  """Σ_{j<m} max(a_ + b_ (x0 + n j), g): m steps with x0 + n j live tokens."""
+  if m <= 0:
+    return 0.0
+  if b_ * n > 0:
+    kstar = min(m, max(0, math.ceil((g - a_ - b_ * x0) / (b_ * n))))
+  else:
+    kstar = m if a_ + b_ * x0 < g else 0
+  rest = m - kstar
+  lin = rest * (a_ + b_ * x0) + b_ * n * (kstar * rest + rest * (rest - 1) / 2.0)
+  return kstar * g + lin
+
+
+def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool,
+                       name: str = "rollout", n: int | None = None) -> Program:
+  """Continuous batching on replicas of tp chips: event-driven, step cost linear in live KV.
+
+  Per replica (sequences dealt round robin, admitted FIFO while live KV tokens < admit ·
+  budget · tp / kv_bytes): a step with n live sequences holding X tokens costs
+  max((weights + X kv_bytes / tp) / BW', n (m + head) / tp / (peak · mfu')) + latency.
+  The rollout ends with the slowest replica.
+  """
+  a, k = st.arch, st.knobs
+  n = n or st.n                  # responses per prompt: one prefill per prompt
+  tp = k.engine_tp
+  reps = max(1, st.chips // tp)
+  kvb = a.kv_bytes()
+  bw = st.bw * (1.0 if floor else k.bw_efficiency)
+  rate = st.peak * (1.0 if floor else k.mfu)
+  w = 2.0 * a.decode_weights / tp   # bf16 copy; an untied embedding is only looked up
+  a_, b_ = w / bw, kvb / tp / bw
+  per_tok = (a.matmul + a.head) / tp / rate
+  lat = 0.0 if floor else (2.0 * a.layers + 2) * k.collective_latency_us * 1e-6
+  cap = k.engine_admit * kv_budget(st, tp) * tp / kvb
+  worst, worst_terms, flops, steps_max = 0.0, {}, 0.0, 0
+  for r in range(reps):
+    lens, ps = resp[r::reps], prompts[r::reps]
+    if not len(lens):
+      continue
+    now, x, live, q, heap = 0, 0.0, 0, 0, []
+    cost = pre = 0.0
+    w_time = kv_time = 0.0
+    while q < len(lens) or heap:
+      while q < len(lens) and (x + ps[q] < cap or live == 0):
+        heapq.heappush(heap, (now + int(lens[q]), int(ps[q]) + int(lens[q])))
+        x += ps[q]
+        pre += ps[q] * (a.matmul / tp) / (st.peak * (k.mfu_ceiling if floor else k.mfu)) / n
+        live += 1
+        q += 1
+      nxt = heap[0][0]
+      m = nxt - now
+      c = _interval_cost(m, x, live, a_, b_, live * per_tok)
+      cost += c + m * lat
+      w_time += m * a_
+      kv_time += _interval_cost(m, x, live, 0.0, b_, 0.0)
+      x += live * m
+      now = nxt
+      while heap and heap[0][0] == now:
+        _, tot = heapq.heappop(heap)
+        x -= tot
+        live -= 1
+    total = cost + pre
+    flops += (a.matmul + a.head) * float(lens.sum() + ps.sum() / n) / tp
+    if total > worst:
+      worst, steps_max = total, now
+      mem = w_time + kv_time
+      worst_terms = {"decode weights": w_time, "decode KV": kv_time,
+                     "decode compute": max(0.0, cost - now * lat - mem),
+                     "decode latency": now * lat, "prefill": pre}
+  mem_time = worst_terms.get("decode weights", 0.0) + worst_terms.get("decode KV", 0.0)
+  prog = Program(name, flops / reps, mem_time * bw,
+                 0 if floor else steps_max * (2 * a.layers + 2))
+  if not floor:
+    reshard = 2.0 * a.params / tp / st.ici
+    worst_terms["bf16 reshard"] = reshard
+  prog.terms = worst_terms
+  prog.note = (f"{reps} replicas × TP{tp}, KV budget {kv_budget(st, tp) / GB:.1f} GB/chip "
+               f"(≈{cap:.0f} live tokens), slowest replica {steps_max} steps")
+  return prog
+
+
+# ---------------------------------------------------------------------------- the step
+@dataclasses.dataclass
+class Step:
+  programs: list[Program]
+
+  @property
+  def time(self) -> float:
+    return sum(p.time for p in self.programs)
+
+  def dominant(self, n: int = 3) -> list[tuple[str, float]]:
+    terms = [(f"{p.name}: {k}", v) for p in self.programs for k, v in p.terms.items()]
+    return sorted(terms, key=lambda kv: -kv[1])[:n]
+
+
+def _eval_lengths(st: Setup, resp: np.ndarray) -> np.ndarray:
+  """Evaluation response lengths: the rollout's distribution (an assumption), eval_rows rows."""
+  if not st.eval_rows:
+    return resp[:0]
+  idx = np.linspace(0, len(resp) - 1, st.eval_rows).astype(int)
+  return np.random.default_rng(1).permutation(np.sort(resp)[idx])
+
+
+def estimate(st: Setup, resp: np.ndarray, prompts: np.ndarray) -> Step:
+  """One RL step with the knobs' code paths (today: padded, static)."""
+  if st.knobs.rollout == "engine":
+    roll = continuous_rollout(st, resp, prompts, floor=False)
+  else:
+    roll = static_rollout(st, resp)
+  progs = [roll, Program("reward", note="host process pool, overlaps the forwards: 0 s")]
+  progs += train_side(st, resp, prompts)
+  ev_resp = _eval_lengths(st, resp)
+  if len(ev_resp):
+    ev = (continuous_rollout(st, ev_resp, prompts[:len(ev_resp)], False, "evaluation",
+                             st.eval_n)
+          if st.knobs.rollout == "engine" else
+          static_rollout(st, ev_resp, "evaluation", st.eval_per_call, st.eval_n))
+    ev.terms = {k: v / st.eval_every for k, v in ev.terms.items()}
+    ev.flops /= st.eval_every
+    ev.hbm_bytes /= st.eval_every
+    ev.collectives /= st.eval_every
+    ev.note = f"every {st.eval_every} steps, amortised; " + ev.note
+    progs.append(ev)
+  return Step(progs)
+
+
+def floor(st: Setup, resp: np.ndarray, prompts: np.ndarray) -> Step:
+  """The physical floor of the same step (see the module docstring)."""
+  progs = [continuous_rollout(st, resp, prompts, floor=True)]
+  progs += train_side(st, resp, prompts, floor=True)
+  ev_resp = _eval_lengths(st, resp)
+  if len(ev_resp):
+    ev = continuous_rollout(st, ev_resp, prompts[:len(ev_resp)], True, "evaluation",
+                            st.eval_n)
+    ev.terms = {k: v / st.eval_every for k, v in ev.terms.items()}
+    progs.append(ev)
+  return Step(progs)
+
+
+def program_flops(st: Setup, name: str) -> float:
+  """Analytic FLOPs per chip of one call of a `tools.programs` program (padded shapes; the
+  standalone decode steps attend the whole cache of P + R slots)."""
+  a = st.arch
+  t = st.prompt_len + st.max_new
+  fwd = forward_flops(a, 1, t, padded_head_positions(st.max_new))
+  crit = forward_flops(a, 1, t, t, critic=True)
+  fac = train_factors(a.remat)
+  mb = st.rows // max(1, st.minibatches)
+  down = a.down if a.remat else 0.0
+  per_row = {
+      "policy_step": mb * (sum(fac[k] * v for k, v in fwd.items()) - t * down),
+      "critic_step": mb * (sum(fac[k] * v for k, v in crit.items()) - t * down),
+      "logprobs": st.rows * sum(fwd.values()),
+      "values": st.rows * sum(crit.values()),
+      "prefill": sum(forward_flops(a, st.per_call, st.prompt_len, 1).values()),
+      "decode_step": decode_step_flops(a, st.per_call * st.n, t),
+      "eval_decode_step": decode_step_flops(a, st.eval_per_call, t),
+  }
+  if name not in per_row:
+    raise ValueError(f"no analytic count for program {name!r}; known: {sorted(per_row)}")
+  return per_row[name] / st.chips
+
+
+def crosscheck(st: Setup, programs: dict) -> list[str]:
+  """Lines comparing compile_check's XLA FLOPs (loop bodies once × micro-batch trips) with
+  `program_flops`; programs: {name: {"flops": ...}} (compile_check's report)."""
+  out = []
+  for name, p in programs.items():
+    if p.get("error"):
+      continue
+    ours = program_flops(st, name)
+    out.append(f"  {name:16s} XLA {p['flops'] / 1e12:10.1f} TFLOP/chip, analytic "
+               f"{ours / 1e12:10.1f} (XLA / analytic {p['flops'] / ours:.2f})")
+  return out
+
+
+# ---------------------------------------------------------------------------- report
+def lengths_for(st: Setup, spec: str, prompt_spec: str) -> tuple[np.ndarray, np.ndarray]:
+  """(response lengths [B], real prompt lengths [B]) of one step from the specs."""
+  from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
+  resp = lengths.sample(spec, st.rows, st.max_new)
+  prompts = lengths.sample(prompt_spec, st.rows, st.prompt_len, seed=2,
+                           prefix="prompt/length_")
+  return resp, prompts
+
+
+def run(st: Setup, spec: str, prompt_spec: str) -> dict:
+  """Estimate and floor of one length spec, as a dict (for --json and the table)."""
+  resp, prompts = lengths_for(st, spec, prompt_spec)
+  est, flo = estimate(st, resp, prompts), floor(st, resp, prompts)
+  return {"spec": spec, "mean_length": float(resp.mean()),
+          "truncated": float((resp >= st.max_new).mean()),
+          "estimate_s": est.time, "floor_s": flo.time, "ratio": est.time / flo.time,
+          "dominant": est.dominant(), "programs": est.programs, "floor_programs": flo.programs}
+
+
+def format_report(label: str, r: dict) -> str:
+  lines = [f"{label} ({r['spec']}: mean {r['mean_length']:.0f} tokens, "
+           f"{r['truncated']:.1%} truncated)",
+           f"  {'program':12s} {'TFLOP/chip':>11s} {'HBM TB/chip':>12s} {'collectives':>12s} "
+           f"{'time s':>9s}  terms"]
+  for p in r["programs"]:
+    terms = ", ".join(f"{k} {v:.0f}" for k, v in sorted(p.terms.items(), key=lambda kv: -kv[1])
+                      if v >= 0.5)
+    lines.append(f"  {p.name:12s} {p.flops / 1e12:11.1f} {p.hbm_bytes / 1e12:12.1f} "
+                 f"{p.collectives:12.0f} {p.time:9.0f}  {terms}")
+    if p.note:
+      lines.append(f"  {'':12s} {p.note}")
+  fl = ", ".join(f"{p.name} {p.time:.0f}" for p in r["floor_programs"])
+  lines.append(f"  step estimate {r['estimate_s']:.0f} s; floor {r['floor_s']:.0f} s ({fl}); "
+               f"ratio {r['ratio']:.1f}×")
+  lines.append("  dominant: " + "; ".join(f"{k} {v:.0f} s" for k, v in r["dominant"]))
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.tools import archs, tpu_specs  # pylint: disable=import-outside-toplevel
+  f = flags.FLAGS
+  if f.config is None:
+    raise ValueError("--config=configs/<experiment>.py is needed")
+  cfg = config_lib.from_command_line(f.config)
+  mcfg = archs.model_config(cfg, f.arch)
+  s = tpu_specs.parse(f.topology)
+  knobs = knobs_from_flags(f)
+  st = Setup.of(cfg, mcfg, s, knobs)
+  print(f"{s.name}: {s.chips} chips; {mcfg.num_layers} layers, d={mcfg.hidden_size}, "
+        f"{mcfg.num_params / 1e9:.2f} B parameters; {st.rows} rows of {st.prompt_len} + "
+        f"{st.max_new} tokens")
+  print("assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knobs).items()))
+  from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
+  rows = []
+  for label, spec in lengths.phases(f.lengths):
+    r = run(st, spec, f.prompt_lengths)
+    print(format_report(label, r), flush=True)
+    rows.append(markdown_row(label, r, f"train={knobs.train}, rollout={knobs.rollout}"))
+  if f.markdown:
+    print("| phase | code | estimate s | floor s | ratio | dominant terms |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+def markdown_row(label: str, r: dict, code: str) -> str:
+  dom = "; ".join(f"{k} {v:,.0f} s" for k, v in r["dominant"])
+  return (f"| {label} (mean {r['mean_length']:,.0f}) | {code} | {r['estimate_s']:,.0f} | "
+          f"{r['floor_s']:,.0f} | {r['ratio']:.1f}× | {dom} |")
+
+
+def define_flags(flags, lengths_default: str | None = "review"):
+  """The model's flags (shared with compile_check)."""
+  d = Knobs()
+  flags.DEFINE_string("lengths", lengths_default, "Response lengths: lognormal:MEDIAN,SIGMA, "
+                      "uniform:A,B, fixed:N, early|mid|late|review, a metrics.jsonl; ';' joins")
+  flags.DEFINE_string("prompt_lengths", "uniform:80,400", "Real prompt lengths (same forms).")
+  flags.DEFINE_float("mfu_ceiling", d.mfu_ceiling, "The floor's train MFU.")
+  flags.DEFINE_float("collective_latency_us", d.collective_latency_us,
+                     "Seconds·1e-6 per collective of a decode step.")
+  flags.DEFINE_float("attn_score_bytes", d.attn_score_bytes, "HBM bytes per (query, key, "
+                     "head) of a blocked attention forward (0: a fused kernel).")
+  flags.DEFINE_float("decode_collectives", None, "Collectives per decode step (decode_hlo); "
+                     "default 9 L + 4.")
+  flags.DEFINE_float("decode_collective_bytes", 0.0, "Their bytes per step and chip.")
+  flags.DEFINE_enum("decode_weights", d.decode_weights, ["stationary", "gathered"],
+                    "Decode reads weights in place, or all-gathers them every step.")
+  flags.DEFINE_float("decode_weight_itemsize", d.decode_weight_itemsize, "Bytes per weight "
+                     "a decode step reads (2: the bf16 casts XLA hoists out of the loop).")
+  flags.DEFINE_enum("train", d.train, ["padded", "packed"], "Train-side rows.")
+  flags.DEFINE_enum("rollout", d.rollout, ["static", "engine"], "Rollout sampler.")
+  flags.DEFINE_integer("engine_tp", d.engine_tp, "Chips per engine replica.")
+  flags.DEFINE_float("workspace_gb", d.workspace_gb, "Per chip, not given to the KV cache.")
+
+
+def knobs_from_flags(f) -> Knobs:
+  return Knobs(mfu=f.mfu, bw_efficiency=f.bw_efficiency,
+               collective_latency_us=f.collective_latency_us, mfu_ceiling=f.mfu_ceiling,
+               attn_score_bytes=f.attn_score_bytes, decode_collectives=f.decode_collectives,
+               decode_collective_bytes=f.decode_collective_bytes,
+               decode_weights=f.decode_weights,
+               decode_weight_itemsize=f.decode_weight_itemsize, train=f.train,
+               rollout=f.rollout,
+               engine_tp=f.engine_tp, workspace_gb=f.workspace_gb)
+
+
+if __name__ == "__main__":
+  from absl import flags as _flags  # pylint: disable=ungrouped-imports
+  from ml_collections import config_flags
+  from vapo_jax import cli  # pylint: disable=import-outside-toplevel,ungrouped-imports
+  config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+  _flags.DEFINE_string("topology", "v5p-128", "TPU slice, e.g. v5p-128")
+  _flags.DEFINE_string("arch", None, "Architecture (archs.KNOWN name or config.json).")
+  _flags.DEFINE_float("mfu", Knobs().mfu, "Assumed train MFU.")
+  _flags.DEFINE_float("bw_efficiency", Knobs().bw_efficiency, "Fraction of HBM bandwidth.")
+  _flags.DEFINE_bool("markdown", False, "Also print one markdown table row per phase.")
+  define_flags(_flags)
+  cli.run(main)
