@@ -124,7 +124,7 @@ class Setup:
     eval_rows = ev.num_examples * ev.samples_per_problem if ev.every else 0
     return cls(Arch.of(mcfg), s.chips, cfg.mesh.tensor, s.gen.bf16_flops, s.gen.hbm_bandwidth,
                s.gen.hbm_bytes, s.gen.ici_bandwidth, cfg.prompts_per_step * n, n, p, r,
-               per_call, wins, cfg.rl.ppo_epochs, cfg.rl.use_critic,
+               per_call, wins, cfg.rl.ppo_epochs, cfg.uses_critic,
                np.dtype(mcfg.param_dtype).itemsize, eval_rows,
                ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
                cfg.rl.num_minibatches, ev.samples_per_problem)
