@@ -518,7 +518,10 @@ def test_smoke_command_shares_one_sft_start_checked_by_the_band(tmp_path):
       [sys.executable, "-m", "vapo_jax.tools.ablate", f"--config={COG}", "--smoke",
        "--rows=no_decoupled_gae_vp", "--seeds=3,", f"--workdir={w}",
        "--config.sampling.max_new_tokens=24", "--config.eval.samples_per_problem=1",
-       "--config.sft.steps=2"],
+       # The smallest budgets that still run every stage: the shared-stage plumbing, resume
+       # and the plateau rule are test_the_command_runs_rows_from_shared_stages_and_resumes'
+       # and test_stopping's; this test adds the band, coupled targets and chain_or_guess.
+       "--config.sft.steps=2", "--config.value_pretrain.max_steps=1", "--config.rl.steps=1"],
       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "4 runs (1 rows × seeds, 3 shared stages)" in out.stdout, out.stdout
