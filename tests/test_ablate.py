@@ -21,6 +21,9 @@ from vapo_jax.tools import ablate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny.py")
+PAPER_ROWS = ("vapo", "no_value_pretrain", "no_decoupled_gae", "no_length_adaptive",
+              "no_clip_higher", "no_token_level_loss", "no_positive_nll", "no_group_sampling",
+              "ppo", "grpo", "dapo")
 
 
 # ------------------------------------------------------------------------ statistics
@@ -87,9 +90,8 @@ def test_a_resumed_run_that_finishes_is_finished(tmp_path):
 
 
 def test_rows_are_the_papers_and_presets():
-  assert set(ablate.ROW_NAMES) == {
-      "vapo", "no_value_pretrain", "no_decoupled_gae", "no_length_adaptive", "no_clip_higher",
-      "no_token_level_loss", "no_positive_nll", "no_group_sampling", "ppo", "grpo", "dapo"}
+  assert set(ablate.ROW_NAMES) == {*PAPER_ROWS, "no_decoupled_gae_vp", "ppo_lam095"}
+  assert {r.name for r in ablate.parse_rows("all")} == {*PAPER_ROWS, "no_decoupled_gae_vp"}
   assert all(r.preset in config_lib.PRESETS for r in ablate.ROWS)
   paper = {r.name: r.paper for r in ablate.ROWS}
   assert (paper["vapo"], paper["ppo"], paper["dapo"], paper["no_value_pretrain"]) == (
@@ -104,14 +106,14 @@ def test_rows_are_the_papers_and_presets():
 
 def test_plan_shares_each_stage_once_per_seed(tmp_path):
   load = ablate.config_loader(TINY, {"rl.steps": 3})
-  runs = ablate.plan(load, ablate.ROWS, [0, 1], str(tmp_path))
+  runs = ablate.plan(load, ablate.parse_rows(",".join(PAPER_ROWS)), [0, 1], str(tmp_path))
   for seed in (0, 1):
     mine = [r for r in runs if r.seed == seed]
     sft = [r for r in mine if r.name == "sft"]
     vp = [r for r in mine if r.name == "value_pretrain"]
     rm = [r for r in mine if r.name == "reward_model"]
     assert len(sft) == 1 and len(vp) == 1 and len(rm) == 1, [r.directory for r in mine]
-    assert sorted(r.name for r in mine if r.kind == "row") == sorted(ablate.ROW_NAMES)
+    assert sorted(r.name for r in mine if r.kind == "row") == sorted(PAPER_ROWS)
     fields = {r.name: dict(r.overrides) for r in mine}
     assert fields["value_pretrain"]["model.init_from"] == sft[0].directory
     assert fields["sft"]["rl.steps"] == 0 and not fields["sft"]["value_pretrain.enabled"]
@@ -236,7 +238,7 @@ def test_reports_from_the_runs_files(tmp_path):
   assert math.isclose(nch["avg"], 0.5) and math.isclose(nch["steps_to_vapo"], 10)
   assert math.isclose(nch["avg_ci95"], 12.706 * math.sqrt(0.02) / math.sqrt(2))
   md = (tmp_path / "ablation.md").read_text()
-  assert ("| vapo (VAPO) | 60.4 | 60.0 ± 24.8 | 0.0 ± 0.0 | 80.0 ± 24.8 | 120.0 ± 0.0 | "
+  assert ("| vapo (VAPO) | 60.4 | 60.0 ± 24.8 | 0.0 ± 0.0 | 80.0 ± 24.8 | 120.0 ± 0.0 | — | "
           "22.000 ± 2.484 "
           "| 13 (3/3) | 0/3 | 3/3 |") in md, md
   # Paired: seeds 0 and 1 finished, 0.4 and 0.6 against VAPO's 0.5 and 0.6: Δ -0.1 and 0.
@@ -244,7 +246,7 @@ def test_reports_from_the_runs_files(tmp_path):
   assert math.isclose(nch["avg_minus_vapo_ci95"], 12.706 * math.sqrt(0.005) / math.sqrt(2))
   assert ("| no_clip_higher (without Clip-Higher) | 46 | 50.0 ± 127.1 | -5.0 ± 63.5 | "
           "70.0 ± 127.1 | "
-          "120.0 ± 0.0 | 21.000 ± 0.000 | 10 (1/2) | 1/3 | 2/3 |") in md, md
+          "120.0 ± 0.0 | — | 21.000 ± 0.000 | 10 (1/2) | 1/3 | 2/3 |") in md, md
   lines = [json.loads(x) for x in (tmp_path / "ablation.jsonl").read_text().splitlines()]
   assert [x["kind"] for x in lines] == ["run"] * 6 + ["row"] * 2
   assert lines[5]["state"] == "crashed" and lines[5]["curve"] == [[0, .1], [10, .9]]
@@ -295,6 +297,15 @@ def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
   stages = sorted(os.listdir(w / "seed0"))
   assert [s.split("-")[:2] for s in stages if s.startswith("stage")] == [
       ["stage", "sft"], ["stage", "value_pretrain"]]
+  # Value pretraining says what ended it (here the cap: tiny's rule cannot hold in 2
+  # steps), and every run's per-step metrics are kept under W/metrics.
+  vp_dir = next(s for s in stages if s.startswith("stage-value_pretrain"))
+  vp_last = [r for r in _records(w / "seed0" / vp_dir) if r["stage"] == "value_pretrain"][-1]
+  assert vp_last["value_pretrain/stopped_by"] in ("cap", "explained_variance", "plateau")
+  assert "value pretraining ended after step" in (w / "seed0" / vp_dir / "log.txt").read_text()
+  assert (w / "metrics" / "seed0" / "vapo.jsonl").read_text() == (
+      vapo / "metrics.jsonl").read_text()
+  assert (w / "metrics" / "seed0" / f"{vp_dir}.jsonl").exists()
 
   # Both rows start from the shared stages: no SFT or value pretraining of their own, the
   # value-pretrained critic, and the same policy (the same held-out figures before RL).
@@ -380,3 +391,150 @@ def test_the_command_stopped_mid_row_resumes_it_to_the_end(tmp_path):
   rl_steps = [r["step"] for r in _records(w / "seed0" / "vapo") if r["stage"] == "rl"]
   assert sorted(rl_steps) == sorted(set(rl_steps)) and max(rl_steps) == 8, rl_steps
   assert "| vapo (VAPO) | 60.4 |" in (w / "ablation.md").read_text()
+
+
+# -------------------------------------------------------------- protocol (issue 29)
+
+COG = os.path.join(ROOT, "configs", "chain_or_guess.py")
+
+
+def test_seeds_by_count_list_or_range():
+  assert ablate.parse_seeds("3", 0) == [0, 1, 2] and ablate.parse_seeds("2", 5) == [5, 6]
+  assert ablate.parse_seeds("3,4,5", 0) == [3, 4, 5] and ablate.parse_seeds("7,", 0) == [7]
+  assert ablate.parse_seeds("3-5", 0) == [3, 4, 5]
+  for bad in ("0", "x", "3,3", "-1,2", ""):
+    with pytest.raises(ValueError, match="--seeds"):
+      ablate.parse_seeds(bad, 0)
+
+
+def test_one_sft_start_for_every_seed_checked_against_the_band(tmp_path):
+  """With data.seed and model.init_seed set, every seed's rows start from one SFT run (under
+  W/shared, the config's own seed), checked by the band run before any stage starts from
+  it; the reward model and value pretraining still run once per seed."""
+  module = ablate.config_module(COG)
+  load = ablate.config_loader(COG, {})
+  rows = ablate.parse_rows(module.ABLATION_ROWS)
+  runs = ablate.plan(load, rows, [3, 4, 5], str(tmp_path), band=module.SFT_BAND)
+  sft = [r for r in runs if r.name == "sft"]
+  band = [r for r in runs if r.name == "sft_band"]
+  assert len(sft) == 1 and len(band) == 1
+  assert sft[0].directory.startswith(str(tmp_path / "shared" / "stage-sft-"))
+  assert dict(sft[0].overrides)["seed"] == 0
+  assert band[0].directory == os.path.join(sft[0].directory, ablate.BAND_DIR)
+  assert band[0].needs == (sft[0].directory,) and band[0].module == "vapo_jax.tools.sft_band"
+  assert dict(band[0].overrides)["model.init_from"] == sft[0].directory
+  cmd = ablate.command(band[0], COG, {})
+  assert cmd[2] == "vapo_jax.tools.sft_band" and "--band=SFT_BAND" in cmd
+  for seed in (3, 4, 5):
+    mine = [r for r in runs if r.seed == seed]
+    assert {r.name for r in mine if r.kind == "row"} == set(module.ABLATION_ROWS.split(","))
+    vps = [r for r in mine if r.name == "value_pretrain"]
+    rm = [r for r in mine if r.name == "reward_model"]
+    # Two value pretrainings (Monte Carlo, and coupled for no_decoupled_gae_vp), one RM.
+    assert len(vps) == 2 and len(rm) == 1
+    coupled = [dict(v.overrides).get("value_pretrain.coupled_gae") for v in vps]
+    assert sorted(map(bool, coupled)) == [False, True]
+    for r in [*vps, *rm]:
+      assert r.needs == (band[0].directory,) and dict(r.overrides)["seed"] == seed
+      assert dict(r.overrides)["model.init_from"] == sft[0].directory
+  # The same SFT key whatever the seeds: a fresh-seed rerun starts from the same start.
+  again = ablate.plan(load, rows, [0, 1, 2], str(tmp_path), band=module.SFT_BAND)
+  assert [r.directory for r in again if r.name == "sft"] == [sft[0].directory]
+  # Without data and init seeds, each seed has its own SFT and no band check.
+  split = ablate.config_loader(COG, {"data.seed": -1, "model.init_seed": -1})
+  runs = ablate.plan(split, rows, [3, 4], str(tmp_path), band=module.SFT_BAND)
+  assert sorted(r.seed for r in runs if r.name == "sft") == [3, 4]
+  assert not [r for r in runs if r.name == "sft_band"]
+
+
+def test_a_row_with_overrides_and_the_sensitivity_row():
+  row = next(r for r in ablate.ROWS if r.name == "ppo_lam095")
+  assert not row.in_all and row.preset == "ppo"
+  load = ablate.config_loader(COG, {})
+  runs = ablate.plan(load, [row], [0], "/w")
+  assert dict(runs[-1].overrides)["rl.lam_policy"] == 0.95
+  assert load("ppo", dict(runs[-1].overrides))["rl"]["lam_policy"] == 0.95
+  assert load("ppo", {})["rl"]["lam_policy"] == 0.8
+
+
+def test_metrics_are_kept_and_a_refused_start_says_why(tmp_path):
+  w = tmp_path / "w"
+  (w / "seed0" / "vapo").mkdir(parents=True)
+  (w / "seed0" / "vapo" / "metrics.jsonl").write_text('{"stage": "rl", "step": 1}\n')
+  band_dir = w / "shared" / "stage-sft-abc" / ablate.BAND_DIR
+  band_dir.mkdir(parents=True)
+  (band_dir / ablate.BAND_FILE).write_text(json.dumps(
+      {"accepted": False, "failures": ["guess_rate = 0.300 outside [0.12, 0.18]"]}))
+  runs = [ablate.Run("vapo", "row", 0, str(w / "seed0" / "vapo"), "vapo", ()),
+          ablate.Run("sft_band", "stage", 0, str(band_dir), "vapo", ())]
+  ablate.keep_metrics(str(w), runs)
+  assert (w / "metrics" / "seed0" / "vapo.jsonl").read_text() == '{"stage": "rl", "step": 1}\n'
+  assert json.loads((w / "metrics" / "shared" / "stage-sft-abc" / "band.json").read_text())[
+      "accepted"] is False
+  assert ablate.band_verdict(str(band_dir)) == (
+      "SFT start outside SFT_BAND: guess_rate = 0.300 outside [0.12, 0.18]")
+  assert ablate.band_verdict(str(w / "seed0" / "vapo")) == ""
+
+
+def test_the_band_metrics_and_check_by_hand():
+  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
+  kinds = ["short", "short", "long", "long"]
+  scores = [[1, 1], [1, 0], [0, 0], [1, 0]]
+  lengths = [[40, 10], [45, 50], [150, 10], [160, 120]]
+  m = sft_band.dev_metrics(kinds, scores, lengths, guess_max_tokens=15)
+  assert m == {"accuracy": 0.5, "accuracy/short": 0.75, "accuracy/long": 0.25,
+               "guess_rate": 0.25, "response_length": 73.125}
+  assert sft_band.check_band(m, {"accuracy/long": (0.2, 0.3), "guess_rate": (0.1, 0.2)}) == [
+      "guess_rate = 0.250 outside [0.1, 0.2]"]
+  assert sft_band.check_band(m, {"accuracy/short": (0.6, 0.8)}) == []
+  assert "not measured" in sft_band.check_band(m, {"accuracy/medium": (0, 1)})[0]
+  with pytest.raises(ValueError, match="N kinds"):
+    sft_band.dev_metrics(kinds[:3], scores, lengths)
+
+
+@pytest.mark.parametrize("name", ["chain_or_guess.py", "longcot.py"])
+def test_smoke_overrides_plan_every_row(name, tmp_path):
+  """--smoke: the config's SMOKE overrides give valid configs for every row and stage (the
+  loader checks each), and its SMOKE_BAND accepts any start."""
+  path = os.path.join(ROOT, "configs", name)
+  module = ablate.config_module(path)
+  assert module.SMOKE_BAND["bounds"] == {} and module.SFT_BAND["bounds"]
+  load = ablate.config_loader(path, dict(module.SMOKE))
+  runs = ablate.plan(load, ablate.parse_rows("all"), [0, 1], str(tmp_path),
+                     band=module.SMOKE_BAND, band_name="SMOKE_BAND")
+  band = [r for r in runs if r.name == "sft_band"]
+  assert len(band) == 1 and "--band=SMOKE_BAND" in ablate.command(band[0], path, {})
+  for r in runs:
+    if r.module == "vapo_jax.main":
+      load(r.preset, dict(r.overrides))
+
+
+def test_smoke_command_shares_one_sft_start_checked_by_the_band(tmp_path):
+  """`--smoke` on chain_or_guess end to end: one shared SFT run, its band check (SMOKE_BAND
+  accepts any start; the verdict and metrics are kept), a coupled value pretraining that says
+  what ended it, and the row from them."""
+  w = tmp_path / "w"
+  out = subprocess.run(
+      [sys.executable, "-m", "vapo_jax.tools.ablate", f"--config={COG}", "--smoke",
+       "--rows=no_decoupled_gae_vp", "--seeds=3,", f"--workdir={w}",
+       "--config.sampling.max_new_tokens=24", "--config.eval.samples_per_problem=1",
+       # The smallest budgets that still run every stage: the shared-stage plumbing, resume
+       # and the plateau rule are test_the_command_runs_rows_from_shared_stages_and_resumes'
+       # and test_stopping's; this test adds the band, coupled targets and chain_or_guess.
+       "--config.sft.steps=2", "--config.value_pretrain.max_steps=1", "--config.rl.steps=1"],
+      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "4 runs (1 rows × seeds, 3 shared stages)" in out.stdout, out.stdout
+  assert "shared stage sft_band: finished" in out.stdout, out.stdout
+  (sft,) = [p for p in (w / "shared").iterdir() if p.name.startswith("stage-sft-")]
+  verdict = json.loads((sft / ablate.BAND_DIR / ablate.BAND_FILE).read_text())
+  assert verdict["accepted"] and verdict["band"]["bounds"] == {}
+  assert {"accuracy", "accuracy/short", "accuracy/long", "guess_rate"} <= set(verdict["metrics"])
+  (vp,) = [p for p in (w / "seed3").iterdir() if p.name.startswith("stage-value_pretrain-")]
+  assert "--config.value_pretrain.coupled_gae=True" in (vp / "log.txt").read_text()
+  last = [r for r in _records(vp) if r["stage"] == "value_pretrain"][-1]
+  assert last["value_pretrain/stopped_by"] == "cap" and "value/s0_minus_return" in last
+  assert (w / "metrics" / "seed3" / "no_decoupled_gae_vp.jsonl").exists()
+  assert (w / "metrics" / "shared" / sft.name / "band.json").exists()
+  md = (w / "ablation.md").read_text()
+  assert "| no_decoupled_gae_vp (without decoupled GAE, value pretraining coupled too) |" in md

@@ -64,6 +64,9 @@ class ModelSection:
   # as PPO's critic starts in the paper) or "path" (model.critic_path).
   critic_start: str = "policy"
   init_from: str = ""          # a run's workdir: the policy starts from its newest checkpoint
+  # Seed of the fresh model's initialisation and of the SFT batch order (-1: `seed`). Fixed
+  # apart from `seed`, every run seed starts from the same SFT policy (`Config.init_seed`).
+  init_seed: int = -1
   model_type: str = "qwen2"    # for a model built from the fields below
   hidden_size: int = 128
   intermediate_size: int = 384
@@ -97,12 +100,22 @@ class DataSection:
   template: str = "{problem}\n"
   chat_template: bool = False  # wrap the template in the tokenizer's chat template
   max_prompt_tokens: int = 64
-  synthetic_task: str = "arithmetic"  # arithmetic (data.synthetic) | chain (data.chain, long CoT)
+  # arithmetic (data.synthetic) | chain (data.chain, long CoT) | chain_or_guess
+  # (data.chain_mix: short and long chains, and direct guesses among the SFT targets)
+  synthetic_task: str = "arithmetic"
   synthetic_min_steps: int = 2
   synthetic_max_steps: int = 3
   synthetic_max_operand: int = 9
   synthetic_ops: str = "+-*"
   synthetic_max_value: int = 99  # chain task: the running value stays in [0, max_value]
+  # chain_or_guess: synthetic_min/max_steps are the short chains'; these the long ones'
+  synthetic_long_min_steps: int = 14
+  synthetic_long_max_steps: int = 20
+  synthetic_short_fraction: float = 0.5   # share of short chains among the problems
+  synthetic_guess_fraction: float = 0.15  # share of train problems whose SFT target is a guess
+  # Seed of the synthetic train / held-out problems (-1: `seed`): fixed apart from `seed`,
+  # every run seed sees the same problems and the same held-out set (`Config.data_seed`).
+  seed: int = -1
   num_train: int = 4096
   num_eval: int = 256
 
@@ -182,6 +195,15 @@ class ValuePretrainSection:
   min_steps: int = 1
   stop_value_loss: float = 0.0          # stop once the value loss is below this (0: off)
   stop_explained_variance: float = 1.0  # stop once explained variance reaches this (1: off)
+  # Plateau rule (run/stopping.py): stop once the `plateau_smooth`-step moving average of the
+  # value loss fell by less than `plateau_tol` (relative) over the last `plateau_window`
+  # steps; 0: off. max_steps is the cap; the log says which ended the stage.
+  plateau_window: int = 0
+  plateau_smooth: int = 3
+  plateau_tol: float = 0.02
+  # The critic's targets: False = Monte Carlo returns (λ = 1, VAPO); True = GAE returns with
+  # the RL stage's λ_policy (the second reading of "without decoupled GAE").
+  coupled_gae: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +274,10 @@ class EvalSection:
   samples_per_problem: int = 4          # k of avg@k and pass@k
   batch_prompts: int = 64
   reward_mode: str = "lenient"          # math checker mode when scoring evaluations
+  correct_threshold: float = 1.0        # a sample counts as correct when its score >= this
+                                        # (apart from rl.nll_threshold, a training knob)
+  short_response_tokens: int = 0        # > 0: also report short_frac, the share of sampled
+                                        # responses of at most this many tokens (guesses)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,6 +350,16 @@ class Config:
     return rl.prompts_per_step * rl.responses_per_prompt
 
   @property
+  def data_seed(self) -> int:
+    """The seed of the synthetic problems (data.seed, else seed)."""
+    return self.data.seed if self.data.seed >= 0 else self.seed
+
+  @property
+  def init_seed(self) -> int:
+    """The seed of the model's initialisation and the SFT order (model.init_seed, else seed)."""
+    return self.model.init_seed if self.model.init_seed >= 0 else self.seed
+
+  @property
   def rl_updates(self) -> int:
     """Optimizer updates of the RL stage: rl.steps × ppo_epochs × num_minibatches."""
     return self.rl.steps * self.rl.ppo_epochs * self.rl.num_minibatches
@@ -387,6 +423,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # paper (whose bias on unfinished responses is what value pretraining repairs).
     "no_value_pretrain": {"value_pretrain.enabled": False, "model.critic_start": "reward_model"},
     "no_decoupled_gae": {"rl.decoupled_gae": False},
+    # The other reading of "without decoupled GAE": value pretraining coupled too.
+    "no_decoupled_gae_vp": {"rl.decoupled_gae": False, "value_pretrain.coupled_gae": True},
     "no_length_adaptive": {"rl.length_adaptive": False},
     "no_clip_higher": {"rl.clip_higher": False},
     "no_token_level_loss": {"rl.token_level_loss": False},
@@ -484,8 +522,13 @@ def validate(cfg: Config) -> None:
          f"a divisor of model.num_heads={m.num_heads}")
   need(d.source in ("synthetic", "jsonl", "parquet", "tfds", "hf"), "data.source", d.source,
        "synthetic, jsonl, parquet, tfds or hf")
-  need(d.synthetic_task in ("arithmetic", "chain"), "data.synthetic_task", d.synthetic_task,
-       '"arithmetic" or "chain"')
+  need(d.synthetic_task in ("arithmetic", "chain", "chain_or_guess"), "data.synthetic_task",
+       d.synthetic_task, '"arithmetic", "chain" or "chain_or_guess"')
+  need(d.seed >= -1, "data.seed", d.seed, ">= 0, or -1 (the run's seed)")
+  need(m.init_seed >= -1, "model.init_seed", m.init_seed, ">= 0, or -1 (the run's seed)")
+  need(0 <= d.synthetic_short_fraction <= 1 and 0 <= d.synthetic_guess_fraction < 1,
+       "data.synthetic_short_fraction", d.synthetic_short_fraction,
+       "in [0, 1] (and data.synthetic_guess_fraction in [0, 1))")
   need(d.source == "synthetic" or d.train_path, "data.train_path", d.train_path,
        f"set for data.source={d.source!r}")
   need("{problem}" in d.template, "data.template", d.template, 'a format string with "{problem}"')
@@ -526,6 +569,9 @@ def validate(cfg: Config) -> None:
   vp = cfg.value_pretrain
   need(vp.max_steps >= vp.min_steps >= 0, "value_pretrain.min_steps", vp.min_steps,
        f"in [0, value_pretrain.max_steps={vp.max_steps}]")
+  need(vp.plateau_window >= 0 and vp.plateau_smooth >= 1 and vp.plateau_tol >= 0,
+       "value_pretrain.plateau_window", vp.plateau_window,
+       ">= 0 (0: off), with plateau_smooth >= 1 and plateau_tol >= 0")
   need(rl.advantage_estimator in _estimators(), "rl.advantage_estimator",
        rl.advantage_estimator, f"one of {sorted(_estimators())}")
   need(rl.policy_loss in _policy_losses(), "rl.policy_loss", rl.policy_loss,
@@ -582,6 +628,8 @@ def validate(cfg: Config) -> None:
          "mesh.rules", rule, "(logical name, mesh axes) pairs")
   e = cfg.eval
   need(e.every >= 0, "eval.every", e.every, ">= 0")
+  need(e.short_response_tokens >= 0, "eval.short_response_tokens", e.short_response_tokens,
+       ">= 0 (0: off)")
   need(e.reward_mode in ("strict", "lenient"), "eval.reward_mode", e.reward_mode,
        '"strict" or "lenient"')
   need(e.num_examples >= 1 and e.samples_per_problem >= 1 and e.batch_prompts >= 1,

@@ -4,6 +4,7 @@ Imports no model or trainer code and no jax.
 """
 
 from vapo_jax.data import chain
+from vapo_jax.data import chain_mix
 from vapo_jax.data import synthetic
 from vapo_jax.data.iterator import PromptIterator
 from vapo_jax.data.sources import DataError
@@ -36,5 +37,6 @@ __all__ = [
     "load_parquet",
     "load_tfds",
     "chain",
+    "chain_mix",
     "synthetic",
 ]

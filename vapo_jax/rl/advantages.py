@@ -44,7 +44,9 @@ class Advantages(NamedTuple):
   advantages_BxR: jax.Array
   returns_BxR: jax.Array    # the critic's targets (zeros without a critic)
   lam_policy_B: jax.Array
-  metrics: dict             # adv/*, lam_policy/*, value/explained_variance, value/mean
+  metrics: dict             # adv/*, lam_policy/*, and the estimator's own (gae:
+                            # value/explained_variance, value/mean, value/s0_mean,
+                            # value/s0_minus_return)
 
 
 def place_rewards(scores_B: jax.Array, lengths_B: jax.Array, num_columns: int) -> jax.Array:
@@ -80,7 +82,11 @@ def gae_estimate(ac: AdvantageConfig, scores_B, lengths_B, mask_BxR, values_BxR,
                                       impl=ac.gae_impl)
   return Estimate(adv, ret, {
       "value/explained_variance": losses.explained_variance(values_BxR, ret, mask_BxR),
-      "value/mean": losses.masked_mean(values_BxR, mask_BxR)})
+      "value/mean": losses.masked_mean(values_BxR, mask_BxR),
+      # The critic's start-of-response bias: mean V(s₀) − reward; a group's mean reward is
+      # an unbiased V*(s₀), so this is the bias of V(s₀) up to sampling noise (issue 29, M3).
+      "value/s0_mean": jnp.mean(values_BxR[:, 0]),
+      "value/s0_minus_return": jnp.mean(values_BxR[:, 0] - scores_B)})
 
 
 def group_estimate(ac: AdvantageConfig, scores_B, lengths_B, mask_BxR, values_BxR,

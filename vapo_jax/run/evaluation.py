@@ -61,8 +61,9 @@ def accuracy_metrics(scores_Nxk: np.ndarray, threshold: float = 1.0) -> dict[str
 
 
 def evaluate(sampled, greedy, params, examples, text, scorer, key, *, batch_prompts: int,
-             threshold: float = 1.0) -> dict[str, float]:
-  """avg@k / pass@k with the sampling sampler, accuracy with the greedy one."""
+             threshold: float = 1.0, short_tokens: int = 0) -> dict[str, float]:
+  """avg@k / pass@k with the sampling sampler, accuracy with the greedy one; with
+  short_tokens > 0 also short_frac, the share of samples of at most that many tokens."""
   out = {}
   if sampled is not None:
     scores, lengths, truncated, _ = sample_and_score(sampled, params, examples, text, scorer,
@@ -70,6 +71,8 @@ def evaluate(sampled, greedy, params, examples, text, scorer, key, *, batch_prom
     out.update(accuracy_metrics(scores, threshold))
     out["response_length"] = float(lengths.mean())
     out["truncated_frac"] = float(truncated.mean())
+    if short_tokens > 0:
+      out["short_frac"] = float((lengths <= short_tokens).mean())
   if greedy is not None:
     scores, _, _, _ = sample_and_score(greedy, params, examples, text, scorer, key,
                                        batch_prompts)

@@ -54,14 +54,18 @@ def build_text(cfg) -> Text:
 def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
   """Train and held-out examples whose prompts fit the budget, and what was dropped."""
   d = cfg.data
-  if d.source == "synthetic":
+  if d.source == "synthetic" and d.synthetic_task == "chain_or_guess":
+    spec = mix_spec(d)
+    train = data_lib.chain_mix.chain_or_guess(d.num_train, "train", cfg.data_seed, spec)
+    test = data_lib.chain_mix.chain_or_guess(d.num_eval, "test", cfg.data_seed, spec)
+  elif d.source == "synthetic":
     task = {"arithmetic": (data_lib.synthetic.ArithmeticSpec, data_lib.synthetic.arithmetic),
             "chain": (data_lib.chain.ChainSpec, data_lib.chain.chains)}[d.synthetic_task]
     extra = {"max_value": d.synthetic_max_value} if d.synthetic_task == "chain" else {}
     spec = task[0](min_steps=d.synthetic_min_steps, max_steps=d.synthetic_max_steps,
                    max_operand=d.synthetic_max_operand, ops=d.synthetic_ops, **extra)
-    train = task[1](d.num_train, "train", cfg.seed, spec)
-    test = task[1](d.num_eval, "test", cfg.seed, spec)
+    train = task[1](d.num_train, "train", cfg.data_seed, spec)
+    test = task[1](d.num_eval, "test", cfg.data_seed, spec)
   else:
     load = {"jsonl": data_lib.load_jsonl, "parquet": data_lib.load_parquet,
             "tfds": data_lib.load_tfds, "hf": data_lib.load_hf}[d.source]
@@ -91,6 +95,20 @@ def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
     stats[f"data/{name}_dropped_too_long"] = f.dropped
     kept.append(f.examples)
   return kept[0], kept[1], stats
+
+
+def mix_spec(d) -> "data_lib.chain_mix.MixSpec":
+  """The chain_or_guess mixture of a config's data section."""
+  chain = data_lib.chain
+
+  def kind(lo, hi):
+    return chain.ChainSpec(min_steps=lo, max_steps=hi, max_operand=d.synthetic_max_operand,
+                           max_value=d.synthetic_max_value, ops=d.synthetic_ops)
+
+  return data_lib.chain_mix.MixSpec(
+      short=kind(d.synthetic_min_steps, d.synthetic_max_steps),
+      long=kind(d.synthetic_long_min_steps, d.synthetic_long_max_steps),
+      short_fraction=d.synthetic_short_fraction, guess_fraction=d.synthetic_guess_fraction)
 
 
 def sft_batch(examples, text: Text, prompt_len: int, response_len: int) -> dict[str, Any]:

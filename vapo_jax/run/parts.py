@@ -81,8 +81,8 @@ def build_policy(cfg, mesh, rules, text: Text):
     mcfg = fresh_model_config(cfg, text)
     base = lora.base_config(mcfg)  # the same base weights with or without adapters
     model = transformer.init_sharded(lambda r: transformer.Transformer(base, rngs=r), mesh,
-                                     rules, seed=cfg.seed)
-    model = lora.attach(model, mcfg, mesh, rules, seed=cfg.seed)
+                                     rules, seed=cfg.init_seed)
+    model = lora.attach(model, mcfg, mesh, rules, seed=cfg.init_seed)
   graphdef, params = nnx.split(model)
   return graphdef, params, mcfg
 
@@ -396,8 +396,10 @@ def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Exp
   return experience_lib.Experience(
       sampler=sampler, text=text, scorer=scorer, logprobs=logprobs,
       advantages=jax.jit(functools.partial(advantages.compute_advantages, ac)),
+      # Value pretraining's targets: Monte Carlo (λ = 1), or with value_pretrain.coupled_gae
+      # the RL stage's λ_policy (the critic then bootstraps on itself, as without decoupling).
       monte_carlo=jax.jit(functools.partial(advantages.compute_advantages, dataclasses.replace(
-          ac, estimator="gae", decoupled=True, lam_critic=1.0))),
+          ac, estimator="gae", decoupled=not cfg.value_pretrain.coupled_gae, lam_critic=1.0))),
       temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call,
       overlong=((cfg.sampling.max_new_tokens, cfg.overlong_cache_tokens)
                 if cfg.rl.overlong_shaping else None),

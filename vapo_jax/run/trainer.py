@@ -35,6 +35,7 @@ from vapo_jax.run import evaluation
 from vapo_jax.run import inputs
 from vapo_jax.run import metrics as metrics_lib
 from vapo_jax.run import parts
+from vapo_jax.run import stopping
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import update
 
@@ -103,7 +104,8 @@ class Trainer:
       if name == "sft":
         # The global batch, identical on every host (like the RL prompts): SFT is the same
         # for any number of processes, and resumes on a different number.
-        s.sft_prompts = PromptIterator(p.train_examples, cfg.sft.batch_size, seed=cfg.seed + 1)
+        s.sft_prompts = PromptIterator(p.train_examples, cfg.sft.batch_size,
+                                       seed=cfg.init_seed + 1)
     return s.learners[name].state
 
   def _network(self, name: str):
@@ -228,20 +230,29 @@ class Trainer:
     self.setup("critic")
     start = self.ctl.enter("value_pretrain")
     bar = self._bar(vp.max_steps, "value pretraining", start)
-    metrics = {}
+    metrics, losses = {}, []
     for i in range(start, vp.max_steps):
       batch, em = self.experience(next(self.state.prompts), for_value_pretraining=True)
       um = self.update(batch, stage="value_pretrain", step=i, policy=False)
       metrics = {**em, **um}
+      losses.append(um["value_loss"])
+      why = stopping.stop_reason(
+          losses, em["value/explained_variance"], step=i + 1, max_steps=vp.max_steps,
+          min_steps=vp.min_steps, stop_value_loss=vp.stop_value_loss,
+          stop_explained_variance=vp.stop_explained_variance,
+          plateau_window=vp.plateau_window, plateau_smooth=vp.plateau_smooth,
+          plateau_tol=vp.plateau_tol)
+      if why is not None:
+        metrics["value_pretrain/stopped_by"] = why
+        print(f"value pretraining ended after step {i + 1} by "
+              + (f"its cap (max_steps={vp.max_steps}): no stopping rule held" if why == "cap"
+                 else f"the {why} rule"), flush=True)
       self.state.log.write("value_pretrain", i + 1, metrics)
       bar.update(1)
       bar.set_postfix(vloss=f"{um['value_loss']:.4f}",
                       ev=f"{em['value/explained_variance']:.3f}")
-      done_loss = vp.stop_value_loss > 0 and um["value_loss"] < vp.stop_value_loss
-      done_ev = em["value/explained_variance"] >= vp.stop_explained_variance
-      stop = i + 1 >= vp.min_steps and (done_loss or done_ev)
-      self._step_end("value_pretrain", i + 1, last=stop or i + 1 == vp.max_steps)
-      if stop:
+      self._step_end("value_pretrain", i + 1, last=why is not None)
+      if why is not None:
         break
     bar.close()
     return metrics
@@ -252,7 +263,8 @@ class Trainer:
     return evaluation.evaluate(p.samplers.eval, p.samplers.greedy, self.state.policy_params,
                                examples, p.text, p.eval_scorer, jax.random.key(cfg.seed + 7),
                                batch_prompts=cfg.eval.batch_prompts,
-                               threshold=cfg.rl.nll_threshold)
+                               threshold=cfg.eval.correct_threshold,
+                               short_tokens=cfg.eval.short_response_tokens)
 
   def rl(self) -> dict[str, Any]:
     """VAPO RL (or the preset's variant) for rl.steps steps (continuing a resumed run)."""

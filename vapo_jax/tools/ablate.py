@@ -3,6 +3,12 @@
   python -m vapo_jax.tools.ablate --config=configs/longcot.py --rows=all --seeds=3 \\
       --workdir=/tmp/ablate [--config.rl.steps=60 ...]
   python -m vapo_jax.tools.ablate --config=configs/tiny.py --rows=vapo,no_clip_higher ...
+  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --seeds=3,4,5 ...
+  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --smoke ...
+
+--seeds is a count from the config's seed ("3"), a list ("3,4,5"; one seed "7,") or a range
+("3-5"); --rows defaults to the config file's ABLATION_ROWS (else all); --smoke applies the
+config file's SMOKE overrides and SMOKE_BAND (every stage at a few steps).
 
 Each row of `ROWS` is a preset of `config.PRESETS` (VAPO, each "without X", plain PPO, GRPO,
 DAPO). The stages that rows share run once per seed and the rows start from them:
@@ -12,6 +18,11 @@ DAPO). The stages that rows share run once per seed and the rows start from them
     W/seed<s>/<row>                        the row: RL only, from model.init_from (the policy
                                            of the stage run) and model.critic_path (its
                                            value-pretrained critic, for rows that keep it)
+
+When the config sets data.seed and model.init_seed (>= 0), SFT does not depend on the seed:
+one SFT run serves every seed (`W/shared/stage-sft-<key>`, run at the config's own seed), and
+if the config file has an SFT_BAND it is first checked on a development set
+(`tools.sft_band`, in `<that stage>/band`): outside the band no stage or row starts from it.
 
 `<key>` hashes the config the stage reads (for SFT: model, data, sft, optim, sampling, mesh
 and seed; for value pretraining also value_pretrain, reward and the critic's update
@@ -29,6 +40,8 @@ shows the time taken and the ETA. At the end (and after every run) the tool writ
                       avg@k, crashes; the paper's AIME 2024 figure beside it
     W/ablation.png    held-out avg@k (and response length) over RL steps, mean and seed range
     W/ablation.jsonl  one record per run (kind "run") and per row (kind "row")
+    W/metrics/        every run's per-step metrics.jsonl (<run's path under W>.jsonl) and
+                      the band check's verdict
 
 from the files the runs write (`metrics.jsonl`: the "eval" records, the last "rl" record).
 """
@@ -37,7 +50,6 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
-import math
 import os
 import signal
 import subprocess
@@ -50,8 +62,13 @@ from absl import flags
 from ml_collections import config_flags
 
 from vapo_jax import config as config_lib
+from vapo_jax.tools import ablation_report as report
+# The table's figures and files (re-exported: the tool's results API).
+from vapo_jax.tools.ablation_report import (  # noqa: F401  pylint: disable=unused-import
+    BAND_DIR, BAND_FILE, METRICS_DIR, STATUS, band_verdict, first_step_reaching, keep_metrics,
+    markdown, mean_interval, plot, read_status, row_summary, run_record, summarize,
+    t_quantile_975, write_reports)
 
-STATUS = "ablate_status.json"
 LOG = "log.txt"
 
 
@@ -62,12 +79,17 @@ class Row:
   preset: str
   label: str
   paper: float | None       # the paper's AIME 2024 avg@32 (None: not in its table)
+  overrides: tuple[tuple[str, Any], ...] = ()  # fields set on top of the preset
+  in_all: bool = True       # part of --rows=all (False: a sensitivity row, named only)
 
 
 ROWS = (
     Row("vapo", "vapo", "VAPO", 60.4),
     Row("no_value_pretrain", "no_value_pretrain", "without value pretraining", 11),
     Row("no_decoupled_gae", "no_decoupled_gae", "without decoupled GAE", 33),
+    # The paper does not say whether its value pretraining was coupled too: both readings.
+    Row("no_decoupled_gae_vp", "no_decoupled_gae_vp",
+        "without decoupled GAE, value pretraining coupled too", 33),
     Row("no_length_adaptive", "no_length_adaptive", "without length-adaptive GAE", 45),
     Row("no_clip_higher", "no_clip_higher", "without Clip-Higher", 46),
     Row("no_token_level_loss", "no_token_level_loss", "without token-level loss", 53),
@@ -76,12 +98,19 @@ ROWS = (
     Row("ppo", "ppo", "plain PPO", 5),
     Row("grpo", "grpo", "GRPO", None),
     Row("dapo", "dapo", "DAPO", 50),
+    # Plain PPO with the literal λ = 0.95 where a config's ppo row uses a κ-matched λ.
+    Row("ppo_lam095", "ppo", "plain PPO, λ = 0.95 (sensitivity)", 5,
+        overrides=(("rl.lam_policy", 0.95),), in_all=False),
 )
 ROW_NAMES = tuple(r.name for r in ROWS)
 
 # What each shared stage reads of a row's config (sections, or section.field); the rest of a
 # stage run's config is the "vapo" preset's, so rows differing only elsewhere share it.
 SFT_READS = ("seed", "model", "data", "sft", "optim", "sampling", "mesh")
+# With data.seed and model.init_seed set (>= 0), SFT does not read `seed`: every seed's rows
+# start from one SFT run (W/shared/), checked against the config's SFT_BAND when it has one.
+SHARED_SFT_READS = SFT_READS[1:]
+SHARED = "shared"
 CRITIC_START = ("model.critic_start", "model.critic_path")  # read by neither SFT nor the policy
 VALUE_PRETRAIN_READS = SFT_READS + (
     "value_pretrain", "reward", "rl.advantage_estimator", "rl.gamma", "rl.value_clip",
@@ -109,6 +138,10 @@ class Run:
   preset: str
   overrides: tuple[tuple[str, Any], ...]
   needs: tuple[str, ...] = ()
+  module: str = "vapo_jax.main"  # what runs it (`python -m <module>`)
+  args: tuple[str, ...] = ()     # its own flags
+
+
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -145,8 +178,9 @@ def stage_key(cfg: dict) -> str:
 
 
 def _stage(name: str, row_cfg: dict, base_cfg: dict, reads: Sequence[str], settings: dict,
-           seed: int, workdir: str, needs: tuple[str, ...]) -> Run:
+           seed: int, workdir: str, needs: tuple[str, ...], shared: bool = False) -> Run:
   base_cfg = json.loads(json.dumps(base_cfg))  # (tuples become lists, as in `cfg`)
+  base_cfg["seed"] = seed
   cfg = json.loads(json.dumps(base_cfg))
   for path in reads:
     _set(cfg, path, json.loads(json.dumps(_get(row_cfg, path))))
@@ -163,11 +197,27 @@ def _stage(name: str, row_cfg: dict, base_cfg: dict, reads: Sequence[str], setti
   hashed = json.loads(json.dumps(cfg))
   if hashed["model"].get("init_from"):
     hashed["model"]["init_from"] = os.path.basename(hashed["model"]["init_from"])
-  directory = os.path.join(workdir, f"seed{seed}", f"stage-{name}-{stage_key(hashed)}")
+  directory = os.path.join(workdir, SHARED if shared else f"seed{seed}",
+                           f"stage-{name}-{stage_key(hashed)}")
   return Run(name, "stage", seed, directory, "vapo", tuple(sorted(fields.items())), needs)
 
 
-def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str) -> list[Run]:
+def shares_sft(cfg: dict) -> bool:
+  """True when the config's SFT stage does not depend on `seed` (data and init seeds set)."""
+  return cfg["data"]["seed"] >= 0 and cfg["model"]["init_seed"] >= 0
+
+
+def band_run(sft: Run, band_name: str = "SFT_BAND") -> Run:
+  """The check of a shared SFT start against the config's SFT_BAND (`tools.sft_band`): it
+  fails (and the rows that start from it are skipped) outside the band."""
+  return Run("sft_band", "stage", sft.seed, os.path.join(sft.directory, BAND_DIR), "vapo",
+             tuple(sorted({**dict(sft.overrides), "model.init_from": sft.directory,
+                           "sft.enabled": False}.items())), (sft.directory,),
+             module="vapo_jax.tools.sft_band", args=(f"--band={band_name}",))
+
+
+def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
+         band: dict | None = None, band_name: str = "SFT_BAND") -> list[Run]:
   """Every run, in order: per seed, each row after the stage runs it needs (once each).
 
   Args:
@@ -176,6 +226,8 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str) -> list[
     rows: the rows.
     seeds: the seeds (config field `seed`).
     workdir: the tool's workdir.
+    band: the config's SFT_BAND: a shared SFT start is checked against it before any row
+      starts from it (None: no check); band_name: its name in the config file.
   """
   runs, seen = [], set()
 
@@ -185,20 +237,26 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str) -> list[
       runs.append(run)
     return run
 
+  sft_seed = load("vapo", {})["seed"]  # the config's own: the seed of a shared SFT run
   for seed in seeds:
     base = load("vapo", {"seed": seed})
     for row in rows:
-      cfg = load(row.preset, {"seed": seed})
-      overrides: dict[str, Any] = {"seed": seed}
+      cfg = load(row.preset, {**dict(row.overrides), "seed": seed})
+      overrides: dict[str, Any] = {**dict(row.overrides), "seed": seed}
       needs: tuple[str, ...] = ()
       if cfg["sft"]["enabled"]:
         small_eval = {"eval.num_examples": cfg["eval"]["batch_prompts"],
                       "eval.samples_per_problem": 1, "eval.every": 0}
-        sft = add(_stage("sft", cfg, base, SFT_READS, {
-            "value_pretrain.enabled": False, "rl.steps": 0, "metrics.plot": False,
-            **small_eval}, seed, workdir, ()))
+        shared = shares_sft(cfg)
+        sft = add(_stage("sft", cfg, load("vapo", {"seed": sft_seed}) if shared else base,
+                         SHARED_SFT_READS if shared else SFT_READS, {
+                             "value_pretrain.enabled": False, "rl.steps": 0,
+                             "metrics.plot": False, **small_eval},
+                         sft_seed if shared else seed, workdir, (), shared=shared))
         overrides.update({"sft.enabled": False, "model.init_from": sft.directory})
         needs = (sft.directory,)
+        if shared and band is not None:
+          needs = (add(band_run(sft, band_name)).directory,)
         critic_from: dict[str, Any] = {}  # how the critic starts, where it is not the policy
         critic = config_lib.uses_critic(cfg["rl"]["advantage_estimator"])
         if critic and cfg["model"]["critic_start"] == "reward_model":
@@ -243,17 +301,11 @@ def flag_value(value: Any) -> str:
 def command(run: Run, config_path: str, user: dict[str, Any]) -> list[str]:
   """The `python -m vapo_jax.main` command line of a run."""
   fields = {**user, **dict(run.overrides)}
-  return ([sys.executable, "-m", "vapo_jax.main", f"--config={config_path}:{run.preset}",
-           "--noprogress", f"--workdir={run.directory}"]
+  return ([sys.executable, "-m", run.module, f"--config={config_path}:{run.preset}",
+           "--noprogress", f"--workdir={run.directory}", *run.args]
           + [f"--config.{k}={flag_value(v)}" for k, v in sorted(fields.items())])
 
 
-def read_status(run: Run) -> dict | None:
-  path = os.path.join(run.directory, STATUS)
-  if not os.path.exists(path):
-    return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
 
 
 # Signals that stop a run on purpose (the tool's own SIGTERM, Ctrl-C, a closed terminal, a
@@ -335,225 +387,6 @@ def _write_json(path: str, obj) -> None:
   os.replace(tmp, path)
 
 
-def _hms(seconds: float) -> str:
-  seconds = int(round(seconds))
-  h, rest = divmod(seconds, 3600)
-  return (f"{h}h" if h else "") + f"{rest // 60:d}m{rest % 60:02d}s"
-
-
-# ------------------------------------------------------------------------- the results
-
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t_quantile_975(df: int) -> float:
-  """The 97.5% quantile of Student's t with `df` degrees of freedom (table to 30, then the
-  Cornish-Fisher expansion around the normal's 1.95996)."""
-  if df < 1:
-    raise ValueError("df must be >= 1")
-  if df <= len(_T975):
-    return _T975[df - 1]
-  z = 1.959964
-  return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-
-
-def mean_interval(values: Sequence[float]) -> tuple[float, float | None]:
-  """(mean, half-width of the 95% t-interval) of the values; no interval for fewer than 2."""
-  n = len(values)
-  if not n:
-    return math.nan, None
-  mean = sum(values) / n
-  if n < 2:
-    return mean, None
-  sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-  return mean, t_quantile_975(n - 1) * sd / math.sqrt(n)
-
-
-def first_step_reaching(curve: Sequence[tuple[int, float]], target: float) -> int | None:
-  """The first RL step whose held-out score is >= target (None: never)."""
-  return next((step for step, value in sorted(curve) if value >= target - 1e-12), None)
-
-
-def run_record(run: Run, status: dict | None) -> dict:
-  """What a run's files say: its eval curve, final metrics and entropy at the end."""
-  rec = {"kind": "run", "row": run.name, "seed": run.seed, "directory": run.directory,
-         "state": status["state"] if status else "not run",
-         "wall_s": status.get("wall_s") if status else None}
-  path = os.path.join(run.directory, "metrics.jsonl")
-  if not os.path.exists(path):
-    return rec
-  from vapo_jax.run import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
-  records = metrics_lib.read_jsonl(path)
-  evals = {r["step"]: r for r in records if r.get("stage") == "eval"}
-  rls = [r for r in records if r.get("stage") == "rl"]
-  first = next((key for key in evals.get(min(evals, default=0), {}) if key.startswith("avg@")),
-               None)
-  if first is not None:
-    k = first.split("@")[1]
-    rec["k"] = int(k)
-    rec["curve"] = [(s, _num(evals[s].get(f"avg@{k}"))) for s in sorted(evals)]
-    rec["length_curve"] = [(s, _num(evals[s].get("response_length"))) for s in sorted(evals)]
-    last = evals[max(evals)]
-    rec["final_step"] = max(evals)
-    rec["avg"] = _num(last.get(f"avg@{k}"))
-    rec["pass"] = _num(last.get(f"pass@{k}"))
-    rec["response_length"] = _num(last.get("response_length"))
-    rec["greedy_accuracy"] = _num(last.get("greedy_accuracy"))
-  if rls:
-    rec["entropy"] = _num(rls[-1].get("entropy"))
-    rec["rl_steps"] = rls[-1]["step"]
-  return rec
-
-
-def _num(v) -> float:
-  try:
-    return float(v)
-  except (TypeError, ValueError):
-    return math.nan
-
-
-def row_summary(row: Row, records: Sequence[dict], target: float | None,
-                vapo_by_seed: dict[int, float] | None = None) -> dict:
-  """A row's figures over its seeds (finished runs; crashed ones are counted).
-
-  `vapo_by_seed` (seed -> VAPO's final avg@k) gives the paired difference: per seed, this
-  row's final avg@k minus VAPO's from the same shared stages (so the seeds' different SFT
-  starts cancel), then mean and 95% t-interval over the seeds both finished.
-  """
-  done = [r for r in records if r["state"] == "finished" and "avg" in r]
-  out = {"kind": "row", "row": row.name, "label": row.label, "paper": row.paper,
-         "seeds": len(records), "finished": len(done),
-         "crashed": sum(r["state"] == "crashed" for r in records)}
-  for key in ("avg", "pass", "response_length", "entropy"):
-    mean, half = mean_interval([r[key] for r in done if key in r and not math.isnan(r[key])])
-    out[key], out[f"{key}_ci95"] = mean, half
-  if vapo_by_seed:
-    diffs = [r["avg"] - vapo_by_seed[r["seed"]] for r in done
-             if r["seed"] in vapo_by_seed and not math.isnan(r["avg"])]
-    out["avg_minus_vapo"], out["avg_minus_vapo_ci95"] = (
-        mean_interval(diffs) if diffs else (math.nan, None))
-    out["paired_seeds"] = len(diffs)
-  if target is not None:
-    steps = [first_step_reaching(r["curve"], target) for r in done]
-    reached = [s for s in steps if s is not None]
-    out["steps_to_vapo"] = sum(reached) / len(reached) if reached else None
-    out["reached_vapo"] = len(reached)
-  return out
-
-
-def summarize(runs: Sequence[Run], rows: Sequence[Row]) -> tuple[list[dict], list[dict]]:
-  """(run records, row summaries) from the runs' files."""
-  records = [run_record(r, read_status(r)) for r in runs if r.kind == "row"]
-  by_row = {row.name: [r for r in records if r["row"] == row.name] for row in rows}
-  vapo_by_seed = {r["seed"]: r["avg"] for r in by_row.get("vapo", [])
-                  if r["state"] == "finished" and "avg" in r}
-  vapo = list(vapo_by_seed.values())
-  target = sum(vapo) / len(vapo) if vapo else None
-  return records, [row_summary(row, by_row[row.name], target, vapo_by_seed) for row in rows]
-
-
-def _fmt(mean: float, half: float | None, digits: int = 3, scale: float = 1.0) -> str:
-  if mean is None or math.isnan(mean):
-    return "—"
-  text = f"{mean * scale:.{digits}f}"
-  return text + (f" ± {half * scale:.{digits}f}" if half is not None else "")
-
-
-def markdown(summaries: Sequence[dict], records: Sequence[dict], header: dict) -> str:
-  """The table (accuracies in %, as the paper's)."""
-  k = next((r["k"] for r in records if "k" in r), "k")
-  lines = [f"# Ablation: {header['config']}", "",
-           f"`{header['command']}`", "",
-           f"Seeds {header['seeds']}; held-out avg@{k} and pass@{k} in % at the end of RL "
-           f"(mean ± half-width of the 95% t-interval over the finished seeds); response "
-           f"length (held-out, tokens) and policy entropy (last RL batch) at the end; RL "
-           f"steps until held-out avg@{k} first reaches VAPO's final mean (seeds that reach "
-           f"it). Paired Δ: per seed, the row's final avg@{k} minus VAPO's from the same "
-           f"shared stages, mean ± 95% t-interval over the seeds (the seeds' SFT starts "
-           f"cancel; an interval that excludes 0 is a difference). Paper: Qwen2.5-32B, AIME "
-           f"2024 avg@32.", "",
-           f"| row | paper AIME | avg@{k} % | paired Δ vs VAPO, points | pass@{k} % | "
-           "response length | entropy | steps to VAPO's final | crashed | seeds done |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-  for s in summaries:
-    steps = ("—" if s.get("steps_to_vapo") is None
-             else f"{s['steps_to_vapo']:.0f} ({s['reached_vapo']}/{s['finished']})")
-    if "steps_to_vapo" not in s:
-      steps = "— (no VAPO row)"
-    lines.append(
-        f"| {s['row']} ({s['label']}) | {'—' if s['paper'] is None else s['paper']} | "
-        f"{_fmt(s['avg'], s['avg_ci95'], 1, 100)} | "
-        f"{_fmt(s.get('avg_minus_vapo'), s.get('avg_minus_vapo_ci95'), 1, 100)} | "
-        f"{_fmt(s['pass'], s['pass_ci95'], 1, 100)} | "
-        f"{_fmt(s['response_length'], s['response_length_ci95'], 1)} | "
-        f"{_fmt(s['entropy'], s['entropy_ci95'], 3)} | {steps} | "
-        f"{s['crashed']}/{s['seeds']} | {s['finished']}/{s['seeds']} |")
-  walls = [r["wall_s"] for r in records if r.get("wall_s")]
-  lines += ["", f"Wall time of the row runs: {_hms(sum(walls))} "
-            f"(stage runs: {_hms(header['stage_wall_s'])})."]
-  return "\n".join(lines) + "\n"
-
-
-def plot(records: Sequence[dict], rows: Sequence[Row], out_png: str) -> str:
-  """Held-out avg@k and response length over RL steps: per row the mean over seeds and a
-  band from the lowest to the highest seed."""
-  try:
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise ImportError("ablation.png needs matplotlib: pip install 'vapo_jax[plot]'") from e
-  fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-  k = next((r["k"] for r in records if "k" in r), "k")
-  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-  for i, row in enumerate(rows):
-    curves = [r for r in records if r["row"] == row.name and r.get("curve")]
-    if not curves:
-      continue
-    color = colors[i % len(colors)]
-    style = "-" if i < len(colors) else "--"
-    for ax, key, scale in ((axes[0], "curve", 100.0), (axes[1], "length_curve", 1.0)):
-      steps = sorted(set.intersection(*[{s for s, _ in r[key]} for r in curves]))
-      values = [[dict(r[key])[s] * scale for r in curves] for s in steps]
-      ax.plot(steps, [sum(v) / len(v) for v in values], style, color=color, marker="o",
-              markersize=3, label=f"{row.name} ({len(curves)})")
-      if len(curves) > 1:
-        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values],
-                        color=color, alpha=0.15)
-  axes[0].set_title(f"held-out avg@{k} (%), mean and range over seeds")
-  axes[1].set_title("held-out response length (tokens)")
-  for ax in axes:
-    ax.set_xlabel("RL step")
-    ax.grid(alpha=0.3)
-  if axes[0].get_legend_handles_labels()[0]:
-    axes[0].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(out_png, dpi=90)
-  plt.close(fig)
-  return out_png
-
-
-def write_reports(workdir: str, runs: Sequence[Run], rows: Sequence[Row], header: dict
-                  ) -> list[dict]:
-  """ablation.jsonl, ablation.md and ablation.png from the runs' files; returns the rows."""
-  records, summaries = summarize(runs, rows)
-  stage_wall = sum((read_status(r) or {}).get("wall_s") or 0 for r in runs if r.kind == "stage")
-  with open(os.path.join(workdir, "ablation.jsonl"), "w", encoding="utf-8") as f:
-    for rec in [*records, *summaries]:
-      f.write(json.dumps(rec, default=_json_default) + "\n")
-  with open(os.path.join(workdir, "ablation.md"), "w", encoding="utf-8") as f:
-    f.write(markdown(summaries, records, {**header, "stage_wall_s": stage_wall}))
-  try:
-    plot(records, rows, os.path.join(workdir, "ablation.png"))
-  except ImportError as e:
-    print(f"[ablate] no ablation.png: {e}", flush=True)
-  return summaries
-
-
-def _json_default(v):
-  return None if isinstance(v, float) and math.isnan(v) else repr(v)
 
 
 # ------------------------------------------------------------------------------ command
@@ -561,7 +394,7 @@ def _json_default(v):
 
 def parse_rows(text: str) -> list[Row]:
   if text == "all":
-    return list(ROWS)
+    return [r for r in ROWS if r.in_all]
   names = [n.strip() for n in text.split(",") if n.strip()]
   unknown = [n for n in names if n not in ROW_NAMES]
   if unknown or not names:
@@ -569,11 +402,40 @@ def parse_rows(text: str) -> list[Row]:
   return [r for r in ROWS if r.name in names]
 
 
-def config_loader(path: str, user: dict[str, Any]):
-  """load(preset, overrides) -> the config file's config as a plain dict (checked)."""
+def parse_seeds(text: str, first: int) -> list[int]:
+  """--seeds: a count ("3": first, first + 1, first + 2), a list ("3,4,5") or a range
+  ("3-5"); a single named seed is "7,"."""
+  text = text.strip()
+  try:
+    if "," in text:
+      seeds = [int(x) for x in text.split(",") if x.strip()]
+    elif "-" in text[1:]:
+      lo, hi = (int(x) for x in text.split("-", 1))
+      seeds = list(range(lo, hi + 1))
+    else:
+      count = int(text)
+      if count < 1:
+        raise ValueError
+      seeds = [first + i for i in range(count)]
+  except ValueError:
+    seeds = []
+  if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+    raise ValueError(f"--seeds={text!r}: a count >= 1, a list of distinct seeds >= 0 "
+                     '("3,4,5"; one seed: "7,") or a range ("3-5")')
+  return seeds
+
+
+def config_module(path: str):
+  """The config file as a module (its get_config, and its SFT_BAND / ABLATION_ROWS if any)."""
   spec = importlib.util.spec_from_file_location("_ablate_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  return module
+
+
+def config_loader(path: str, user: dict[str, Any]):
+  """load(preset, overrides) -> the config file's config as a plain dict (checked)."""
+  module = config_module(path)
 
   def load(preset: str, overrides: dict[str, Any]) -> dict:
     c = module.get_config(preset)
@@ -585,12 +447,24 @@ def config_loader(path: str, user: dict[str, Any]):
 
 
 def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
-           user: dict[str, Any], *, rerun_crashed: bool = False, command_text: str = ""
-           ) -> list[dict]:
-  """Runs (or resumes) the plan and writes the reports; returns the row summaries."""
+           user: dict[str, Any], *, rerun_crashed: bool = False, command_text: str = "",
+           smoke: bool = False) -> list[dict]:
+  """Runs (or resumes) the plan and writes the reports; returns the row summaries.
+
+  smoke: the config file's SMOKE overrides under the user's, and its SMOKE_BAND (every
+  stage at a few steps: a check that the whole command runs, not a measurement).
+  """
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  runs = plan(config_loader(config_path, user), rows, seeds, workdir)
+  module = config_module(config_path)
+  band_name = "SFT_BAND"
+  if smoke:
+    if not hasattr(module, "SMOKE"):
+      raise ValueError(f"--smoke: {config_path} defines no SMOKE overrides")
+    user = {**module.SMOKE, **user}
+    band_name = "SMOKE_BAND"
+  runs = plan(config_loader(config_path, user), rows, seeds, workdir,
+              band=getattr(module, band_name, None), band_name=band_name)
   header = {"config": config_path, "seeds": list(seeds), "command": command_text}
 
   def done(run):
@@ -609,10 +483,13 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
     failed = [d for d in run.needs
               if (read_status(next(r for r in runs if r.directory == d)) or {}).get("state")
               != "finished"]
-    where = f"seed {run.seed} {run.name if run.kind == 'row' else 'stage ' + run.name}"
+    shared = os.sep + SHARED + os.sep in run.directory
+    where = (f"{'shared' if shared else f'seed {run.seed}'} "
+             f"{run.name if run.kind == 'row' else 'stage ' + run.name}")
     if failed:
+      why = band_verdict(failed[0])
       print(f"[ablate] {i + 1}/{len(todo)} {where}: skipped, its stage {failed[0]} did not "
-            "finish", flush=True)
+            "finish" + (f" ({why})" if why else ""), flush=True)
       continue
     status = runner.run(run, command(run, config_path, user))
     if status["state"] == "interrupted":
@@ -627,8 +504,8 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
       if "avg" in rec:
         extra = f", avg@{rec['k']} {rec['avg']:.3f}"
     print(f"[ablate] {i + 1}/{len(todo)} {where}: {status['state']} in "
-          f"{_hms(status['wall_s'])}{extra} | elapsed {_hms(time.time() - t0)}, ETA "
-          f"{_hms(eta)}", flush=True)
+          f"{report.hms(status['wall_s'])}{extra} | elapsed {report.hms(time.time() - t0)}, ETA "
+          f"{report.hms(eta)}", flush=True)
     if run.kind == "row":
       write_reports(workdir, runs, rows, header)
     if runner.stopping:
@@ -642,10 +519,14 @@ def define_flags() -> None:
   config_flags.DEFINE_config_file("config", None, "Experiment config file (no preset: the "
                                   "rows choose them); --config.x=y applies to every run.",
                                   lock_config=True)
-  flags.DEFINE_string("rows", "all", f"all, or a comma list of: {', '.join(ROW_NAMES)}")
-  flags.DEFINE_integer("seeds", 3, "Seeds per row: the config's seed, seed + 1, ...")
+  flags.DEFINE_string("rows", "", "all, or a comma list of: " + ", ".join(ROW_NAMES)
+                      + " (default: the config file's ABLATION_ROWS, else all)")
+  flags.DEFINE_string("seeds", "3", 'Seeds: a count from the config\'s seed ("3"), a list '
+                      '("3,4,5") or a range ("3-5").')
   flags.DEFINE_string("workdir", None, "Where the runs and the reports go.")
   flags.DEFINE_bool("rerun_crashed", False, "Run again the runs that crashed last time.")
+  flags.DEFINE_bool("smoke", False, "The config file's SMOKE overrides and SMOKE_BAND: every "
+                    "stage at a few steps (a check that the command runs end to end).")
 
 
 def main(argv):
@@ -656,16 +537,15 @@ def main(argv):
   path = config_flags.get_config_filename(f["config"])
   if ":" in path:
     raise app.UsageError(f"--config={path}: give the file without a preset; --rows picks them")
-  try:
-    rows = parse_rows(f.rows)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
-  if f.seeds < 1:
-    raise app.UsageError("--seeds must be >= 1")
   user = dict(config_flags.get_override_values(f["config"]))
   first = int(user.pop("seed", f.config.seed))
-  ablate(path, rows, [first + i for i in range(f.seeds)], f.workdir, user,
-         rerun_crashed=f.rerun_crashed,
+  try:
+    rows = parse_rows(f.rows or getattr(config_module(path), "ABLATION_ROWS", "all"))
+    seeds = parse_seeds(f.seeds, first)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  ablate(path, rows, seeds, f.workdir, user,
+         rerun_crashed=f.rerun_crashed, smoke=f.smoke,
          command_text=" ".join(["python -m vapo_jax.tools.ablate", *sys.argv[1:]]))
 
 

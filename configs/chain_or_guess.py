@@ -1,0 +1,158 @@
+"""A toy where the paper's value-model rows can act: "chain or guess" (`data.chain_mix`).
+
+Design (review `ablation-2026-12-01.md` §4.2, issue 29): chains of one-digit values (±1..3 in
+[0, 9]), half short (3–6 steps, responses 34–58 tokens) and half long (14–20 steps, 122–170
+tokens), and 15% of the SFT targets a direct guess `\\boxed{d}` (d uniform: right 10% of the
+time, ≈ 10 tokens). The SFT policy then guesses ≈ 15% of the time whatever the prompt: the
+short, unreasoned answer the paper's PPO collapses into; response lengths vary ~10×; and the
+value of a response's first token is an easy feature for a critic (≈ 0.1 after `\\`, the
+chain's success rate after `A`).
+
+  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --seeds=0,1,2 \\
+      --workdir=/tmp/cog                              # the table (ABLATION_ROWS), ~100 min
+  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --seeds=3,4,5 \\
+      --workdir=/tmp/cog                              # fresh seeds, the same shared SFT start
+  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --smoke --seeds=0,1 \\
+      --workdir=/tmp/cog_smoke                        # every stage at a few steps (SMOKE)
+  python -m benchmarks.value_bias --config=configs/chain_or_guess.py --out=/tmp/vb_cog
+
+NOT YET RUN (2026-12-01): no row, pilot or mechanism measurement has been made with this
+config. The settings and criteria below were fixed before any of them.
+
+Settings, fixed in advance (the paper's values, or its dimensionless equivalents):
+- α = 0.05 (κ = l·(1 − λ) = 20 at every length, as in the paper).
+- λ_fixed = 0.8 for `ppo` and `no_length_adaptive` (FIXED_LAMBDA): the κ-matched analogue of
+  the paper's 0.95 at thousands of tokens (κ ≈ 2 for guesses, 5–11 for short chains, 23–34
+  for long ones). The literal 0.95 would be *more* Monte Carlo than α = 0.05 at these lengths
+  (κ 6–8 against 20): row `ppo_lam095` is that sensitivity row, run only when named.
+- lr policy 1e-4, critic 2e-4 (the paper's 2 : 1); μ = 0.1; whitening on for critic rows (the
+  grpo / dapo presets turn it off); no KL, no entropy bonus, T = 1.
+- 16 prompts × 8 responses per step, 4 minibatches × 1 epoch (3 of 4 updates off-policy).
+- Value pretraining: Monte Carlo targets, the plateau rule (3-step moving average of the value
+  loss improving < 2% over 5 steps) after ≥ 5 steps, capped at 30; the log records which
+  ended it (`value_pretrain/stopped_by`). Reward-model stage: 10 steps.
+- One SFT start (data.seed = model.init_seed = 0; 700 steps) for every seed, accepted only in
+  SFT_BAND on a 256-problem development set at T = 1; seeds vary only the RM, value
+  pretraining and RL. Held-out set: 256 problems, the same for every seed. 40 RL steps.
+
+Pre-registered criteria (what counts as reproduced; Δ = row − vapo per seed, final held-out
+avg@4; "guess rate" = share of held-out samples ≤ 15 tokens, `short_frac`):
+- Preconditions, checked on the pilot (seed 0) before any row outcome is read, never tuned on
+  row results: the SFT start inside SFT_BAND; the reward-model critic's M1 profile (bias by
+  fifth of the response, `benchmarks/value_bias.py`) negative early and rising late — if it
+  is flat, the pre-declared variant is a reward model also trained to score random prefixes
+  0; value pretraining calibrated on the branches (|V(after the first token) − the branch's
+  success| < 0.05 for guesses and chains, M1).
+- PPO collapse: in ≥ 2 of 3 seeds PPO's final guess rate ≥ 50% or its mean length < 0.5×
+  VAPO's, and its avg@4 below the SFT start; Δ ≤ −10 points with all 3 seeds negative; VAPO's
+  own guess rate below 15%.
+- Without value pretraining worse: Δ < 0 in 3/3 seeds with mean ≤ −5 points.
+- Without decoupled GAE worse: `no_decoupled_gae_vp` (coupled in value pretraining too) has
+  Δ < 0 in 3/3 seeds, and M3 shows the coupled critic's V(s₀) lagging the group-mean return
+  where the Monte Carlo critic's does not. `no_decoupled_gae` (coupled in RL only): expected
+  "mechanism shown, effect not shown" when its interval includes 0.
+- Length-adaptive: M2's MSE-optimal λ rises with length (roughly 1 − c/l) and α = 0.05 is
+  within the best λ's MSE by less than any single fixed λ across buckets; if the
+  `no_length_adaptive` row runs, Δ < 0 on the long-chain half.
+- Minimum detectable effect with 3 seeds: about 8 points (review §2); smaller effects need
+  more seeds, not a reading of the intervals.
+Rows this toy cannot test, and why (review §4.3): Clip-Higher (entropy collapse over
+thousands of updates; here 160), token-level loss (repetition in very long responses), group
+sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive-example NLL
+(not targeted), VAPO vs DAPO/GRPO (needs a critic that detects errors inside a chain).
+"""
+
+from vapo_jax import config as config_lib
+
+FIXED_LAMBDA = 0.8
+# The table's rows (tools.ablate's default --rows for this config).
+ABLATION_ROWS = "vapo,ppo,no_value_pretrain,no_decoupled_gae,no_decoupled_gae_vp"
+# The shared SFT start is accepted only inside this band (tools.sft_band), set in advance.
+SFT_BAND = {"examples": 256, "samples": 4, "guess_max_tokens": 15,
+            "bounds": {"accuracy/long": (0.25, 0.40), "accuracy/short": (0.60, 0.80),
+                       "guess_rate": (0.12, 0.18)}}
+# tools.ablate --smoke: every stage at a few steps (a check that the command runs end to
+# end, not a measurement), and a band that accepts any start.
+SMOKE = {"sft.steps": 4, "reward_model.steps": 1, "value_pretrain.max_steps": 2,
+         "value_pretrain.min_steps": 1, "rl.steps": 2, "eval.every": 1,
+         "eval.num_examples": 8, "eval.batch_prompts": 8, "rl.prompts_per_step": 4,
+         "rl.responses_per_prompt": 2, "sft.batch_size": 8, "data.num_train": 256,
+         "data.num_eval": 8, "sampling.max_new_tokens": 176}
+SMOKE_BAND = {"examples": 8, "guess_max_tokens": 15, "bounds": {}}
+
+
+def get_config(preset: str = "vapo"):
+  c = config_lib.default_config_dict()
+  c.seed = 0
+  c.model.init_seed = 0               # one SFT start for every seed
+  c.model.hidden_size = 128
+  c.model.intermediate_size = 384
+  c.model.num_layers = 2
+  c.model.num_heads = 4
+  c.model.num_kv_heads = 2
+  c.model.head_dim = 32
+
+  c.data.source = "synthetic"
+  c.data.synthetic_task = "chain_or_guess"
+  c.data.seed = 0                     # the same problems and held-out set for every seed
+  c.data.template = "{problem}\n"
+  c.data.max_prompt_tokens = 96       # BOS + "start 9: " + 20 × "T+3 " + "\n" = 90
+  c.data.synthetic_min_steps = 3      # short chains
+  c.data.synthetic_max_steps = 6
+  c.data.synthetic_long_min_steps = 14
+  c.data.synthetic_long_max_steps = 20
+  c.data.synthetic_max_operand = 3
+  c.data.synthetic_max_value = 9
+  c.data.synthetic_ops = "+-"
+  c.data.synthetic_short_fraction = 0.5
+  c.data.synthetic_guess_fraction = 0.15
+  c.data.num_train = 8192
+  c.data.num_eval = 256
+
+  c.sampling.max_new_tokens = 176     # long solutions are 121–169 characters (+ EOS)
+  c.sampling.temperature = 1.0
+
+  c.sft.enabled = True
+  c.sft.steps = 700
+  c.sft.batch_size = 32
+  c.optim.sft_lr = 2e-3
+  c.optim.policy_lr = 1e-4
+  c.optim.critic_lr = 2e-4            # the paper's 2 : 1
+  c.optim.warmup_steps = 0
+  c.optim.weight_decay = 0.0
+
+  c.reward_model.steps = 10
+  c.value_pretrain.enabled = True
+  c.value_pretrain.max_steps = 30     # the cap
+  c.value_pretrain.min_steps = 5
+  c.value_pretrain.plateau_window = 5
+  c.value_pretrain.plateau_smooth = 3
+  c.value_pretrain.plateau_tol = 0.02
+  c.value_pretrain.stop_explained_variance = 1.0  # off: its ceiling is task-dependent
+
+  c.rl.steps = 40
+  c.rl.prompts_per_step = 16
+  c.rl.responses_per_prompt = 8
+  c.rl.num_minibatches = 4
+  c.rl.ppo_epochs = 1
+  c.rl.alpha = 0.05
+  c.rl.lam_policy = FIXED_LAMBDA
+  c.rl.nll_coef = 0.1
+  c.rl.whiten_advantages = True
+
+  c.eval.every = 10
+  c.eval.num_examples = 256
+  c.eval.samples_per_problem = 4
+  c.eval.batch_prompts = 64
+  c.eval.correct_threshold = 1.0
+  c.eval.short_response_tokens = 15   # held-out guess rate (short_frac)
+
+  c.checkpoint.every = 20
+  c.metrics.tensorboard = False
+  c.mesh.data = 1
+  c.mesh.fsdp = -1
+  c.mesh.tensor = 1
+  config_lib.apply_preset(c, preset)
+  if preset in ("ppo", "no_length_adaptive"):
+    c.rl.lam_policy = FIXED_LAMBDA    # the preset's literal 0.95, κ-matched (docstring)
+  return c
