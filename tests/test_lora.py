@@ -24,7 +24,7 @@ from vapo_jax.rl import forward
 from vapo_jax.run import checkpoint_store
 from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.sampler import engine as sampler_lib
-from vapo_jax.sampler import types as rollout_lib
+from vapo_jax.sampler import types
 from vapo_jax.sampler.ops import SamplingConfig
 from test_checkpoint import Recorder, assert_bitwise_equal, compile_cache, run_to_end, small  # noqa: F401,E501
 
@@ -139,7 +139,7 @@ def test_sampler_logprobs_equal_the_train_steps():
   graphdef, state = nnx.split(model)
   sampler = sampler_lib.Sampler.for_transformer(graphdef, model.cfg, cfg)
   out = sampler(state, [[5, 17, 33, 2, 7], [3, 14], [9]], jax.random.key(1))
-  tokens_BxL, mask_BxL = rollout_lib.rollout_tokens(out)
+  tokens_BxL, mask_BxL = types.rollout_tokens(out)
   # What the policy step scores the rollout with: forward.policy_logprobs on the params.
   logp, _ = forward.policy_logprobs(graphdef, state, tokens_BxL, mask_BxL, out.prompt_len,
                                    temperature=0.7)

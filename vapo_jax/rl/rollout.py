@@ -20,8 +20,8 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from vapo_jax import distributed as dist
-from vapo_jax.sampler import ops as sampling
-from vapo_jax.sampler import types as rollout_lib
+from vapo_jax.sampler import ops
+from vapo_jax.sampler import types
 
 
 def row_sharding(sampler) -> NamedSharding | None:
@@ -32,7 +32,7 @@ def row_sharding(sampler) -> NamedSharding | None:
 
 
 def sample(sampler, params, prompt_ids: Callable[[int], Sequence[int]], num_prompts: int,
-           key: jax.Array, *, prompts_per_call: int = 0) -> rollout_lib.Rollout:
+           key: jax.Array, *, prompts_per_call: int = 0) -> types.Rollout:
   """Samples `sampler.cfg.n_per_prompt` responses for each of the global prompts.
 
   prompt_ids(i) -> token ids of global prompt i; it is called only for this host's rows.
@@ -46,7 +46,7 @@ def sample(sampler, params, prompt_ids: Callable[[int], Sequence[int]], num_prom
     # The rollout engine takes the whole step at once (its slots bound the memory, not
     # the prompt count), every host the same prompts; rows come back sharded as below.
     # Prompts are left-padded to the largest bucket: one static P for the train steps.
-    p = sampling.prompt_bucket(sampler.cfg.max_prompt_len, sampler.cfg)
+    p = ops.prompt_bucket(sampler.cfg.max_prompt_len, sampler.cfg)
     return sampler(params, [prompt_ids(i) for i in range(num_prompts)], key, prompt_len=p)
   per = prompts_per_call or num_prompts
   if per >= num_prompts:
@@ -65,13 +65,13 @@ def sample(sampler, params, prompt_ids: Callable[[int], Sequence[int]], num_prom
   return join(parts)
 
 
-def _sample_once(sampler, params, prompt_ids, num_prompts: int, key) -> rollout_lib.Rollout:
+def _sample_once(sampler, params, prompt_ids, num_prompts: int, key) -> types.Rollout:
   sh = row_sharding(sampler)
   if sh is None:
     return sampler(params, [prompt_ids(i) for i in range(num_prompts)], key)
   rows = dist.host_rows(sh, num_prompts)
-  p = sampling.prompt_bucket(sampler.cfg.max_prompt_len, sampler.cfg)
-  tokens, mask = rollout_lib.left_pad([prompt_ids(int(i)) for i in rows], p,
+  p = ops.prompt_bucket(sampler.cfg.max_prompt_len, sampler.cfg)
+  tokens, mask = types.left_pad([prompt_ids(int(i)) for i in rows], p,
                                       sampler.cfg.pad_id)
   tokens_g = dist.global_array(tokens, rows, (num_prompts, p), sh)
   mask_g = dist.global_array(mask, rows, (num_prompts, p), sh)

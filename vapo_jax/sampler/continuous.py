@@ -47,12 +47,12 @@ from vapo_jax.models import paged_attention as pa
 from vapo_jax.models import transformer
 from vapo_jax.sampler import decode_weights
 from vapo_jax.sampler import engine as static_engine
-from vapo_jax.sampler import ops as sampling
+from vapo_jax.sampler import ops
 from vapo_jax.sampler import paged
 from vapo_jax.sampler import slots as slots_lib
-from vapo_jax.sampler import types as rollout_lib
+from vapo_jax.sampler import types
 
-Rollout = rollout_lib.Rollout
+Rollout = types.Rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,7 @@ class EngineConfig:
     return paged.pages_for(self.kv_tokens, self.page_size)
 
 
-def check(cfg: sampling.SamplingConfig, ecfg: EngineConfig) -> None:
+def check(cfg: ops.SamplingConfig, ecfg: EngineConfig) -> None:
   """ValueError if the pool cannot hold one whole response."""
   need = cfg.max_prompt_len + cfg.max_new_tokens - 1
   if ecfg.num_pages * ecfg.page_size < need:
@@ -118,7 +118,7 @@ def _is_stop(tok, cfg):
 
 def _sample_rows(keys_S, logits_SxV, cfg):
   """One draw per row with its own key: (tokens_S, logp_S)."""
-  tok, lp = jax.vmap(lambda k, z: sampling.sample_step(k, z[None], cfg))(keys_S, logits_SxV)
+  tok, lp = jax.vmap(lambda k, z: ops.sample_step(k, z[None], cfg))(keys_S, logits_SxV)
   return tok[:, 0], lp[:, 0]
 
 
@@ -134,7 +134,7 @@ def prefill(graphdef, params, tokens_1xP, plen):
   return cache, static_engine.last_logits(model, last)
 
 
-def insert(cfg: sampling.SamplingConfig, pages, cache, logits_1xV, table_M, plen, slot,
+def insert(cfg: ops.SamplingConfig, pages, cache, logits_1xV, table_M, plen, slot,
            response, key, state):
   """The prompt's KV into a slot's pages and token 0 drawn: (pages, state, tok0, logp0).
 
@@ -159,7 +159,7 @@ def insert(cfg: sampling.SamplingConfig, pages, cache, logits_1xV, table_M, plen
   return tuple(new_pages), state, tok0[0], lp0[0]
 
 
-def decode_chunk(graphdef, cfg: sampling.SamplingConfig, ecfg: EngineConfig, impl,
+def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
                  mesh, head_axis, params, pages, table_SxM, state, exit_below):
   """Up to K decode steps of every slot; stops early once active slots <= exit_below.
 
@@ -218,7 +218,7 @@ class Engine:
 
   continuous = True
 
-  def __init__(self, graphdef, model_cfg, cfg: sampling.SamplingConfig,
+  def __init__(self, graphdef, model_cfg, cfg: ops.SamplingConfig,
                ecfg: EngineConfig = EngineConfig(), *,
                mesh: jax.sharding.Mesh | None = None,
                rules: shd.Rules = shd.DEFAULT_RULES):
@@ -298,7 +298,7 @@ class Engine:
     state = {"tok_S": i32(s), "pos_S": i32(s), "t_S": i32(s),
              "active_S": jax.ShapeDtypeStruct((s,), jnp.bool_, sharding=rep),
              "keys_S": jax.ShapeDtypeStruct((s,) + kd.shape, kd.dtype, sharding=rep)}
-    bucket = sampling.prompt_bucket(cfg.max_prompt_len, cfg)
+    bucket = ops.prompt_bucket(cfg.max_prompt_len, cfg)
     pre_args = (abs_copy, i32(1, bucket), i32())
     cache, logits = jax.eval_shape(pre, *pre_args)
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
@@ -396,7 +396,7 @@ class Engine:
         p = b // n
         if p not in prefills:
           plen = len(prompts[p])
-          bucket = sampling.prompt_bucket(plen, cfg)
+          bucket = ops.prompt_bucket(plen, cfg)
           toks = np.full((1, bucket), cfg.pad_id, np.int32)
           toks[0, :plen] = prompts[p]
           prefills[p] = pre(dparams, self._replicated(toks), self._replicated(np.int32(plen)))
@@ -457,8 +457,8 @@ class Engine:
   def _assemble(self, prompts, out_tok, out_lp, prompt_len) -> Rollout:
     cfg = self.cfg
     n, r = cfg.n_per_prompt, cfg.max_new_tokens
-    p = prompt_len or sampling.prompt_bucket(max(len(x) for x in prompts), cfg)
-    prompt_BxP, mask_BxP = rollout_lib.left_pad(prompts, p, cfg.pad_id)
+    p = prompt_len or ops.prompt_bucket(max(len(x) for x in prompts), cfg)
+    prompt_BxP, mask_BxP = types.left_pad(prompts, p, cfg.pad_id)
     b = len(out_tok)
     resp = np.full((b, r), cfg.pad_id, np.int32)
     logp = np.zeros((b, r), np.float32)

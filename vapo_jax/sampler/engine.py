@@ -26,7 +26,7 @@ Algorithm for Bp prompts, n responses each (B = Bp * n rows, row = p * n + j):
      stop token, or at t = R.
   4. The loop runs in `cfg.decode_windows` stretches of steps, one while_loop
      each, over a copy of the cache cut to the static window W its steps need
-     (`sampling.decode_windows`); the window is written back after the stretch.
+     (`ops.decode_windows`); the window is written back after the stretch.
      Attention then reads ~(P + t) slots at step t instead of S.
 
 Slots not written in this call (stale values from an earlier call, or padding)
@@ -46,13 +46,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
-from vapo_jax.sampler import types as rollout_lib
-from vapo_jax.sampler import ops as sampling
+from vapo_jax.sampler import types
+from vapo_jax.sampler import ops
 from vapo_jax import sharding as shd
 from vapo_jax.models import platform
 from vapo_jax.models import transformer
 
-Rollout = rollout_lib.Rollout
+Rollout = types.Rollout
 InitCacheFn = Callable[[int, int], Any]
 
 
@@ -133,7 +133,7 @@ def last_logits(model, hidden_BxD: jax.Array) -> jax.Array:
   return jax.lax.optimization_barrier(logits_VxB).T
 
 
-def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
+def _generate(graphdef, init_cache: InitCacheFn, cfg: ops.SamplingConfig,
               axes, constrain: Callable[[Any, int | None], Any], state,
               prompt_BxP, prompt_mask_BxP, cache, key) -> tuple[Rollout, Any]:
   """The compiled body: prefill, group repeat, decode loop (see module)."""
@@ -167,7 +167,7 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
   kv_mask_BxS = constrain(kv_mask_BxS, 0)
 
   # 3. Token 0 from the prefill logits, then the loop.
-  tok_B, logp_B = sampling.sample_step(
+  tok_B, logp_B = ops.sample_step(
       jax.random.fold_in(key, 0), logits_BxV, cfg)
   response_BxR = jnp.full((b, r), cfg.pad_id, jnp.int32).at[:, 0].set(tok_B)
   logp_BxR = jnp.zeros((b, r), jnp.float32).at[:, 0].set(logp_B)
@@ -184,7 +184,7 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
     positions_Bx1 = (prompt_len_B + t - 1)[:, None]
     logits_BxV, cache = model_apply(tok_B[:, None], positions_Bx1, kv_mask_BxS,
                                     cache, slot)
-    new_B, lp_B = sampling.sample_step(
+    new_B, lp_B = ops.sample_step(
         jax.random.fold_in(key, t), logits_BxV, cfg)
     new_B = jnp.where(done_B, cfg.pad_id, new_B)
     lp_B = jnp.where(done_B, 0.0, lp_B)
@@ -197,7 +197,7 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: sampling.SamplingConfig,
             kv_mask_BxS)
 
   t = jnp.int32(1)
-  for _, t_end, w in sampling.decode_windows(p, cfg):
+  for _, t_end, w in ops.decode_windows(p, cfg):
 
     def cond(carry, t_end=t_end):
       t, done_B = carry[0], carry[3]
@@ -247,7 +247,7 @@ class Sampler:
   """
 
   def __init__(self, graphdef, init_cache: InitCacheFn,
-               cfg: sampling.SamplingConfig, *,
+               cfg: ops.SamplingConfig, *,
                mesh: jax.sharding.Mesh | None = None,
                rules: shd.Rules = shd.DEFAULT_RULES):
     self.cfg = cfg
@@ -263,7 +263,7 @@ class Sampler:
     self._generate = jax.jit(fn, donate_argnums=(3,))
 
   @classmethod
-  def for_transformer(cls, graphdef, model_cfg, cfg: sampling.SamplingConfig, *,
+  def for_transformer(cls, graphdef, model_cfg, cfg: ops.SamplingConfig, *,
                       mesh: jax.sharding.Mesh | None = None,
                       rules: shd.Rules = shd.DEFAULT_RULES,
                       cache_dtype: Any = None) -> "Sampler":
@@ -327,8 +327,8 @@ class Sampler:
         raise ValueError(
             f"prompt {i} has {len(prompt)} tokens, more than the budget "
             f"SamplingConfig.max_prompt_len={cfg.max_prompt_len}")
-    p = sampling.prompt_bucket(max(len(x) for x in prompts), cfg)
-    return rollout_lib.left_pad(prompts, p, cfg.pad_id)
+    p = ops.prompt_bucket(max(len(x) for x in prompts), cfg)
+    return types.left_pad(prompts, p, cfg.pad_id)
 
   def __call__(self, state, prompts: Sequence[Sequence[int]],
                key: jax.Array) -> Rollout:

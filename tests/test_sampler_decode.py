@@ -9,7 +9,7 @@ import pytest
 
 import toy_lm
 from vapo_jax.sampler import engine as sampler_lib
-from vapo_jax.sampler import ops as sampling
+from vapo_jax.sampler import ops
 from vapo_jax.models import layers
 from vapo_jax.sampler.ops import SamplingConfig
 
@@ -60,7 +60,7 @@ def test_decode_step_with_a_key_mask_sees_no_slot_after_its_own():
                                    (16, 128, 4), (3, 5, 10)])
 def test_decode_windows_cover_every_step_once(p, r, n):
   cfg = SamplingConfig(max_new_tokens=r, decode_windows=n)
-  windows = sampling.decode_windows(p, cfg)
+  windows = ops.decode_windows(p, cfg)
   steps = [t for a, b, _ in windows for t in range(a, b)]
   assert steps == list(range(1, r))  # each decode step once, in order
   assert len(windows) == min(n, max(r - 1, 0))

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vapo_jax.sampler import ops as sampling
+from vapo_jax.sampler import ops
 from vapo_jax.sampler.ops import SamplingConfig
 
 # 8 logits rows, the last two are embedding padding (vocab_size=6).
@@ -41,7 +41,7 @@ CASES = [
 @pytest.mark.parametrize("opts", CASES)
 def test_filtered_distribution_matches_reference(opts):
   cfg = SamplingConfig(max_new_tokens=1, vocab_size=REAL, **opts)
-  z = sampling.filtered_logits(jnp.asarray(LOGITS[None], jnp.float32), cfg)
+  z = ops.filtered_logits(jnp.asarray(LOGITS[None], jnp.float32), cfg)
   got = np.asarray(jax.nn.softmax(z, axis=-1))[0]
   want = reference_probs(LOGITS, opts["temperature"], opts.get("top_k", 0),
                          opts.get("top_p", 1.0), REAL)
@@ -54,7 +54,7 @@ def test_samples_follow_the_distribution(opts):
   n = 40_000
   cfg = SamplingConfig(max_new_tokens=1, vocab_size=REAL, **opts)
   logits = jnp.broadcast_to(jnp.asarray(LOGITS, jnp.float32), (n, len(LOGITS)))
-  tokens, logp = jax.jit(lambda k, z: sampling.sample_step(k, z, cfg))(
+  tokens, logp = jax.jit(lambda k, z: ops.sample_step(k, z, cfg))(
       jax.random.key(3), logits)
   counts = np.bincount(np.asarray(tokens), minlength=len(LOGITS))
   want = reference_probs(LOGITS, opts["temperature"], opts.get("top_k", 0),
@@ -75,14 +75,14 @@ def test_samples_follow_the_distribution(opts):
 
 def test_greedy_and_padded_vocab():
   cfg = SamplingConfig(max_new_tokens=1, greedy=True, vocab_size=REAL)
-  tokens, logp = sampling.sample_step(
+  tokens, logp = ops.sample_step(
       jax.random.key(0), jnp.asarray(LOGITS[None]), cfg)
   assert int(tokens[0]) == 0  # rows 6 and 7 are larger but are padding
   np.testing.assert_allclose(
       float(logp[0]), np.log(reference_probs(LOGITS, 1.0, 0, 1.0, REAL)[0]),
       atol=1e-6)
   # Without the vocab mask the padding row would win.
-  tokens, _ = sampling.sample_step(
+  tokens, _ = ops.sample_step(
       jax.random.key(0), jnp.asarray(LOGITS[None]),
       SamplingConfig(max_new_tokens=1, greedy=True))
   assert int(tokens[0]) == 6
@@ -91,9 +91,9 @@ def test_greedy_and_padded_vocab():
 def test_deterministic_for_a_key():
   cfg = SamplingConfig(max_new_tokens=1, top_k=5, top_p=0.9)
   z = jax.random.normal(jax.random.key(1), (64, 50))
-  a, _ = sampling.sample_step(jax.random.key(7), z, cfg)
-  b, _ = sampling.sample_step(jax.random.key(7), z, cfg)
-  c, _ = sampling.sample_step(jax.random.key(8), z, cfg)
+  a, _ = ops.sample_step(jax.random.key(7), z, cfg)
+  b, _ = ops.sample_step(jax.random.key(7), z, cfg)
+  c, _ = ops.sample_step(jax.random.key(8), z, cfg)
   np.testing.assert_array_equal(a, b)
   assert np.any(np.asarray(a) != np.asarray(c))
 
@@ -102,13 +102,13 @@ def test_prompt_buckets():
   cfg = SamplingConfig(max_new_tokens=4, max_prompt_len=100,
                        min_prompt_bucket=16)
   lengths = (1, 16, 17, 33, 64, 65, 100)
-  buckets = [sampling.prompt_bucket(n, cfg) for n in lengths]
+  buckets = [ops.prompt_bucket(n, cfg) for n in lengths]
   assert buckets == [16, 16, 32, 64, 64, 100, 100]
   cfg = SamplingConfig(max_new_tokens=4, max_prompt_len=48,
                        prompt_buckets=(8, 24, 48))
-  assert [sampling.prompt_bucket(n, cfg) for n in (3, 9, 30)] == [8, 24, 48]
+  assert [ops.prompt_bucket(n, cfg) for n in (3, 9, 30)] == [8, 24, 48]
   with pytest.raises(ValueError, match="49 tokens.*max_prompt_len=48"):
-    sampling.prompt_bucket(49, cfg)
+    ops.prompt_bucket(49, cfg)
   assert cfg.total_cache_len == 52
 
 
@@ -132,7 +132,7 @@ def test_two_level_draw_across_blocks(block):
   want = np.exp(z - z.max())
   want /= want.sum()
   logits = jnp.broadcast_to(jnp.asarray(z), (n, v))
-  ids = jax.jit(lambda k, x: sampling.draw(k, x, block=block))(
+  ids = jax.jit(lambda k, x: ops.draw(k, x, block=block))(
       jax.random.key(11), logits)
   counts = np.bincount(np.asarray(ids), minlength=v)
   assert counts.shape == (v,) and counts[want == 0].sum() == 0
@@ -146,7 +146,7 @@ def test_two_level_draw_across_blocks(block):
 def sorted_top_p_keep(z_BxV, top_p):
   """The reference: stable descending sort, `_top_p_keep`, scattered back."""
   order = jnp.argsort(-z_BxV, axis=-1, stable=True)
-  keep_sorted = sampling._top_p_keep(
+  keep_sorted = ops._top_p_keep(
       jnp.take_along_axis(z_BxV, order, axis=-1), top_p)
   rows = jnp.arange(z_BxV.shape[0])[:, None]
   return jnp.zeros(z_BxV.shape, bool).at[rows, order].set(keep_sorted)
@@ -176,7 +176,7 @@ def test_top_p_keep_equals_the_sort_rule(top_p):
   z[:8, 250:] = -np.inf  # padded vocabulary
   z[8:16] = np.round(z[8:16])  # many ties
   for logits in (jnp.asarray(z), tie_heavy_logits()):
-    got = jax.jit(sampling.top_p_keep, static_argnums=1)(logits, top_p)
+    got = jax.jit(ops.top_p_keep, static_argnums=1)(logits, top_p)
     want = sorted_top_p_keep(logits, top_p)
     # -inf ids carry no mass; the sort rule may keep them at top_p = 1.
     finite = np.isfinite(np.asarray(logits))
@@ -190,5 +190,5 @@ def test_top_p_keep_exact_boundaries():
   z = jnp.zeros((1, 4), jnp.float32)
   for top_p, kept in [(0.25, 1), (0.2500001, 2), (0.5, 2), (0.75, 3),
                       (0.76, 4), (1.0, 4)]:
-    got = np.asarray(sampling.top_p_keep(z, top_p))[0]
+    got = np.asarray(ops.top_p_keep(z, top_p))[0]
     assert got.tolist() == [True] * kept + [False] * (4 - kept), (top_p, got)

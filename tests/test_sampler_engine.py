@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import toy_lm
-from vapo_jax.sampler import types as rollout_lib
+from vapo_jax.sampler import types
 from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax import sharding
 from vapo_jax.sampler.ops import SamplingConfig
@@ -59,8 +59,8 @@ def test_rollout_contract_and_teacher_forced_logprobs():
       assert stops[-1] and not stops[:-1].any()
   assert out.truncated_B.any() and (~out.truncated_B).any()
   first_row = out.response_BxR[0, :out.lengths_B[0]].tolist()
-  assert rollout_lib.response_lists(out)[0] == first_row
-  tokens_BxL, mask_BxL = rollout_lib.rollout_tokens(out)
+  assert types.response_lists(out)[0] == first_row
+  tokens_BxL, mask_BxL = types.rollout_tokens(out)
   assert tokens_BxL.shape == (b, 8 + r) and mask_BxL.dtype == jnp.float32
   np.testing.assert_array_equal(mask_BxL[:, 8:], out.response_mask_BxR)
   ref = toy_lm.teacher_forced_logprobs(model, tokens_BxL, mask_BxL,
