@@ -7,37 +7,23 @@ its layer weights every trip. On 8 fake CPU devices always; for a v5p topology t
 (no TPU needed; outside CI it skips without libtpu, in CI it fails).
 """
 
-import os
 
 import jax
 import jax.numpy as jnp
-import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vapo_jax import sharding as shd
 from vapo_jax.tools import archs, decode_hlo, hlo_stats, tpu_specs
 
+from test_compile_check import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
 from test_step_model import _config  # pylint: disable=wrong-import-order
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TINY = {"model.hidden_size": 64, "model.intermediate_size": 128, "model.num_layers": 2,
         "model.num_heads": 4, "model.num_kv_heads": 2, "model.head_dim": 16,
         "data.max_prompt_tokens": 16, "sampling.max_new_tokens": 16,
         "rl.prompts_per_step": 8, "rl.responses_per_prompt": 2, "rl.micro_batch_size": 4,
         "eval.batch_prompts": 4, "eval.samples_per_problem": 2,
         "sampling.prompts_per_call": 4, "mesh.tensor": 2}
-
-
-def _needs_libtpu(test):
-  if tpu_specs.libtpu_available():
-    return test
-  if IN_CI:
-    def fail(*args, **kwargs):
-      del args, kwargs
-      pytest.fail('libtpu is not installed but CI must run the TPU decode-loop check')
-    fail.__name__ = test.__name__
-    return fail
-  return pytest.mark.skip(reason='libtpu is not installed (pip install "jax[tpu]")')(test)
 
 
 def _gathering_loop(devices):
@@ -69,6 +55,6 @@ def test_decode_loop_gathers_no_weights_cpu():
   _check(jax.devices()[:8], None)
 
 
-@_needs_libtpu
+@NEEDS_LIBTPU
 def test_decode_loop_gathers_no_weights_v5p():
   _check(tpu_specs.devices(tpu_specs.parse("v5p:2x2x1")), "tpu")

@@ -8,6 +8,8 @@ import pytest
 
 from vapo_jax.models import paged_attention as pa
 
+from test_compile_check import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
+
 
 def _case(seed, s=5, h=4, k=2, dh=8, n=20, ps=4, m=5, dtype=jnp.float32):
   rng = np.random.default_rng(seed)
@@ -83,7 +85,7 @@ def test_writes_land_at_page_and_offset_and_drop_without_page():
   np.testing.assert_array_equal(out[4, :2], prompt[4:])
 
 
-@__import__("test_compile_check").NEEDS_LIBTPU
+@NEEDS_LIBTPU
 def test_engine_decode_chunk_with_the_pallas_kernel_compiles_for_v5p():
   """The TPU path (jax's ragged paged attention kernel inside the engine's decode chunk,
   per tensor shard) AOT-compiled for a v5p-8 slice from this CPU host."""
