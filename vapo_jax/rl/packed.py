@@ -129,27 +129,12 @@ def policy_step(graphdef, tx, hp: update.PolicyHParams, state: train_state.Train
         temperature=hp.temperature, chunk=hp.vocab_chunk)
     here = (slots["micro_B"] == k)[:, None]
     m = resp_mask * here
-    pg = losses.POLICY_LOSSES[hp.policy_loss](
-        jnp.where(here, logp, batch.old_logp_BxR), batch.old_logp_BxR, batch.advantages_BxR,
-        m, eps_low=hp.eps_low, eps_high=hp.eps_high, dual_clip=hp.dual_clip,
-        mode=hp.loss_mode)
-    loss = losses.safe_divide(pg.loss.total, pg_count)
-    nll = losses.positive_nll(logp, m, batch.scores_B, threshold=hp.nll_threshold)
-    if hp.nll_coef:
-      loss = loss + hp.nll_coef * losses.safe_divide(nll.total, nll_count)
-    kl = None
-    if hp.kl_coef:
-      ref = batch.ref_logp_BxR
-      kl = losses.kl_penalty(jnp.where(here, logp, ref), ref, m, mode=hp.loss_mode)
-      loss = loss + hp.kl_coef * losses.safe_divide(kl.total, pg_count)
-    w = pg.metrics["tokens"] / jnp.maximum(tokens, 1.0)
-    metrics = {n: pg.metrics[n] * w for n in update.POLICY_METRICS if n in pg.metrics}
-    metrics["entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * m) / jnp.maximum(tokens, 1.0)
-    metrics["pg_loss"] = losses.safe_divide(pg.loss.total, pg_count)
-    metrics["nll_loss"] = losses.safe_divide(nll.total, nll_count)
-    if kl is not None:
-      metrics["kl_ref"] = losses.safe_divide(jax.lax.stop_gradient(kl.total), pg_count)
-    return loss, metrics
+    ref = batch.ref_logp_BxR
+    return update.policy_objective(
+        hp, logp, entropy, m, batch.old_logp_BxR, batch.advantages_BxR, batch.scores_B, ref,
+        pg_count=pg_count, nll_count=nll_count, tokens=tokens,
+        ratio_logp=jnp.where(here, logp, batch.old_logp_BxR),
+        kl_logp=jnp.where(here, logp, ref) if hp.kl_coef else None)
 
   loss, grads, metrics = _scan(loss_fn, state.params, _num_micro(plan))
   state, grad_norm, skipped = train_state.apply_update(tx, state, grads, loss)

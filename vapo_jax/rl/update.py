@@ -62,6 +62,40 @@ class CriticHParams:
 # --------------------------------------------------------------------------------- policy
 
 
+def policy_objective(hp: PolicyHParams, logp, entropy, m, old_logp, advantages, scores,
+                     ref_logp, *, pg_count, nll_count, tokens, ratio_logp=None, kl_logp=None
+                     ) -> tuple[jax.Array, dict]:
+  """One micro-batch's share of L = L_PPO + μ·L_NLL [+ β·L_KL] and its metrics.
+
+  logp, entropy, m (response mask), old_logp, advantages: [B, R]; scores: [B]; ref_logp: [B, R]
+  or None. pg_count, nll_count, tokens: the mini-batch's normalisers (from its masks, before
+  the micro-batch split: `losses.LossSum`). ratio_logp / kl_logp (default logp): what the
+  surrogate and the KL see, for callers whose rows outside m must hold finite stand-ins
+  (`rl.packed`); the NLL and the entropy always take logp.
+  """
+  ratio_logp = logp if ratio_logp is None else ratio_logp
+  kl_logp = logp if kl_logp is None else kl_logp
+  pg = losses.POLICY_LOSSES[hp.policy_loss](
+      ratio_logp, old_logp, advantages, m, eps_low=hp.eps_low,
+      eps_high=hp.eps_high, dual_clip=hp.dual_clip, mode=hp.loss_mode)
+  loss = losses.safe_divide(pg.loss.total, pg_count)
+  nll = losses.positive_nll(logp, m, scores, threshold=hp.nll_threshold)
+  if hp.nll_coef:
+    loss = loss + hp.nll_coef * losses.safe_divide(nll.total, nll_count)
+  kl = None
+  if hp.kl_coef:
+    kl = losses.kl_penalty(kl_logp, ref_logp, m, mode=hp.loss_mode)
+    loss = loss + hp.kl_coef * losses.safe_divide(kl.total, pg_count)
+  w = pg.metrics["tokens"] / jnp.maximum(tokens, 1.0)  # token share of this micro-batch
+  metrics = {k: pg.metrics[k] * w for k in POLICY_METRICS if k in pg.metrics}
+  metrics["entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * m) / jnp.maximum(tokens, 1.0)
+  metrics["pg_loss"] = losses.safe_divide(pg.loss.total, pg_count)
+  metrics["nll_loss"] = losses.safe_divide(nll.total, nll_count)
+  if kl is not None:
+    metrics["kl_ref"] = losses.safe_divide(jax.lax.stop_gradient(kl.total), pg_count)
+  return loss, metrics
+
+
 def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
                 state: TrainState, batch: RolloutBatch) -> tuple[TrainState, dict, jax.Array]:
   """One policy update on a mini-batch: L = L_PPO (eq. 4) + μ·L_NLL (eq. 3) [+ β·L_KL].
@@ -86,26 +120,9 @@ def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
     logp, entropy = policy_lib.response_logprobs(
         model, mb.tokens_BxL, mb.mask_BxL, prompt_len, temperature=hp.temperature,
         chunk=hp.vocab_chunk)
-    m = mb.response_mask_BxR
-    pg = losses.POLICY_LOSSES[hp.policy_loss](
-        logp, mb.old_logp_BxR, mb.advantages_BxR, m, eps_low=hp.eps_low,
-        eps_high=hp.eps_high, dual_clip=hp.dual_clip, mode=hp.loss_mode)
-    loss = losses.safe_divide(pg.loss.total, pg_count)
-    nll = losses.positive_nll(logp, m, mb.scores_B, threshold=hp.nll_threshold)
-    if hp.nll_coef:
-      loss = loss + hp.nll_coef * losses.safe_divide(nll.total, nll_count)
-    kl = None
-    if hp.kl_coef:
-      kl = losses.kl_penalty(logp, mb.ref_logp_BxR, m, mode=hp.loss_mode)
-      loss = loss + hp.kl_coef * losses.safe_divide(kl.total, pg_count)
-    w = pg.metrics["tokens"] / jnp.maximum(tokens, 1.0)  # token share of this micro-batch
-    metrics = {k: pg.metrics[k] * w for k in POLICY_METRICS if k in pg.metrics}
-    metrics["entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * m) / jnp.maximum(tokens, 1.0)
-    metrics["pg_loss"] = losses.safe_divide(pg.loss.total, pg_count)
-    metrics["nll_loss"] = losses.safe_divide(nll.total, nll_count)
-    if kl is not None:
-      metrics["kl_ref"] = losses.safe_divide(jax.lax.stop_gradient(kl.total), pg_count)
-    return loss, metrics
+    return policy_objective(hp, logp, entropy, mb.response_mask_BxR, mb.old_logp_BxR,
+                            mb.advantages_BxR, mb.scores_B, mb.ref_logp_BxR,
+                            pg_count=pg_count, nll_count=nll_count, tokens=tokens)
 
   loss, grads, metrics = train_state.accumulate(loss_fn, state.params, batch, hp.micro_batches)
   state, grad_norm, skipped = train_state.apply_update(tx, state, grads, loss)
