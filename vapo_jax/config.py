@@ -143,7 +143,12 @@ class SamplingSection:
   # (prompts per step x n for the rollout, eval.batch_prompts x k for the evaluation).
   slots: int = 0
   page_size: int = 16       # tokens per KV page
-  kv_tokens: int = 0        # KV pool in tokens; 0: slots x (max_prompt_tokens + max_new_tokens)
+  # KV pool in tokens (whole pages). 0: sized from the memory the train state leaves
+  # (sampler/kv_pool.py): (1 - kv_headroom) x HBM less the resident train states, reference,
+  # rollout batch and decode copy, capped at slots x (max_prompt_tokens + max_new_tokens);
+  # on CPU (no HBM figure) the cap. Must hold one whole response.
+  kv_tokens: int = 0
+  kv_headroom: float = 0.1  # fraction of HBM the pool leaves for the programs' temporaries
   chunk_steps: int = 16     # decode steps per on-device chunk (host work between chunks)
   # Weights the engine decodes with: "auto" = the model's compute dtype (every matmul
   # casts its weight to it anyway, so the copy is exact and, at bf16, half the bytes of
@@ -545,6 +550,7 @@ def validate(cfg: Config) -> None:
   for name in ("page_size", "chunk_steps"):
     need(getattr(s, name) >= 1, f"sampling.{name}", getattr(s, name), ">= 1")
   need(s.slots >= 0, "sampling.slots", s.slots, ">= 0 (0: auto)")
+  need(0 <= s.kv_headroom < 1, "sampling.kv_headroom", s.kv_headroom, "in [0, 1)")
   need(s.decode_dtype in ("auto", "bfloat16", "float32"), "sampling.decode_dtype",
        s.decode_dtype, '"auto", "bfloat16" or "float32"')
   whole = d.max_prompt_tokens + s.max_new_tokens - 1

@@ -36,9 +36,11 @@ from vapo_jax.rl import packed as packed_lib
 from vapo_jax.rl import train_state
 from vapo_jax.rl import update
 from vapo_jax.run import inputs
+from vapo_jax.run import memory as run_memory
 from vapo_jax.run.inputs import Text
 from vapo_jax.sampler import continuous
 from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import kv_pool
 from vapo_jax.sampler import ops
 
 
@@ -133,8 +135,13 @@ def build_critic(cfg, policy_graphdef, policy_params, mesh, rules, *, params=Non
 
 
 def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
-                  temperature: float | None = None, greedy: bool = False, rows: int = 0):
-  """A compiled group sampler with the run's sampling settings."""
+                  temperature: float | None = None, greedy: bool = False, rows: int = 0,
+                  memory: kv_pool.Memory | None = None, kv_tokens: int = 0):
+  """A compiled group sampler with the run's sampling settings.
+
+  The engine's KV pool (`sampler.kv_pool.size`): sampling.kv_tokens, else `kv_tokens`, else
+  sized from `memory` (default: the device's HBM less the resident train state,
+  `run.memory.engine_memory`; on CPU the cap of slots x one whole response)."""
   s = cfg.sampling
   scfg = ops.SamplingConfig(
       max_new_tokens=s.max_new_tokens, temperature=temperature or s.temperature,
@@ -144,10 +151,17 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
       prompt_buckets=(cfg.data.max_prompt_tokens,), decode_windows=s.decode_windows)
   if s.engine == "continuous":  # the rollout engine (docs/engine.md)
     slots = s.slots or rows or n  # 0: as many slots as the static sampler has rows
-    return continuous.Engine(graphdef, mcfg, scfg, continuous.EngineConfig(
-        slots=slots, page_size=s.page_size, chunk_steps=s.chunk_steps,
-        kv_tokens=s.kv_tokens or slots * (cfg.data.max_prompt_tokens + s.max_new_tokens),
+    if memory is None and not (s.kv_tokens or kv_tokens):
+      memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, optimizer)
+    pool = kv_pool.size(slots=slots, page_size=s.page_size,
+                        whole_tokens=cfg.data.max_prompt_tokens + s.max_new_tokens - 1,
+                        token_bytes_=kv_pool.token_bytes(mcfg, mcfg.dtype, mesh, rules),
+                        memory=memory, explicit=s.kv_tokens or kv_tokens)
+    engine = continuous.Engine(graphdef, mcfg, scfg, continuous.EngineConfig(
+        slots=slots, page_size=s.page_size, chunk_steps=s.chunk_steps, kv_tokens=pool.tokens,
         decode_dtype=s.decode_dtype), mesh=mesh, rules=rules)
+    engine.pool = pool  # how it was sized (the compile check's KV-pool line)
+    return engine
   # The KV cache's kv_heads axis is split like the k/v projections (over `tensor`), not
   # only its rows over the batch axes: at 32B × 20k tokens a row's cache is 5.6 GB, and
   # replicating it over a 4-way tensor axis is what keeps it off any v5p slice.
@@ -382,11 +396,21 @@ class Samplers:
   greedy: sampler_lib.Sampler   # n = 1, argmax
 
 
-def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text) -> Samplers:
+def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text, *,
+             memory: kv_pool.Memory | None = None,
+             kv_tokens: dict[str, int] | None = None) -> Samplers:
+  """The rollout, evaluation and greedy samplers. memory / kv_tokens ({"rollout" | "eval" |
+  "greedy": tokens}) size the engines' KV pools (`build_sampler`; the compile check)."""
   build = functools.partial(build_sampler, cfg, graphdef, mcfg, mesh, rules, text)
+  if (memory is None and cfg.sampling.engine == "continuous" and not cfg.sampling.kv_tokens
+      and not kv_tokens):
+    memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, optimizer)
+  kv = kv_tokens or {}
   n, k, ev = cfg.responses_per_prompt, cfg.eval.samples_per_problem, cfg.eval.batch_prompts
-  return Samplers(build(n=n, rows=n * cfg.prompts_per_step), build(n=k, rows=k * ev),
-                  build(n=1, greedy=True, rows=ev))
+  return Samplers(
+      build(n=n, rows=n * cfg.prompts_per_step, memory=memory, kv_tokens=kv.get("rollout", 0)),
+      build(n=k, rows=k * ev, memory=memory, kv_tokens=kv.get("eval", 0)),
+      build(n=1, greedy=True, rows=ev, memory=memory, kv_tokens=kv.get("greedy", 0)))
 
 
 def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Experience:

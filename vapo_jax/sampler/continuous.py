@@ -217,6 +217,7 @@ class Engine:
   """
 
   continuous = True
+  pool = None  # the `kv_pool.Pool` it was sized with, when built by `run.parts`
 
   def __init__(self, graphdef, model_cfg, cfg: ops.SamplingConfig,
                ecfg: EngineConfig = EngineConfig(), *,

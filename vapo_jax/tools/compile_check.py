@@ -50,6 +50,7 @@ from ml_collections import config_flags
 
 from vapo_jax import config as config_lib
 from vapo_jax.models import platform
+from vapo_jax.sampler import kv_pool
 from vapo_jax.tools import archs
 from vapo_jax.tools import step_model
 from vapo_jax.tools import tpu_specs
@@ -136,6 +137,12 @@ def step_time(results: dict[str, Result], plan, cfg, s: tpu_specs.Slice, mfu: fl
       return 0.0
     return max(r.flops / (s.gen.bf16_flops * mfu), r.bytes_accessed / (s.gen.hbm_bandwidth * bw))
 
+  if "decode_chunk" in results:  # the engine: one prefill per prompt, one insert per row
+    sh = plan.shapes
+    rollout = (t("decode_copy") + cfg.prompts_per_step * t("prefill") + sh["rows"] * t("insert")
+               + sh["engine_chunks"] * t("decode_chunk"))  # decode_chunk: chunk_steps trips
+    return rollout + t("logprobs") + t("values") + (
+        cfg.rl.num_minibatches * cfg.rl.ppo_epochs * (t("policy_step") + t("critic_step")))
   calls = plan.shapes["rows"] // plan.shapes["sampler_rows"]
   rollout = calls * (t("prefill") + plan.shapes["response_len"] * t("decode_step"))
   updates = cfg.rl.num_minibatches * cfg.rl.ppo_epochs * (t("policy_step") + t("critic_step"))
@@ -182,7 +189,8 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
             "hbm_per_chip": s.gen.hbm_bytes, "budget_per_chip": budget}
   try:
     mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
-    plan = programs.build(cfg, mcfg, mesh, names or programs.PROGRAMS, budget=budget)
+    plan = programs.build(cfg, mcfg, mesh, names or programs.PROGRAMS, budget=budget,
+                          hbm=s.gen.hbm_bytes)
   except ValueError as e:
     report.update(fits=False, error=f"config does not map onto {s.name}: {e}")
     return report
@@ -198,24 +206,57 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
         + f"), more than the {budget / GB:.1f} GB budget of a {s.gen.name} chip's "
         f"{s.gen.hbm_bytes / GB:.1f} GB HBM; use a slice with more chips"))
     return report
+  report["rollout_parts"] = plan.rollout_parts
   if probe_layers:
     la, lb = probe_layers
+    # The probes keep the full model's pools (tokens), so their bytes scale with the layers.
+    pinned = {k: p.tokens for k, p in plan.pools.items() if p is not None} or None
     plan_a, plan_b = (programs.build(cfg, mcfg.replace(num_layers=k), mesh,
-                                     names or programs.PROGRAMS) for k in (la, lb))
+                                     names or programs.PROGRAMS, kv_tokens=pinned)
+                      for k in (la, lb))
     report["extrapolated_from_layers"] = [la, lb]
   for i, prog in enumerate(plan.programs):
     if probe_layers:
-      ra, rb = (compile_one(p.programs[i], p.resident_parts, budget) for p in (plan_a, plan_b))
-      r = extrapolate(ra, rb, la, lb, mcfg.num_layers, prog, plan.resident_parts, budget)
+      ra, rb = (compile_one(p.programs[i], p.held, budget) for p in (plan_a, plan_b))
+      r = extrapolate(ra, rb, la, lb, mcfg.num_layers, prog, plan.held, budget)
     else:
-      r = compile_one(prog, plan.resident_parts, budget)
+      r = compile_one(prog, plan.held, budget)
     results[r.program] = r
     log(_line(r, budget))
+  for line in kv_pool_lines(plan, results, budget):
+    log(line)
+  report["kv_pools"] = {k: dataclasses.asdict(p) for k, p in plan.pools.items() if p}
+  report["engines"] = {k: dataclasses.asdict(step_model.EngineShape.of(e.ecfg))
+                       for k, e in plan.engines.items()}
   report["programs"] = {k: dataclasses.asdict(v) for k, v in results.items()}
   report["fits"] = all(r.fits for r in results.values())
   report["step_time_s"] = step_time(results, plan, cfg, s, mfu, bw)
   report["assumed"] = {"mfu": mfu, "bw_efficiency": bw, "headroom": headroom}
   return report
+
+
+def kv_pool_lines(plan, results: dict[str, Result], budget: float) -> list[str]:
+  """One line per engine: its pool (pages, tokens, bytes per chip) and whether resident
+  train state + decode copy + pool + its programs' other bytes fit (FITS / DOES NOT FIT)."""
+  out = []
+  for key, part, names in (("rollout", "kv_pool", ("prefill", "insert", "decode_chunk")),
+                           ("eval", "eval_kv_pool", ("eval_insert", "eval_decode_chunk"))):
+    pool = plan.pools.get(key)
+    if pool is None:
+      continue
+    mine = [results[n] for n in names if n in results]
+    held = (sum(plan.resident_parts.values()) + plan.rollout_parts.get("decode_copy", 0)
+            + plan.rollout_parts.get(part, 0))
+    peak = max([r.peak for r in mine if not r.error] + [held])
+    ok = bool(mine) and all(r.fits for r in mine) and peak <= budget
+    verdict = "FITS" if ok else ("DOES NOT FIT" if mine else "not compiled")
+    f = kv_pool.fmt_bytes
+    out.append(f"  kv_pool {key:8s} {pool.describe()}; resident while sampling {f(held)} "
+               f"(train {f(sum(plan.resident_parts.values()))} + decode copy "
+               f"{f(plan.rollout_parts.get('decode_copy', 0))} + pool "
+               f"{f(plan.rollout_parts.get(part, 0))}), peak with its programs {f(peak)} of "
+               f"{f(budget)}: {verdict}")
+  return out
 
 
 def _line(r: Result, budget: float) -> str:
@@ -258,9 +299,10 @@ def summary(report: dict) -> str:
 
 
 def model_report(cfg, mcfg, s: tpu_specs.Slice, *, compile_decode: bool, compiled=None,
-                 log=print) -> list:
+                 engines: dict | None = None, log=print) -> list:
   """`step_model` at --lengths on slice s, decode collectives from the compiled loop; with
-  the compiled programs' figures, their XLA FLOPs beside the analytic ones."""
+  the compiled programs' figures, their XLA FLOPs beside the analytic ones; engines: the
+  compile check's built engines ({"rollout", "eval": EngineShape fields})."""
   knobs = step_model.knobs_from_flags(flags.FLAGS)
   layers = [int(x) for x in _HLO_LAYERS.value or ()]
   if compile_decode and len(layers) == 2 and knobs.decode_collectives is None:
@@ -281,7 +323,9 @@ def model_report(cfg, mcfg, s: tpu_specs.Slice, *, compile_decode: bool, compile
         decode_weights="gathered" if (ra.weight_gathers or rb.weight_gathers) else "stationary")
     log(f"  decode loop (libtpu, {ra.summary()}; {rb.summary()}); at {mcfg.num_layers} layers: "
         f"{knobs.decode_collectives:.0f} collectives per step")
-  st = step_model.Setup.of(cfg, mcfg, s, knobs)
+  shapes = ({k: step_model.EngineShape(**v) for k, v in engines.items()}
+            if engines else None)
+  st = step_model.Setup.of(cfg, mcfg, s, knobs, shapes)
   if compiled:
     log("  FLOPs cross-check (XLA counts a loop body once: attention key blocks and LM-head "
         "chunks are undercounted; the standalone decode steps have no loop):")
@@ -329,7 +373,8 @@ def main(argv):
       print(summary(reports[-1]), flush=True)
     if flags.FLAGS.lengths:
       model_report(cfg, mcfg, s, compile_decode=not _NO_COMPILE.value,
-                   compiled=reports[-1].get("programs") if reports else None)
+                   compiled=reports[-1].get("programs") if reports else None,
+                   engines=reports[-1].get("engines") if reports else None)
   if _JSON.value:
     with open(_JSON.value, "w", encoding="utf-8") as f:
       json.dump(reports, f, indent=1)

@@ -71,6 +71,8 @@ def compile_generate(cfg, mcfg, mesh, *, target: str | None = None) -> DecodeHLO
   from vapo_jax.models import platform, transformer  # pylint: disable=import-outside-toplevel
   from vapo_jax.run import inputs, parts  # pylint: disable=import-outside-toplevel
   from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
+  # This measures the static sampler's loop (`Sampler._generate`), whatever the run's engine.
+  cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, engine="static"))
   rules = parts.rules_of(cfg)
   graphdef, params = programs.abstract_model(
       lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)

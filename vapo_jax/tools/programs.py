@@ -10,14 +10,29 @@ any device set — fake CPU devices in tests, or a TPU pod's devices from
   critic_step   one critic update on a mini-batch
   logprobs      old log-probs of a whole rollout (in micro-batches)
   values        critic values of a whole rollout (in micro-batches)
+With the rollout engine (sampling.engine = "continuous", the default), its own jitted
+programs (`continuous.Engine.lowerable`, exactly what a rollout runs):
+
+  decode_copy   the bf16 (sampling.decode_dtype) decode copy of the policy, once per step
+  prefill       one prompt's dense prefill (the largest bucket)
+  insert        a prefill's KV into a slot's pages, token 0 drawn
+  decode_chunk  sampling.chunk_steps decode steps of every slot (`trips` = chunk_steps:
+                XLA counts the loop body once)
+  eval_insert, eval_decode_chunk   the same for the evaluation engine (k samples per problem;
+                its prefill is the rollout's program)
+
+With the static sampler (sampling.engine = "static", the test oracle):
+
   prefill       the sampler's prefill of one call's prompts into its KV cache
   decode_step   one token of the sampler's decode loop for one call's rows
   eval_decode_step  the same for the evaluation sampler (k samples per problem)
 
 Also the bytes that stay in device memory while each program runs (`resident`): both
-TrainStates and the last rollout batch. The samplers' KV caches are freed after each use
-(rl.experience, run.evaluation), so a cache counts only in its own sampler's programs,
-as their (donated) argument.
+TrainStates and the last rollout batch. The engine's decode copy and KV pool are resident
+while it samples (`rollout_parts`: they count in every engine program, not in the train
+programs: `clear_cache` frees both after the rollout). The static samplers' KV caches are
+freed after each use (rl.experience, run.evaluation), so a cache counts only in its own
+sampler's programs, as their (donated) argument.
 """
 
 from __future__ import annotations
@@ -37,11 +52,18 @@ from vapo_jax.models import transformer
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import train_state
 from vapo_jax.run import inputs, parts
+from vapo_jax.run import memory as run_memory
 from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import kv_pool
 from vapo_jax.sampler import ops
 
-PROGRAMS = ("policy_step", "critic_step", "logprobs", "values", "prefill", "decode_step",
-            "eval_decode_step")
+TRAIN = ("policy_step", "critic_step", "logprobs", "values")
+STATIC = ("prefill", "decode_step", "eval_decode_step")
+ENGINE = ("decode_copy", "prefill", "insert", "decode_chunk", "eval_insert",
+          "eval_decode_chunk")
+# Every name; `build` makes those of the config's sampling.engine.
+PROGRAMS = TRAIN + STATIC + tuple(n for n in ENGINE if n not in STATIC)
+TRAIN_RESIDENT = ("policy_state", "critic_state", "reference", "rollout_batch")
 
 
 def _sds(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
@@ -92,12 +114,26 @@ class Plan:
   programs: list[Program]
   resident_parts: dict[str, int]  # per device, held while other programs run
   shapes: dict[str, int]       # rows, lengths, micro-batches: for the report
+  # The engine's, per device: decode_copy, kv_pool, eval_kv_pool (held while it samples).
+  rollout_parts: dict[str, int] = dataclasses.field(default_factory=dict)
+  pools: dict[str, Any] = dataclasses.field(default_factory=dict)  # kv_pool.Pool per engine
+  engines: dict[str, Any] = dataclasses.field(default_factory=dict)  # the built engines
+
+  @property
+  def held(self) -> dict[str, int]:
+    """Every part a program's `resident` may name."""
+    return {**self.resident_parts, **self.rollout_parts}
 
 
-def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
+def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
+          hbm: float | None = None, kv_tokens: dict[str, int] | None = None) -> Plan:
   """The programs of one run (a `config.Config` and the policy's `ModelConfig`) on `mesh`.
 
   With a per-chip `budget` that the resident state alone exceeds, no programs are built.
+  hbm: bytes per chip the engines' KV pools are sized from (`sampler.kv_pool`: the run
+  sizes them from its device's HBM the same way); None: the cap of slots x one response.
+  kv_tokens: {"rollout" | "eval" | "greedy": tokens} pins the pools instead (the layer
+  probes of the compile check use the full model's).
   """
   rules = parts.rules_of(cfg)
   batch_axes = parts.batch_axes(mesh, rules)
@@ -132,10 +168,19 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
                     eos_ids=(int(mcfg.eos_token_id or 0),), pad_id=0,
                     vocab_size=mcfg.real_vocab_size or mcfg.vocab_size)
   per_call = cfg.sampling.prompts_per_call or cfg.prompts_per_step
-  built = parts.samplers(cfg, graphdef, mcfg, mesh, rules, text)
+  engine = cfg.sampling.engine == "continuous"
+  rollout_parts, memory = {}, None
+  if engine:
+    rollout_parts["decode_copy"] = run_memory.decode_copy_bytes(cfg, mcfg, graphdef, params,
+                                                                mesh, rules)
+    memory = kv_pool.Memory(hbm, float(sum(resident.values()) + rollout_parts["decode_copy"]),
+                            cfg.sampling.kv_headroom)
+  built = parts.samplers(cfg, graphdef, mcfg, mesh, rules, text, memory=memory,
+                         kv_tokens=kv_tokens)
   samplers = {"rollout": (built.rollout, per_call), "eval": (built.eval, cfg.eval.batch_prompts),
               "greedy": (built.greedy, cfg.eval.batch_prompts)}
-  caches = {k: _abstract_cache(s, bp * s.cfg.n_per_prompt) for k, (s, bp) in samplers.items()}
+  if not engine:
+    caches = {k: _abstract_cache(s, bp * s.cfg.n_per_prompt) for k, (s, bp) in samplers.items()}
 
   progs = []
   micro, chunks = rows.micro_batches, rows.forward_chunks
@@ -159,6 +204,9 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
     progs.append(Program("values", fn, (c_params, tokens, mask), {"prompt_len": p_len},
                          per_device_bytes(c_params) + in_rollout, trips=chunks))
   sampler, bp = samplers["rollout"]
+  if engine:
+    return _engine_plan(cfg, names, progs, resident, shapes, rollout_parts, params,
+                        {k: v for k, (v, _) in samplers.items()})
   # The sampler's parameters are the policy state's; its cache is its own argument.
   resident_in = per_device_bytes(params)
   if "prefill" in names:
@@ -175,6 +223,48 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None) -> Plan:
                  "cache_len": sampler.cfg.total_cache_len})
   shapes.update({f"kv_cache_{k}_per_chip": per_device_bytes(v) for k, v in caches.items()})
   return Plan(progs, resident, shapes)
+
+
+def _engine_plan(cfg, names, progs, resident, shapes, rollout_parts, params, engines) -> Plan:
+  """The engine programs (`ENGINE`) after the train ones; the pools' bytes as rollout_parts."""
+  pools = {k: e.pool for k, e in engines.items()}
+  progs = list(progs)
+  for key, prefix, part in (("rollout", "", "kv_pool"), ("eval", "eval_", "eval_kv_pool")):
+    more, rollout_parts[part] = _engine_programs(engines[key], params, prefix, part, names)
+    progs += more
+  e = engines["rollout"]
+  rows = shapes["rows"]
+  # As compile_check's static estimate: every response runs to max_new_tokens, S at a time.
+  steps = -(-rows // e.ecfg.slots) * e.cfg.max_new_tokens
+  shapes.update({"prompts_per_call": cfg.prompts_per_step, "sampler_rows": rows,
+                 "slots": e.ecfg.slots, "page_size": e.ecfg.page_size,
+                 "kv_pages": e.ecfg.num_pages, "kv_tokens": e.ecfg.num_pages * e.ecfg.page_size,
+                 "chunk_steps": e.ecfg.chunk_steps, "engine_decode_steps": steps,
+                 "engine_chunks": -(-steps // e.ecfg.chunk_steps),
+                 "eval_slots": engines["eval"].ecfg.slots,
+                 "eval_kv_pages": engines["eval"].ecfg.num_pages,
+                 "eval_rows": cfg.eval.batch_prompts * cfg.eval.samples_per_problem})
+  return Plan(progs, resident, shapes, rollout_parts, pools, engines)
+
+
+def _engine_programs(engine, params, prefix: str, pool_part: str, names
+                     ) -> tuple[list[Program], int]:
+  """The engine's own jitted programs with their abstract arguments (`Engine.lowerable`),
+  and its KV pool's bytes per device."""
+  low = engine.lowerable(params)
+  copy_b = per_device_bytes(low["prefill_args"][0])
+  pool_b = per_device_bytes(low["insert_args"][0])
+  held = TRAIN_RESIDENT + ("decode_copy", pool_part)
+  spec = {"decode_copy": (TRAIN_RESIDENT, per_device_bytes(params), 1),
+          "prefill": (held, copy_b, 1), "insert": (held, pool_b, 1),
+          "decode_chunk": (held, copy_b + pool_b, engine.ecfg.chunk_steps)}
+  out = []
+  for name, (res, res_in, trips) in spec.items():
+    full = prefix + name
+    if full not in names or (prefix and name in ("decode_copy", "prefill")):
+      continue  # the evaluation engine's copy and prefill are the rollout's programs
+    out.append(Program(full, low[name], low[name + "_args"], {}, res_in, res, trips))
+  return out, pool_b
 
 
 def _abstract_cache(sampler, rows: int):

@@ -39,9 +39,14 @@ hoists the fp32 -> bf16 casts out of it, so (N − untied embedding) · 2 / chip
 whole window W of the cache for every row.
 Alternatives: `--train=packed` (rows of P + R tokens filled with whole sequences of real
 prompt + response tokens by first-fit-decreasing; attention per sequence, block-causal at
-C), `--rollout=engine` (continuous batching on replicas of `--engine_tp` chips, bf16 decode
-weights, KV read at live lengths, slots refilled FIFO while the live KV fits; one bf16
-reshard per step).
+C), `--rollout=engine` (continuous batching, bf16 decode weights, KV read at live lengths,
+slots refilled FIFO while the live KV fits; one bf16 reshard per step). Its layout,
+`--engine_layout`: `built` (default) is `sampler/continuous.py` as it is: one pool and S slots
+on every chip, heads split over mesh.tensor, the slots, pages and pool of the run's own
+`EngineConfig` (`Setup.engine`: sampling.slots / page_size / chunk_steps, the pool sized by
+`sampler.kv_pool` from HBM less the train state); `replicas` is what per-replica pools
+would buy: replicas of `--engine_tp` chips, each its own slots and a KV budget of HBM less
+train state, weights and `--workspace_gb`.
 
 Floor: real tokens only, exact causal attention per sequence (T (T+1) / 2 pairs), no remat
 (fwd 1, bwd 2 matmul, 2.5 attention), LM head on response tokens, at `--mfu_ceiling`; rollout
@@ -82,6 +87,7 @@ class Knobs:
   train: str = "padded"              # or "packed"
   rollout: str = "static"            # or "engine"
   engine_tp: int = 4
+  engine_layout: str = "built"       # or "replicas" (see the module docstring)
   workspace_gb: float = 5.0          # per chip, kept free by the engine besides weights
   headroom: float = 0.05
   engine_admit: float = 0.9          # admit while live KV < this share of the KV budget
@@ -111,9 +117,14 @@ class Setup:
   knobs: Knobs = Knobs()
   minibatches: int = 1
   eval_n: int = 1             # samples per evaluation problem
+  engine: "EngineShape | None" = None      # the rollout engine as built (--engine_layout)
+  eval_engine: "EngineShape | None" = None
 
   @classmethod
-  def of(cls, cfg, mcfg, s, knobs: Knobs = Knobs()) -> "Setup":
+  def of(cls, cfg, mcfg, s, knobs: Knobs = Knobs(), engines: dict | None = None
+         ) -> "Setup":
+    """engines: {"rollout", "eval": EngineShape} of the built engines (compile_check passes
+    its plan's); default `engine_shapes`, sized from the slice's HBM the run's way."""
     from vapo_jax.sampler import ops  # pylint: disable=import-outside-toplevel
     p, r = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
     wins = ops.decode_windows(p, types.SimpleNamespace(max_new_tokens=r,
@@ -122,18 +133,65 @@ class Setup:
     per_call = cfg.sampling.prompts_per_call or cfg.prompts_per_step
     ev = cfg.eval
     eval_rows = ev.num_examples * ev.samples_per_problem if ev.every else 0
-    return cls(Arch.of(mcfg), s.chips, cfg.mesh.tensor, s.gen.bf16_flops, s.gen.hbm_bandwidth,
-               s.gen.hbm_bytes, s.gen.ici_bandwidth, cfg.prompts_per_step * n, n, p, r,
-               per_call, wins, cfg.rl.ppo_epochs, cfg.uses_critic,
-               np.dtype(mcfg.param_dtype).itemsize, eval_rows,
-               ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
-               cfg.rl.num_minibatches, ev.samples_per_problem)
+    st = cls(Arch.of(mcfg), s.chips, cfg.mesh.tensor, s.gen.bf16_flops, s.gen.hbm_bandwidth,
+             s.gen.hbm_bytes, s.gen.ici_bandwidth, cfg.prompts_per_step * n, n, p, r,
+             per_call, wins, cfg.rl.ppo_epochs, cfg.uses_critic,
+             np.dtype(mcfg.param_dtype).itemsize, eval_rows,
+             ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
+             cfg.rl.num_minibatches, ev.samples_per_problem)
+    engines = engines or engine_shapes(cfg, mcfg, st)
+    return dataclasses.replace(st, engine=engines["rollout"], eval_engine=engines["eval"])
 
   @property
   def resident(self) -> float:
     """Both TrainStates per chip (fp32 params + two Adam moments)."""
     return 3.0 * self.param_bytes * (self.arch.params + self.use_critic
                                      * self.arch.critic_params) / self.chips
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineShape:
+  """The sizes of a built rollout engine (`continuous.EngineConfig`)."""
+  slots: int
+  page_size: int
+  kv_tokens: int              # the pool: whole pages
+  chunk_steps: int
+
+  @classmethod
+  def of(cls, ecfg) -> "EngineShape":
+    return cls(ecfg.slots, ecfg.page_size, ecfg.num_pages * ecfg.page_size, ecfg.chunk_steps)
+
+
+def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
+  """The engines `run.parts.build_sampler` builds, analytically (no mesh, no compile): slots
+  as there (sampling.slots, else the static sampler's rows), the pool by `sampler.kv_pool`
+  from the chip's HBM less the train state (`Setup.resident`, the reference, the rollout
+  batch and the decode copy, counted from the architecture; compile_check passes the built
+  engines' own shapes instead)."""
+  from vapo_jax.sampler import kv_pool  # pylint: disable=import-outside-toplevel
+  sm, a = cfg.sampling, st.arch
+  shards = st.tensor if (2 * mcfg.num_kv_heads) % st.tensor == 0 else 1
+  tok_b = kv_pool.token_bytes(mcfg, mcfg.dtype) / shards
+  ref = cfg.rl.kl_coef > 0
+  batch = st.rows * (st.prompt_len + st.max_new) * 8 + st.rows * st.max_new * 4 * (5 + ref)
+  dtype = mcfg.dtype if sm.decode_dtype == "auto" else sm.decode_dtype
+  copy = a.params * np.dtype(dtype).itemsize / st.tensor
+  resident = (st.resident + ref * a.params * st.param_bytes / st.chips
+              + batch / st.chips + copy)
+  mem = kv_pool.Memory(st.hbm, resident, sm.kv_headroom)
+  out = {}
+  for key, rows in (("rollout", st.rows),
+                    ("eval", cfg.eval.batch_prompts * cfg.eval.samples_per_problem)):
+    slots = sm.slots or rows
+    try:
+      pool = kv_pool.size(slots=slots, page_size=sm.page_size,
+                          whole_tokens=st.prompt_len + st.max_new - 1, token_bytes_=tok_b,
+                          memory=mem, explicit=sm.kv_tokens)
+    except ValueError:  # no room for one response: `estimate` says so if it needs the engine
+      out[key] = None
+      continue
+    out[key] = EngineShape(slots, sm.page_size, pool.tokens, sm.chunk_steps)
+  return out
 
 
 @dataclasses.dataclass
@@ -146,6 +204,7 @@ class Program:
   ici_bytes: float = 0.0
   terms: dict = dataclasses.field(default_factory=dict)   # seconds by cause
   note: str = ""
+  steps: int = 0              # decode steps (the engine simulation's slowest replica)
 
   @property
   def time(self) -> float:
@@ -308,26 +367,36 @@ def _interval_cost(m: int, x0: float, n: int, a_: float, b_: float, g: float) ->
 
 
 def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool,
-                       name: str = "rollout", n: int | None = None) -> Program:
+                       name: str = "rollout", n: int | None = None,
+                       engine: EngineShape | None = None) -> Program:
   """Continuous batching on replicas of tp chips: event-driven, step cost linear in live KV.
 
-  Per replica (sequences dealt round robin, admitted FIFO while live KV tokens < admit ·
-  budget · tp / kv_bytes): a step with n live sequences holding X tokens costs
+  Per replica (sequences dealt round robin, admitted FIFO while live KV tokens < the cap
+  and fewer than `slots` are live): a step with n live sequences holding X tokens costs
   max((weights + X kv_bytes / tp) / BW', n (m + head) / tp / (peak · mfu')) + latency.
-  The rollout ends with the slowest replica.
+  The rollout ends with the slowest replica. A response of ℓ tokens is ℓ steps (its first
+  token comes from the prefill: one fewer decode step in fact, as compile_check counts).
+
+  engine (with `--engine_layout=built`, never for the floor): the engine as built, one
+  replica of every chip with heads over mesh.tensor (tp = Setup.tensor), its slots and its
+  pool of kv_tokens as the cap. Otherwise replicas of `--engine_tp` chips, no slot limit,
+  a cap of admit · kv_budget · tp / kv_bytes tokens.
   """
   a, k = st.arch, st.knobs
   n = n or st.n                  # responses per prompt: one prefill per prompt
-  tp = k.engine_tp
-  reps = max(1, st.chips // tp)
   kvb = a.kv_bytes()
+  if engine is not None and not floor:
+    tp, reps, cap, max_live = st.tensor, 1, float(engine.kv_tokens), engine.slots
+  else:
+    tp = k.engine_tp
+    reps, max_live = max(1, st.chips // tp), None
+    cap = k.engine_admit * kv_budget(st, tp) * tp / kvb
   bw = st.bw * (1.0 if floor else k.bw_efficiency)
   rate = st.peak * (1.0 if floor else k.mfu)
   w = 2.0 * a.decode_weights / tp   # bf16 copy; an untied embedding is only looked up
   a_, b_ = w / bw, kvb / tp / bw
   per_tok = (a.matmul + a.head) / tp / rate
   lat = 0.0 if floor else (2.0 * a.layers + 2) * k.collective_latency_us * 1e-6
-  cap = k.engine_admit * kv_budget(st, tp) * tp / kvb
   worst, worst_terms, flops, steps_max = 0.0, {}, 0.0, 0
   for r in range(reps):
     lens, ps = resp[r::reps], prompts[r::reps]
@@ -337,7 +406,8 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
     cost = pre = 0.0
     w_time = kv_time = 0.0
     while q < len(lens) or heap:
-      while q < len(lens) and (x + ps[q] < cap or live == 0):
+      while q < len(lens) and (x + ps[q] < cap or live == 0) and (
+          max_live is None or live < max_live):
         heapq.heappush(heap, (now + int(lens[q]), int(ps[q]) + int(lens[q])))
         x += ps[q]
         pre += ps[q] * (a.matmul / tp) / (st.peak * (k.mfu_ceiling if floor else k.mfu)) / n
@@ -370,8 +440,14 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
     reshard = 2.0 * a.params / tp / st.ici
     worst_terms["bf16 reshard"] = reshard
   prog.terms = worst_terms
-  prog.note = (f"{reps} replicas × TP{tp}, KV budget {kv_budget(st, tp) / GB:.1f} GB/chip "
-               f"(≈{cap:.0f} live tokens), slowest replica {steps_max} steps")
+  prog.steps = steps_max
+  if max_live is not None:
+    prog.note = (f"as built: {engine.slots} slots on every chip (TP{tp}), a pool of "
+                 f"{engine.kv_tokens} tokens ({engine.kv_tokens * kvb / tp / GB:.1f} GB/chip), "
+                 f"{steps_max} steps")
+  else:
+    prog.note = (f"{reps} replicas × TP{tp}, KV budget {kv_budget(st, tp) / GB:.1f} GB/chip "
+                 f"(≈{cap:.0f} live tokens), slowest replica {steps_max} steps")
   return prog
 
 
@@ -399,8 +475,13 @@ def _eval_lengths(st: Setup, resp: np.ndarray) -> np.ndarray:
 
 def estimate(st: Setup, resp: np.ndarray, prompts: np.ndarray) -> Step:
   """One RL step with the knobs' code paths (today: padded, static)."""
+  built = st.knobs.engine_layout == "built"
+  if built and st.knobs.rollout == "engine" and st.engine is None:
+    raise ValueError("the engine's KV pool cannot hold one whole response on this slice "
+                     "(sampler.kv_pool); use a larger slice or --engine_layout=replicas")
   if st.knobs.rollout == "engine":
-    roll = continuous_rollout(st, resp, prompts, floor=False)
+    roll = continuous_rollout(st, resp, prompts, floor=False,
+                              engine=st.engine if built else None)
   else:
     roll = static_rollout(st, resp)
   progs = [roll, Program("reward", note="host process pool, overlaps the forwards: 0 s")]
@@ -408,7 +489,7 @@ def estimate(st: Setup, resp: np.ndarray, prompts: np.ndarray) -> Step:
   ev_resp = _eval_lengths(st, resp)
   if len(ev_resp):
     ev = (continuous_rollout(st, ev_resp, prompts[:len(ev_resp)], False, "evaluation",
-                             st.eval_n)
+                             st.eval_n, engine=st.eval_engine if built else None)
           if st.knobs.rollout == "engine" else
           static_rollout(st, ev_resp, "evaluation", st.eval_per_call, st.eval_n))
     ev.terms = {k: v / st.eval_every for k, v in ev.terms.items()}
@@ -433,9 +514,15 @@ def floor(st: Setup, resp: np.ndarray, prompts: np.ndarray) -> Step:
   return Step(progs)
 
 
-def program_flops(st: Setup, name: str) -> float:
+ENGINE_ONLY = ("decode_copy", "insert", "decode_chunk", "eval_insert", "eval_decode_chunk")
+
+
+def program_flops(st: Setup, name: str, engine: bool = False) -> float:
   """Analytic FLOPs per chip of one call of a `tools.programs` program (padded shapes; the
-  standalone decode steps attend the whole cache of P + R slots)."""
+  standalone decode steps attend the whole cache of P + R slots). engine: the rollout
+  engine's programs (its prefill: one prompt, on every tensor group: FLOPs / tensor)."""
+  if engine and name == "prefill":
+    return sum(forward_flops(st.arch, 1, st.prompt_len, 1).values()) / st.tensor
   a = st.arch
   t = st.prompt_len + st.max_new
   fwd = forward_flops(a, 1, t, padded_head_positions(st.max_new))
@@ -461,10 +548,11 @@ def crosscheck(st: Setup, programs: dict) -> list[str]:
   """Lines comparing compile_check's XLA FLOPs (loop bodies once × micro-batch trips) with
   `program_flops`; programs: {name: {"flops": ...}} (compile_check's report)."""
   out = []
+  engine = any(n in programs for n in ENGINE_ONLY)
   for name, p in programs.items():
-    if p.get("error"):
-      continue
-    ours = program_flops(st, name)
+    if p.get("error") or name in ENGINE_ONLY:
+      continue  # the engine's insert, copy and chunk (a live-length loop) have no count here
+    ours = program_flops(st, name, engine)
     out.append(f"  {name:16s} XLA {p['flops'] / 1e12:10.1f} TFLOP/chip, analytic "
                f"{ours / 1e12:10.1f} (XLA / analytic {p['flops'] / ours:.2f})")
   return out
@@ -564,7 +652,11 @@ def define_flags(flags, lengths_default: str | None = "review"):
                      "a decode step reads (2: the bf16 casts XLA hoists out of the loop).")
   flags.DEFINE_enum("train", d.train, ["padded", "packed"], "Train-side rows.")
   flags.DEFINE_enum("rollout", d.rollout, ["static", "engine"], "Rollout sampler.")
-  flags.DEFINE_integer("engine_tp", d.engine_tp, "Chips per engine replica.")
+  flags.DEFINE_integer("engine_tp", d.engine_tp, "Chips per engine replica "
+                       "(--engine_layout=replicas).")
+  flags.DEFINE_enum("engine_layout", d.engine_layout, ["built", "replicas"], "The engine as "
+                    "sampler/continuous.py builds it (one pool and S slots on every chip) or "
+                    "per-replica pools of --engine_tp chips.")
   flags.DEFINE_float("workspace_gb", d.workspace_gb, "Per chip, not given to the KV cache.")
 
 
@@ -576,7 +668,8 @@ def knobs_from_flags(f) -> Knobs:
                decode_weights=f.decode_weights,
                decode_weight_itemsize=f.decode_weight_itemsize, train=f.train,
                rollout=f.rollout,
-               engine_tp=f.engine_tp, workspace_gb=f.workspace_gb)
+               engine_tp=f.engine_tp, workspace_gb=f.workspace_gb,
+               engine_layout=f.engine_layout)
 
 
 if __name__ == "__main__":
