@@ -46,7 +46,12 @@ def get_config(preset: str = "vapo"):
   c.sampling.temperature = 1.0
   # 16 prompts × 16 responses per sampler call: one call's KV cache is 256 rows × 21.5k slots
   # × 262 kB/token = 1.4 TB, 23 GB per chip on v5p-128 (rows over fsdp, kv heads over tensor).
-  c.sampling.prompts_per_call = 16
+  c.sampling.prompts_per_call = 16   # the static sampler's (the engine samples a step at once)
+  # The rollout engine (default): 1,024 decode slots on every tensor group; its KV pool is
+  # sized from the HBM the train state leaves (~960k tokens, ~63 GB per v5p chip: 40 whole
+  # 21.5k-token responses or ~150 of the late phase's mean). More slots than that only idle;
+  # ~256 and more keep the decode step KV-bound (tools/step_model --rollout=engine).
+  c.sampling.slots = 1024
 
   c.reward.num_workers = 32
   c.reward.timeout_s = 10.0

@@ -117,6 +117,8 @@ def test_killed_and_rerun_ends_as_an_uninterrupted_run(uninterrupted, tmp_path, 
     assert summary[key] == ref_summary[key], key
   assert _final(tmp_path) == _final(ref_dir)  # same step, same bits of every array
   assert _records(tmp_path) == _records(ref_dir)  # each record once, equal values
+  # The rollout engine sampled them (the default sampling.engine), with its own metrics.
+  assert all(r["rollout/decode_steps"] > 0 for r in _records(ref_dir) if r["stage"] == "rl")
 
 
 def test_evaluate_and_export_run_as_commands(uninterrupted, tmp_path):

@@ -148,3 +148,19 @@ def test_step_model_describes_the_built_engine():
   prog = step_model.continuous_rollout(st, resp, np.full(st.rows, 16), False, engine=st.engine)
   assert prog.steps == plan.shapes["engine_decode_steps"]
   assert "as built: 4 slots" in prog.note
+
+
+def test_the_engine_samples_rollout_and_evaluation_by_default():
+  c = importlib.util.spec_from_file_location("tiny_cfg", os.path.join(ROOT, "configs/tiny.py"))
+  mod = importlib.util.module_from_spec(c)
+  c.loader.exec_module(mod)
+  cfg = config_lib.from_config_dict(mod.get_config())
+  assert cfg.sampling.engine == config_lib.SamplingSection().engine == "continuous"
+  mcfg = archs.model_config(cfg)
+  mesh = parts.build_mesh(cfg)
+  built = parts.samplers(cfg, None, mcfg, mesh, parts.rules_of(cfg), inputs.build_text(cfg))
+  for s in (built.rollout, built.eval, built.greedy):
+    assert getattr(s, "continuous", False), s
+  assert built.eval.cfg.n_per_prompt == cfg.eval.samples_per_problem
+  assert built.greedy.cfg.greedy and built.rollout.ecfg.slots == cfg.prompts_per_step * (
+      cfg.responses_per_prompt)

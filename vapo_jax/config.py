@@ -134,11 +134,11 @@ class SamplingSection:
   # to the slots its steps can reach (1: every step reads all prompt + response slots).
   decode_windows: int = 4
   # The rollout engine (docs/engine.md): "continuous" (decode slots refilled as responses
-  # end, a paged KV pool, live-length attention) or "static" (the padded sampler above, one
-  # while loop per call until its longest row stops; the test oracle). The default stays
-  # "static" until tools/programs.py compiles the engine's own programs
-  # (`continuous.Engine.lowerable`) instead of the static sampler's.
-  engine: str = "static"
+  # end, a paged KV pool, live-length attention, a decode copy of the weights; the rollout
+  # and the evaluation) or "static" (the padded sampler above, one while loop per call until
+  # its longest row stops; kept as the test oracle). The compile check lowers the engine's
+  # own programs (`continuous.Engine.lowerable`).
+  engine: str = "continuous"
   # Decode slots (rows of every decode step); 0: the rows the static sampler would run
   # (prompts per step x n for the rollout, eval.batch_prompts x k for the evaluation).
   slots: int = 0

@@ -7,15 +7,20 @@
 
 For each slice: the slice's devices come from libtpu's topology description
 (`jax.experimental.topologies`), the config's mesh is laid over them, and the programs of
-`vapo_jax.tools.programs` (policy and critic train steps, old-log-prob and value passes,
-sampler prefill and decode step) are lowered and compiled for that TPU. Per program and chip:
+`vapo_jax.tools.programs` (policy and critic train steps, old-log-prob and value passes, and
+the rollout engine's own programs: decode copy, prefill, insert, decode chunk, and the
+evaluation engine's insert and chunk; with sampling.engine=static the static sampler's
+prefill and decode step) are lowered and compiled for that TPU. Per program and chip:
 
   peak = resident + (arguments − its resident arguments) + temporaries + outputs − aliased
 
 where `resident` is what stays in HBM while the program runs (both TrainStates and the
-rollout batch; a sampler's KV cache is its own programs' argument, freed after use). It fits
-when peak ≤ (1 − headroom) · HBM. A program that XLA itself cannot fit fails to compile; that
-is reported as not fitting too.
+rollout batch; while the engine samples also its decode copy and KV pool; a static
+sampler's KV cache is its own programs' argument, freed after use). It fits when
+peak ≤ (1 − headroom) · HBM. A program that XLA itself cannot fit fails to compile; that
+is reported as not fitting too. The engines' KV pools are sized from the chip's HBM the way a
+run sizes them (`sampler.kv_pool`); one `kv_pool` line per engine gives its pages, tokens and
+bytes per chip and whether resident + pool + its programs fit (FITS / DOES NOT FIT).
 
 With `--lengths=SPEC` it also prints `tools.step_model`'s analytic step time and floor at those
 lengths (the honest figure: every loop counted, collectives, decode windows and early exit),
@@ -27,8 +32,10 @@ The older compile-based step time below counts XLA's loop bodies once and has no
 communication term; it is kept for comparison only. It is: per program max(FLOPs / (peak
 FLOP/s · MFU), bytes accessed / (HBM bandwidth · BW efficiency)), from the compiled
 per-chip cost analysis, summed over one RL step: calls × (prefill + R · decode_step) +
-logprobs + values + minibatches · epochs · (policy_step + critic_step). Decoding is assumed
-to run all R steps (long tails do).
+logprobs + values + minibatches · epochs · (policy_step + critic_step); with the engine
+decode_copy + prompts · prefill + rows · insert + chunks · decode_chunk (its chunk_steps
+trips), chunks = ⌈⌈rows / slots⌉ R / chunk_steps⌉. Decoding is assumed to run all R steps
+(long tails do).
 
 Exit status: 0 when everything fits on every slice given, 1 otherwise (with the reason).
 """
