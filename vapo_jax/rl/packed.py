@@ -230,6 +230,7 @@ def packed_learner_step(name: str, compiled: Callable, spec: packing.PackSpec, m
         state, Packed(batch, batch_lib.shard_batch(arrays, mesh, batch_axes)))
     return state, {**metrics, f"perf/{name}_token_efficiency": plan.efficiency}, skipped
 
+  step.compiled, step.spec = compiled, spec
   return step
 
 
@@ -281,6 +282,7 @@ def packed_forward(name: str, fn: Callable, spec: packing.PackSpec, mesh, batch_
                   batch_lib.shard_batch(arrays, mesh, batch_axes), prompt_len=prompt_len, **kw)
 
   run.last_efficiency = None
+  run.jitted, run.spec = jitted, spec
   run.__name__ = name
   return run
 

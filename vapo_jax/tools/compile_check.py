@@ -130,11 +130,10 @@ def step_time(results: dict[str, Result], plan, cfg, s: tpu_specs.Slice, mfu: fl
               bw: float) -> float:
   """Estimated seconds of one RL step (see the module docstring)."""
 
-  def t(name):
-    r = results.get(name)
-    if r is None:
-      return 0.0
-    return max(r.flops / (s.gen.bf16_flops * mfu), r.bytes_accessed / (s.gen.hbm_bandwidth * bw))
+  def t(name):  # packed programs are name[rows=nxT], one per packed shape: their sum
+    return sum(max(r.flops / (s.gen.bf16_flops * mfu),
+                   r.bytes_accessed / (s.gen.hbm_bandwidth * bw))
+               for key, r in results.items() if key.split("[")[0] == name)
 
   calls = plan.shapes["rows"] // plan.shapes["sampler_rows"]
   rollout = calls * (t("prefill") + plan.shapes["response_len"] * t("decode_step"))
@@ -167,11 +166,12 @@ def extrapolate(ra: Result, rb: Result, la: int, lb: int, layers: int, prog, par
 
 
 def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroom=0.05,
-          probe_layers: tuple[int, int] | None = None, log=print) -> dict:
+          probe_layers: tuple[int, int] | None = None, log=print, lengths=None) -> dict:
   """Compiles the run's programs for slice `s`; a dict report (see main for the fields).
 
   probe_layers=(a, b): compile a- and b-layer versions of the model instead of the whole
-  one and extrapolate linearly (fast; the report says so).
+  one and extrapolate linearly (fast; the report says so). lengths: (prompt [B], response
+  [B]) real lengths that pick the packed programs' shapes (`programs.build`).
   """
   from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
   from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
@@ -182,7 +182,8 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
             "hbm_per_chip": s.gen.hbm_bytes, "budget_per_chip": budget}
   try:
     mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
-    plan = programs.build(cfg, mcfg, mesh, names or programs.PROGRAMS, budget=budget)
+    plan = programs.build(cfg, mcfg, mesh, names or programs.PROGRAMS, budget=budget,
+                          lengths=lengths)
   except ValueError as e:
     report.update(fits=False, error=f"config does not map onto {s.name}: {e}")
     return report
@@ -201,7 +202,8 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
   if probe_layers:
     la, lb = probe_layers
     plan_a, plan_b = (programs.build(cfg, mcfg.replace(num_layers=k), mesh,
-                                     names or programs.PROGRAMS) for k in (la, lb))
+                                     names or programs.PROGRAMS, lengths=lengths)
+                      for k in (la, lb))
     report["extrapolated_from_layers"] = [la, lb]
   for i, prog in enumerate(plan.programs):
     if probe_layers:
@@ -298,6 +300,19 @@ def model_report(cfg, mcfg, s: tpu_specs.Slice, *, compile_decode: bool, compile
   return out
 
 
+def _packed_lengths(cfg):
+  """With rl.packing and --lengths: (prompt, response) lengths of one rollout from the first
+  length phase, which pick the packed programs' shapes; else None (full lengths)."""
+  if not (cfg.rl.packing and flags.FLAGS.lengths):
+    return None
+  from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
+  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  spec = lengths.phases(flags.FLAGS.lengths)[0][1]
+  return (lengths.sample(flags.FLAGS.prompt_lengths, rows, cfg.data.max_prompt_tokens, seed=2,
+                         prefix="prompt/length_"),
+          lengths.sample(spec, rows, cfg.sampling.max_new_tokens))
+
+
 def main(argv):
   del argv
   if _CONFIG.value is None or not _TOPOLOGY.value:
@@ -325,7 +340,8 @@ def main(argv):
     if not _NO_COMPILE.value:
       probe = tuple(int(x) for x in _PROBE.value) if _PROBE.value else None
       reports.append(check(cfg, mcfg, s, names=_PROGRAMS.value, mfu=_MFU.value, bw=_BW.value,
-                           headroom=_HEADROOM.value, probe_layers=probe))
+                           headroom=_HEADROOM.value, probe_layers=probe,
+                           lengths=_packed_lengths(cfg)))
       print(summary(reports[-1]), flush=True)
     if flags.FLAGS.lengths:
       model_report(cfg, mcfg, s, compile_decode=not _NO_COMPILE.value,

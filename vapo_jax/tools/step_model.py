@@ -37,11 +37,13 @@ longest row (steps t = 1 .. max ℓ − 1); each step reads the weight shards in
 hoists the fp32 -> bf16 casts out of it, so (N − untied embedding) · 2 / chips bytes,
 `--decode_weight_itemsize`; `gathered` adds a per-step gather of N · 4 / tensor) and the
 whole window W of the cache for every row.
-Alternatives: `--train=packed` (rows of P + R tokens filled with whole sequences of real
-prompt + response tokens by first-fit-decreasing; attention per sequence, block-causal at
-C), `--rollout=engine` (continuous batching on replicas of `--engine_tp` chips, bf16 decode
-weights, KV read at live lengths, slots refilled FIFO while the live KV fits; one bf16
-reshard per step).
+Alternatives: `--train=packed` (the code's planner, `packing.plan`, on the sampled lengths
+with each pass's PackSpec as the trainer builds it: rows of rl.packing_row_tokens, K packed
+micro-batches of n rows from the token budget, each computed whole: n K T tokens, the LM head
+at every slot, and the attention key blocks `attention._live_blocks` keeps for that layout,
+`step_counts.packed_pairs`), `--rollout=engine` (continuous batching on replicas of
+`--engine_tp` chips, bf16 decode weights, KV read at live lengths, slots refilled FIFO
+while the live KV fits; one bf16 reshard per step).
 
 Floor: real tokens only, exact causal attention per sequence (T (T+1) / 2 pairs), no remat
 (fwd 1, bwd 2 matmul, 2.5 attention), LM head on response tokens, at `--mfu_ceiling`; rollout
@@ -58,8 +60,8 @@ import types
 import numpy as np
 
 from vapo_jax.tools.step_counts import (  # noqa: F401  (re-exported: the model's arithmetic)
-    Arch, attention_pairs, decode_step_flops, forward_flops, padded_head_positions,
-    query_groups, train_factors)
+    Arch, attention_pairs, decode_step_flops, forward_flops, packed_pairs,
+    padded_head_positions, query_groups, train_factors)
 
 GB = 1e9
 
@@ -111,6 +113,10 @@ class Setup:
   knobs: Knobs = Knobs()
   minibatches: int = 1
   eval_n: int = 1             # samples per evaluation problem
+  # --train=packed: the PackSpecs of the policy / critic steps and of the old-log-prob /
+  # value forwards, as `run.parts.pass_spec` builds them (batch shards = chips / tensor).
+  pack_steps: object = None
+  pack_forward: object = None
 
   @classmethod
   def of(cls, cfg, mcfg, s, knobs: Knobs = Knobs()) -> "Setup":
@@ -122,12 +128,18 @@ class Setup:
     per_call = cfg.sampling.prompts_per_call or cfg.prompts_per_step
     ev = cfg.eval
     eval_rows = ev.num_examples * ev.samples_per_problem if ev.every else 0
+    from vapo_jax import packing  # pylint: disable=import-outside-toplevel
+    rows, micro = cfg.prompts_per_step * n, cfg.rl.micro_batch_size
+    shards = max(1, s.chips // max(1, cfg.mesh.tensor))
+    spec = lambda per_micro: packing.spec_for(  # noqa: E731
+        p + r, per_micro, shards, cfg.rl.packing_row_tokens, cfg.rl.packing_tokens_per_device)
     return cls(Arch.of(mcfg), s.chips, cfg.mesh.tensor, s.gen.bf16_flops, s.gen.hbm_bandwidth,
-               s.gen.hbm_bytes, s.gen.ici_bandwidth, cfg.prompts_per_step * n, n, p, r,
+               s.gen.hbm_bytes, s.gen.ici_bandwidth, rows, n, p, r,
                per_call, wins, cfg.rl.ppo_epochs, cfg.uses_critic,
                np.dtype(mcfg.param_dtype).itemsize, eval_rows,
                ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
-               cfg.rl.num_minibatches, ev.samples_per_problem)
+               cfg.rl.num_minibatches, ev.samples_per_problem,
+               spec(micro or rows // cfg.rl.num_minibatches), spec(micro or rows))
 
   @property
   def resident(self) -> float:
@@ -181,17 +193,23 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
   return prog
 
 
-def _pack(seq_lens: np.ndarray, capacity: int) -> int:
-  """Rows of `capacity` tokens that first-fit-decreasing needs for these sequences."""
-  free: list[int] = []
-  for x in sorted(seq_lens.tolist(), reverse=True):
-    for i, f in enumerate(free):
-      if f >= x:
-        free[i] -= x
-        break
-    else:
-      free.append(capacity - x)
-  return len(free)
+def packed_groups(st: Setup, spec, prompts: np.ndarray, resp: np.ndarray, calls: int = 1
+                  ) -> list[tuple[int, int, float, float]]:
+  """The `_train_program` rows of a packed pass run on `calls` equal slices of the batch:
+  each slice planned by the code's own planner (`packing.plan` with the pass's PackSpec),
+  per packed micro-batch (n rows of T, the attention pairs `step_counts.packed_pairs` gives
+  for its layout, the LM head at every slot: `policy.packed_logprobs` projects all T)."""
+  from vapo_jax import packing  # pylint: disable=import-outside-toplevel
+  out = []
+  per = len(resp) // calls
+  for i in range(calls):
+    plan = packing.plan(prompts[i * per:(i + 1) * per], resp[i * per:(i + 1) * per], spec)
+    n, k, t = plan.shape
+    segs = packing.row_segments(plan)
+    for mk in range(k):
+      pairs = packed_pairs(st.arch, [segs.get((mk, r), []) for r in range(n)], t)
+      out.append((n, t, pairs / n, padded_head_positions(t)))
+  return out
 
 
 def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = False
@@ -203,19 +221,17 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
     seq = prompts + resp
     groups = [(1, int(t), t * (t + 1) / 2.0, int(r)) for t, r in zip(seq, resp)]
   elif k.train == "packed":
-    seq = prompts + resp
-    c = a.block
-    nrows = _pack(seq, t_row)
-    pad = nrows * t_row - int(seq.sum())
-    groups = [(1, int(t), float(t * (t + c) / 2.0), int(r)) for t, r in zip(seq, resp)]
-    groups.append((1, pad, 0.0, 0))  # the tail of each packed row: matmuls only
+    groups = packed_groups(st, st.pack_forward, prompts, resp)
+    steps = packed_groups(st, st.pack_steps, prompts, resp, max(1, st.minibatches))
   else:
     pr = attention_pairs(a, t_row, t_row, causal=True)
     groups = [(st.rows, t_row, pr, padded_head_positions(st.max_new))]
+  if floor or k.train != "packed":
+    steps = groups
   progs = [_train_program(st, "logprobs", groups, False, False, floor)]
   if st.use_critic:
     progs.append(_train_program(st, "values", groups, True, False, floor))
-  ep = [(c * st.epochs, t, pr, hp) for c, t, pr, hp in groups]
+  ep = [(c * st.epochs, t, pr, hp) for c, t, pr, hp in steps]
   progs.append(_train_program(st, "policy_step", ep, False, True, floor))
   if st.use_critic:
     progs.append(_train_program(st, "critic_step", ep, True, True, floor))
@@ -462,7 +478,7 @@ def crosscheck(st: Setup, programs: dict) -> list[str]:
   `program_flops`; programs: {name: {"flops": ...}} (compile_check's report)."""
   out = []
   for name, p in programs.items():
-    if p.get("error"):
+    if p.get("error") or "[" in name:  # packed programs: see test_programs_packed
       continue
     ours = program_flops(st, name)
     out.append(f"  {name:16s} XLA {p['flops'] / 1e12:10.1f} TFLOP/chip, analytic "
