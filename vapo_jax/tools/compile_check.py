@@ -8,7 +8,9 @@
 For each slice: the slice's devices come from libtpu's topology description
 (`jax.experimental.topologies`), the config's mesh is laid over them, and the programs of
 `vapo_jax.tools.programs` (policy and critic train steps, old-log-prob and value passes,
-sampler prefill and decode step) are lowered and compiled for that TPU. Per program and chip:
+sampler prefill and decode step) are lowered and compiled for that TPU (with rl.packing, the
+packed train programs at the planner's shapes, `name[rows=nxT]`, their trips from the first
+--lengths phase, else from sequences at full length). Per program and chip:
 
   peak = resident + (arguments − its resident arguments) + temporaries + outputs − aliased
 

@@ -14,6 +14,10 @@ any device set — fake CPU devices in tests, or a TPU pod's devices from
   decode_step   one token of the sampler's decode loop for one call's rows
   eval_decode_step  the same for the evaluation sampler (k samples per problem)
 
+With rl.packing (the default) the four train-side programs are the packed ones the trainer
+runs (`rl.packed`), one per packed micro-batch shape: `policy_step[rows=16x21504]` is the
+policy step on K packed micro-batches of 16 rows of 21,504 slots (`_packed_train`).
+
 Also the bytes that stay in device memory while each program runs (`resident`): both
 TrainStates and the last rollout batch. The samplers' KV caches are freed after each use
 (rl.experience, run.evaluation), so a cache counts only in its own sampler's programs,
