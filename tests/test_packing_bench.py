@@ -22,3 +22,14 @@ def test_packing_bench_runs_and_the_first_update_matches(tmp_path, capsys):
   assert len(r["ratios"]["packed/padded"]["per_round"]) == 1
   assert r["efficiency"]["padded"] < 1.0
   assert "packed vs padded" in capsys.readouterr().out
+
+
+def test_packing_rows_prints_each_row_length(capsys):
+  import packing_rows  # pylint: disable=import-outside-toplevel
+  packing_rows.main(["--config=configs/tiny.py", "--lengths=uniform:2,20",
+                     "--prompt_lengths=uniform:4,20", "--row_factors=1,2"])
+  out = capsys.readouterr().out
+  lines = [line for line in out.splitlines() if "packed " in line]
+  assert len(lines) == 2 and "padded" in out
+  # Sequences of <= 40 tokens fill rows of 80 and 160 far better than one per padded row.
+  assert all(float(line.split()[-4]) > 0.8 for line in lines), out

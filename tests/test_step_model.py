@@ -45,7 +45,7 @@ ONE_TRIP = {"model.hidden_size": 512, "model.intermediate_size": 2048, "model.nu
             "rl.prompts_per_step": 8, "rl.responses_per_prompt": 2, "rl.num_minibatches": 1,
             "rl.micro_batch_size": 16, "sampling.prompts_per_call": 8,
             "eval.batch_prompts": 8, "eval.samples_per_problem": 2,
-            "mesh.fsdp": -1, "mesh.tensor": 1,
+            "mesh.fsdp": -1, "mesh.tensor": 1, "rl.packing": False,
             # The static sampler's standalone decode step (the engine's: test_kv_pool).
             "sampling.engine": "static"}
 

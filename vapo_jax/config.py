@@ -252,7 +252,7 @@ class RLSection:
   # unpadded, end to end in rows of packing_row_tokens slots with segment ids, micro-batches
   # of packing_tokens_per_device tokens per device. Exact: the padded path's losses and
   # gradients to float tolerance. False: padded rows of P + R (the oracle in tests).
-  packing: bool = False
+  packing: bool = True
   packing_row_tokens: int = 0           # 0: max_prompt_tokens + max_new_tokens
   packing_tokens_per_device: int = 0    # 0: the padded micro-batch's tokens per device
   gae_impl: str = "blocked"

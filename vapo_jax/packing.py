@@ -85,6 +85,28 @@ class PackSpec:
     return sorted({self.shape(r) for r in range(1, max_sequences + 1)})
 
 
+def spec_for(seq_len: int, rows_per_micro: int, shards: int, row_tokens: int = 0,
+             tokens_per_device: int = 0) -> PackSpec:
+  """The PackSpec of a pass whose padded micro-batch has `rows_per_micro` rows of seq_len =
+  P + R: rows of `row_tokens` (0: seq_len) and a budget of `tokens_per_device` (0: the padded
+  micro-batch's tokens per device, at least one row). rl.packing_row_tokens and
+  rl.packing_tokens_per_device are the two overrides (`run.parts.pass_spec`)."""
+  row = row_tokens or seq_len
+  budget = tokens_per_device or max(row, rows_per_micro * seq_len // shards)
+  return PackSpec.from_budget(budget, row, shards)
+
+
+def row_segments(p: "Plan") -> dict[tuple[int, int], list[tuple[int, int]]]:
+  """{(micro-batch k, row r): [(first slot, tokens) of each segment, in slot order]}."""
+  out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+  n_B = p.prompt_B + p.response_B
+  for b in np.lexsort((p.offset_B, p.row_B, p.micro_B)):
+    if n_B[b]:
+      out.setdefault((int(p.micro_B[b]), int(p.row_B[b])), []).append(
+          (int(p.offset_B[b]), int(n_B[b])))
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """Where each sequence goes. Arrays [B] (numpy int): micro-batch k_b, row r_b in it,

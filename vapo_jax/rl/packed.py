@@ -156,12 +156,9 @@ def critic_step(graphdef, tx, hp: update.CriticHParams, state: train_state.Train
     values = critic_lib.packed_response_values(critic, _packed(batch.tokens_BxL, plan, k),
                                                slots, real, k)
     here = (slots["micro_B"] == k)[:, None]
-    out = losses.value_loss(jnp.where(here, values, batch.old_values_BxR), batch.returns_BxR,
-                            resp_mask * here, old_values=batch.old_values_BxR,
-                            clip_eps=hp.value_clip, mode=hp.loss_mode)
-    loss = losses.safe_divide(out.loss.total, count)
-    return loss, {"value_clip_frac": out.metrics["value_clip_frac"] * out.metrics["tokens"]
-                  / jnp.maximum(jnp.sum(resp_mask), 1.0)}
+    return update.critic_objective(hp, jnp.where(here, values, batch.old_values_BxR),
+                                   batch.returns_BxR, resp_mask * here, batch.old_values_BxR,
+                                   count=count, tokens=jnp.sum(resp_mask))
 
   loss, grads, metrics = _scan(loss_fn, state.params, _num_micro(plan))
   state, grad_norm, skipped = train_state.apply_update(tx, state, grads, loss)
@@ -230,6 +227,7 @@ def packed_learner_step(name: str, compiled: Callable, spec: packing.PackSpec, m
         state, Packed(batch, batch_lib.shard_batch(arrays, mesh, batch_axes)))
     return state, {**metrics, f"perf/{name}_token_efficiency": plan.efficiency}, skipped
 
+  step.compiled, step.spec = compiled, spec
   return step
 
 
@@ -281,6 +279,7 @@ def packed_forward(name: str, fn: Callable, spec: packing.PackSpec, mesh, batch_
                   batch_lib.shard_batch(arrays, mesh, batch_axes), prompt_len=prompt_len, **kw)
 
   run.last_efficiency = None
+  run.jitted, run.spec = jitted, spec
   run.__name__ = name
   return run
 

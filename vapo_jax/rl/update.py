@@ -133,6 +133,19 @@ def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
 # --------------------------------------------------------------------------------- critic
 
 
+def critic_objective(hp: CriticHParams, values, returns, m, old_values, *, count, tokens
+                     ) -> tuple[jax.Array, dict]:
+  """One micro-batch's share of the critic loss ½(V − R)² (clipped with hp.value_clip) and
+  its clip fraction. values, returns, m (response mask), old_values: [B, R]; count, tokens:
+  the mini-batch's normaliser and response tokens (before the micro-batch split). Rows
+  outside m must hold finite values (`rl.packed` passes old values there)."""
+  out = losses.value_loss(values, returns, m, old_values=old_values, clip_eps=hp.value_clip,
+                          mode=hp.loss_mode)
+  loss = losses.safe_divide(out.loss.total, count)
+  return loss, {"value_clip_frac": out.metrics["value_clip_frac"] * out.metrics["tokens"]
+                / jnp.maximum(tokens, 1.0)}
+
+
 def critic_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams,
                 state: TrainState, batch: RolloutBatch) -> tuple[TrainState, dict, jax.Array]:
   """One critic update: ½(V − R)² against the λ_critic returns (optionally clipped).
@@ -146,12 +159,8 @@ def critic_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams,
   def loss_fn(params, mb):
     critic = nnx.merge(graphdef, params)
     values = critic_lib.response_values(critic, mb.tokens_BxL, mb.mask_BxL, prompt_len)
-    out = losses.value_loss(values, mb.returns_BxR, mb.response_mask_BxR,
-                            old_values=mb.old_values_BxR, clip_eps=hp.value_clip,
-                            mode=hp.loss_mode)
-    loss = losses.safe_divide(out.loss.total, count)
-    return loss, {"value_clip_frac": out.metrics["value_clip_frac"] * out.metrics["tokens"]
-                  / jnp.maximum(jnp.sum(resp_mask), 1.0)}
+    return critic_objective(hp, values, mb.returns_BxR, mb.response_mask_BxR,
+                            mb.old_values_BxR, count=count, tokens=jnp.sum(resp_mask))
 
   loss, grads, metrics = train_state.accumulate(loss_fn, state.params, batch, hp.micro_batches)
   state, grad_norm, skipped = train_state.apply_update(tx, state, grads, loss)

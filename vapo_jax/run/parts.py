@@ -325,17 +325,28 @@ def pack_spec(cfg, mesh, rules, rows_per_micro: int) -> packing.PackSpec:
   """Rows of rl.packing_row_tokens (default P + R) and a token budget per device of
   rl.packing_tokens_per_device (default: what a padded micro-batch of `rows_per_micro`
   rows puts on each device)."""
-  seq = cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens
   axes = batch_axes(mesh, rules)
   shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
-  row = cfg.rl.packing_row_tokens or seq
-  budget = cfg.rl.packing_tokens_per_device or max(row, rows_per_micro * seq // shards)
-  return packing.PackSpec.from_budget(budget, row, shards)
+  return packing.spec_for(cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens,
+                          rows_per_micro, shards, cfg.rl.packing_row_tokens,
+                          cfg.rl.packing_tokens_per_device)
+
+
+def pass_spec(cfg, name: str, mesh, rules) -> packing.PackSpec:
+  """The PackSpec of one packed pass: a LEARNERS step (its padded micro-batch's rows) or
+  "logprobs" / "values" (a forward chunk's rows)."""
+  rows = rows_of(cfg)
+  per_micro = {"sft": cfg.sft.batch_size,
+               "logprobs": rows.rollout // rows.forward_chunks,
+               "values": rows.rollout // rows.forward_chunks}.get(
+                   name, rows.minibatch // max(rows.micro_batches, 1))
+  return pack_spec(cfg, mesh, rules, per_micro)
 
 
 def packed_step(cfg, name, graphdef, tx, state, mesh, rules) -> Callable:
   """A LEARNERS step on packed rows (`rl.packed`): same losses and gradients, and
-  `perf/<name>_token_efficiency` in its metrics."""
+  `perf/<name>_token_efficiency` in its metrics. `.compiled` is the jitted packed step
+  (state, rl.packed.Packed) and `.spec` its PackSpec (the compile check lowers them)."""
   rows = rows_of(cfg)
   fn = {"sft": lambda: functools.partial(packed_lib.sft_step, graphdef, tx),
         "policy": lambda: functools.partial(packed_lib.policy_step, graphdef, tx,
@@ -345,10 +356,8 @@ def packed_step(cfg, name, graphdef, tx, state, mesh, rules) -> Callable:
         "reward_model": lambda: functools.partial(packed_lib.reward_model_step, graphdef, tx,
                                                   critic_hparams(cfg, rows.micro_batches)),
         }[name]()
-  per_micro = (cfg.sft.batch_size if name == "sft"
-               else rows.minibatch // max(rows.micro_batches, 1))
   return packed_lib.packed_learner_step(name, _compile(fn, state, mesh, rules),
-                                        pack_spec(cfg, mesh, rules, per_micro), mesh,
+                                        pass_spec(cfg, name, mesh, rules), mesh,
                                         batch_axes(mesh, rules))
 
 
@@ -357,11 +366,10 @@ def logprobs_fn(cfg, graphdef, mesh, rules, packed: bool = False):
 
   packed: on packed rows (`rl.packed.packed_forward`; the run passes rl.packing)."""
   if packed:
-    rows = rows_of(cfg)
     return packed_lib.packed_forward(
         "logprobs", functools.partial(packed_lib.policy_logprobs, graphdef),
-        pack_spec(cfg, mesh, rules, rows.rollout // rows.forward_chunks), mesh,
-        batch_axes(mesh, rules), rules, static=("temperature",))
+        pass_spec(cfg, "logprobs", mesh, rules), mesh, batch_axes(mesh, rules), rules,
+        static=("temperature",))
   return jax.jit(forward.in_micro_batches(functools.partial(forward.policy_logprobs, graphdef),
                                           rows_of(cfg).forward_chunks, mesh, rules),
                  static_argnames=("prompt_len", "temperature"))
@@ -371,11 +379,9 @@ def values_fn(cfg, graphdef, mesh, rules, packed: bool = False):
   """(critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R] (packed: as in
   `logprobs_fn`)."""
   if packed:
-    rows = rows_of(cfg)
     return packed_lib.packed_forward(
         "values", functools.partial(packed_lib.critic_values, graphdef),
-        pack_spec(cfg, mesh, rules, rows.rollout // rows.forward_chunks), mesh,
-        batch_axes(mesh, rules), rules)
+        pass_spec(cfg, "values", mesh, rules), mesh, batch_axes(mesh, rules), rules)
   return jax.jit(forward.in_micro_batches(functools.partial(forward.critic_values, graphdef),
                                           rows_of(cfg).forward_chunks, mesh, rules),
                  static_argnames=("prompt_len",))

@@ -10,7 +10,9 @@ For each slice: the slice's devices come from libtpu's topology description
 `vapo_jax.tools.programs` (policy and critic train steps, old-log-prob and value passes, and
 the rollout engine's own programs: decode copy, prefill, insert, decode chunk, and the
 evaluation engine's insert and chunk; with sampling.engine=static the static sampler's
-prefill and decode step) are lowered and compiled for that TPU. Per program and chip:
+prefill and decode step) are lowered and compiled for that TPU (with rl.packing, the
+packed train programs at the planner's shapes, `name[rows=nxT]`, their trips from the first
+--lengths phase, else from sequences at full length). Per program and chip:
 
   peak = resident + (arguments − its resident arguments) + temporaries + outputs − aliased
 
@@ -138,11 +140,10 @@ def step_time(results: dict[str, Result], plan, cfg, s: tpu_specs.Slice, mfu: fl
               bw: float) -> float:
   """Estimated seconds of one RL step (see the module docstring)."""
 
-  def t(name):
-    r = results.get(name)
-    if r is None:
-      return 0.0
-    return max(r.flops / (s.gen.bf16_flops * mfu), r.bytes_accessed / (s.gen.hbm_bandwidth * bw))
+  def t(name):  # packed programs are name[rows=nxT], one per packed shape: their sum
+    return sum(max(r.flops / (s.gen.bf16_flops * mfu),
+                   r.bytes_accessed / (s.gen.hbm_bandwidth * bw))
+               for key, r in results.items() if key.split("[")[0] == name)
 
   if "decode_chunk" in results:  # the engine: one prefill per prompt, one insert per row
     sh = plan.shapes
@@ -181,11 +182,12 @@ def extrapolate(ra: Result, rb: Result, la: int, lb: int, layers: int, prog, par
 
 
 def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroom=0.05,
-          probe_layers: tuple[int, int] | None = None, log=print) -> dict:
+          probe_layers: tuple[int, int] | None = None, log=print, lengths=None) -> dict:
   """Compiles the run's programs for slice `s`; a dict report (see main for the fields).
 
   probe_layers=(a, b): compile a- and b-layer versions of the model instead of the whole
-  one and extrapolate linearly (fast; the report says so).
+  one and extrapolate linearly (fast; the report says so). lengths: (prompt [B], response
+  [B]) real lengths that pick the packed programs' shapes (`programs.build`).
   """
   from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
   from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
@@ -197,7 +199,7 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
   try:
     mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
     plan = programs.build(cfg, mcfg, mesh, names or programs.PROGRAMS, budget=budget,
-                          hbm=s.gen.hbm_bytes)
+                          hbm=s.gen.hbm_bytes, lengths=lengths)
   except ValueError as e:
     report.update(fits=False, error=f"config does not map onto {s.name}: {e}")
     return report
@@ -219,7 +221,8 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
     # The probes keep the full model's pools (tokens), so their bytes scale with the layers.
     pinned = {k: p.tokens for k, p in plan.pools.items() if p is not None} or None
     plan_a, plan_b = (programs.build(cfg, mcfg.replace(num_layers=k), mesh,
-                                     names or programs.PROGRAMS, kv_tokens=pinned)
+                                     names or programs.PROGRAMS, kv_tokens=pinned,
+                                     lengths=lengths)
                       for k in (la, lb))
     report["extrapolated_from_layers"] = [la, lb]
   for i, prog in enumerate(plan.programs):
@@ -349,6 +352,19 @@ def model_report(cfg, mcfg, s: tpu_specs.Slice, *, compile_decode: bool, compile
   return out
 
 
+def _packed_lengths(cfg):
+  """With rl.packing and --lengths: (prompt, response) lengths of one rollout from the first
+  length phase, which pick the packed programs' shapes; else None (full lengths)."""
+  if not (cfg.rl.packing and flags.FLAGS.lengths):
+    return None
+  from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
+  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  spec = lengths.phases(flags.FLAGS.lengths)[0][1]
+  return (lengths.sample(flags.FLAGS.prompt_lengths, rows, cfg.data.max_prompt_tokens, seed=2,
+                         prefix="prompt/length_"),
+          lengths.sample(spec, rows, cfg.sampling.max_new_tokens))
+
+
 def main(argv):
   del argv
   if _CONFIG.value is None or not _TOPOLOGY.value:
@@ -376,7 +392,8 @@ def main(argv):
     if not _NO_COMPILE.value:
       probe = tuple(int(x) for x in _PROBE.value) if _PROBE.value else None
       reports.append(check(cfg, mcfg, s, names=_PROGRAMS.value, mfu=_MFU.value, bw=_BW.value,
-                           headroom=_HEADROOM.value, probe_layers=probe))
+                           headroom=_HEADROOM.value, probe_layers=probe,
+                           lengths=_packed_lengths(cfg)))
       print(summary(reports[-1]), flush=True)
     if flags.FLAGS.lengths:
       model_report(cfg, mcfg, s, compile_decode=not _NO_COMPILE.value,

@@ -27,6 +27,10 @@ With the static sampler (sampling.engine = "static", the test oracle):
   decode_step   one token of the sampler's decode loop for one call's rows
   eval_decode_step  the same for the evaluation sampler (k samples per problem)
 
+With rl.packing (the default) the four train-side programs are the packed ones the trainer
+runs (`rl.packed`), one per packed micro-batch shape: `policy_step[rows=16x21504]` is the
+policy step on K packed micro-batches of 16 rows of 21,504 slots (`_packed_train`).
+
 Also the bytes that stay in device memory while each program runs (`resident`): both
 TrainStates and the last rollout batch. The engine's decode copy and KV pool are resident
 while it samples (`rollout_parts`: they count in every engine program, not in the train
@@ -47,9 +51,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from vapo_jax import critic as critic_lib
+from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.models import transformer
 from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import packed as packed_lib
 from vapo_jax.rl import train_state
 from vapo_jax.run import inputs, parts
 from vapo_jax.run import memory as run_memory
@@ -126,7 +132,8 @@ class Plan:
 
 
 def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
-          hbm: float | None = None, kv_tokens: dict[str, int] | None = None) -> Plan:
+          hbm: float | None = None, kv_tokens: dict[str, int] | None = None,
+          lengths: tuple[np.ndarray, np.ndarray] | None = None) -> Plan:
   """The programs of one run (a `config.Config` and the policy's `ModelConfig`) on `mesh`.
 
   With a per-chip `budget` that the resident state alone exceeds, no programs are built.
@@ -134,6 +141,9 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   sizes them from its device's HBM the same way); None: the cap of slots x one response.
   kv_tokens: {"rollout" | "eval" | "greedy": tokens} pins the pools instead (the layer
   probes of the compile check use the full model's).
+  With rl.packing the train-side programs are the packed ones (`_packed_train`); `lengths`
+  = (real prompt lengths [B], response lengths [B]) of a representative rollout picks the
+  packed shapes the step estimate counts (default: every sequence at full length).
   """
   rules = parts.rules_of(cfg)
   batch_axes = parts.batch_axes(mesh, rules)
@@ -184,22 +194,26 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
 
   progs = []
   micro, chunks = rows.micro_batches, rows.forward_chunks
-  if "policy_step" in names:
+  tokens, mask = rollout_batch.tokens_BxL, rollout_batch.mask_BxL
+  in_rollout = per_device_bytes((tokens, mask))
+  if cfg.rl.packing:
+    progs += _packed_train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch,
+                           (graphdef, params, p_tx, p_state), (c_graphdef, c_params, c_tx, c_state),
+                           resident, in_rollout, shapes)
+  if "policy_step" in names and not cfg.rl.packing:
     fn = parts.policy_step(cfg, graphdef, p_tx, p_state, mesh, rules)
     progs.append(Program("policy_step", fn, (p_state, batch(rows.minibatch)), {},
                          resident["policy_state"], trips=micro))
-  if "critic_step" in names and cfg.uses_critic:
+  if "critic_step" in names and cfg.uses_critic and not cfg.rl.packing:
     fn = parts.critic_step(cfg, c_graphdef, c_tx, c_state, mesh, rules)
     progs.append(Program("critic_step", fn, (c_state, batch(rows.minibatch)), {},
                          resident["critic_state"], trips=micro))
-  tokens, mask = rollout_batch.tokens_BxL, rollout_batch.mask_BxL
-  in_rollout = per_device_bytes((tokens, mask))
-  if "logprobs" in names:
+  if "logprobs" in names and not cfg.rl.packing:
     fn = parts.logprobs_fn(cfg, graphdef, mesh, rules)
     progs.append(Program("logprobs", fn, (params, tokens, mask),
                          {"prompt_len": p_len, "temperature": cfg.sampling.temperature},
                          per_device_bytes(params) + in_rollout, trips=chunks))
-  if "values" in names and cfg.uses_critic:
+  if "values" in names and cfg.uses_critic and not cfg.rl.packing:
     fn = parts.values_fn(cfg, c_graphdef, mesh, rules)
     progs.append(Program("values", fn, (c_params, tokens, mask), {"prompt_len": p_len},
                          per_device_bytes(c_params) + in_rollout, trips=chunks))
@@ -223,6 +237,86 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
                  "cache_len": sampler.cfg.total_cache_len})
   shapes.update({f"kv_cache_{k}_per_chip": per_device_bytes(v) for k, v in caches.items()})
   return Plan(progs, resident, shapes)
+
+# --------------------------------------------------------------------- packed train side
+
+
+def _abstract_plan(n: int, k: int, t: int, b: int, rows_sh) -> dict:
+  """The packing plan's arrays (`rl.packed.PLAN_KEYS`) as ShapeDtypeStructs, rows on axis 0."""
+  big, small = _sds((n, k, t), jnp.int32, rows_sh), _sds((b,), jnp.int32, rows_sh)
+  return {"src": big, "segment_ids": big, "positions": big, "micro_B": small, "row_B": small,
+          "start_B": small}
+
+
+def packed_shapes(spec: packing.PackSpec, calls: list[tuple[np.ndarray, np.ndarray]],
+                  rows: int) -> list[tuple[int, int, float]]:
+  """(n, K to compile at, trips) of the programs one packed pass needs.
+
+  The pass runs len(calls) times per RL step (a mini-batch of `rows` sequences each; calls
+  holds their (prompt, response) lengths). Of the planner's fixed shapes (K, n)
+  (`PackSpec.shapes(rows)`), each n the calls' plans use is compiled once, at the largest K
+  the set has for that n (its plan arrays are the largest), and its trips are the calls'
+  micro-batches K summed over the calls with that n, per call (so the step estimate's
+  calls × trips is every packed micro-batch of the step). The set's largest n is always
+  compiled, for the fit (trips 0 when no call uses it). One compiled micro-batch body is
+  the same program for every K (K is the scan's trip count).
+  """
+  by_n: dict[int, int] = {}
+  for k, n in spec.shapes(rows):
+    by_n[n] = max(by_n.get(n, 0), k)
+  trips: dict[int, float] = {}
+  for p_B, l_B in calls:
+    shape = packing.plan(p_B, l_B, spec).shape
+    trips[shape[0]] = trips.get(shape[0], 0.0) + shape[1] / len(calls)
+  trips.setdefault(max(by_n), 0.0)
+  return [(n, by_n[n], trips[n]) for n in sorted(trips)]
+
+
+def _packed_train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy, critic,
+                  resident, in_rollout, shapes) -> list[Program]:
+  """The train-side programs the trainer runs with rl.packing (`run.parts.packed_step`,
+  `logprobs_fn` / `values_fn(packed=True)`), one per packed micro-batch shape [n, T]
+  (`packed_shapes`), named e.g. `policy_step[rows=16x21504]`, trips = its packed
+  micro-batches per call."""
+  graphdef, params, p_tx, p_state = policy
+  c_graphdef, c_params, c_tx, c_state = critic
+  p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
+  if lengths is None:
+    lengths = (np.full(rows.rollout, p_len), np.full(rows.rollout, r_len))
+  p_B, l_B = (np.asarray(x, np.int64)[:rows.rollout] for x in lengths)
+  mini = rows.minibatch
+  mini_calls = [(p_B[i:i + mini], l_B[i:i + mini]) for i in range(0, rows.rollout, mini)]
+  out = []
+
+  def add(name, spec, calls, b, make):
+    t = spec.row_len
+    for n, k, trips in packed_shapes(spec, calls, b):
+      fn, args, kwargs, held = make(_abstract_plan(n, k, t, b, rows_sh))
+      out.append(Program(f"{name}[rows={n}x{t}]", fn, args, kwargs, held, trips=trips))
+    shapes[f"{name}_packed_shapes"] = [list(s) for s in spec.shapes(b)]
+
+  tokens, mask = batch(rows.rollout).tokens_BxL, batch(rows.rollout).mask_BxL
+  steps = [("policy_step", "policy", graphdef, p_tx, p_state, True),
+           ("critic_step", "critic", c_graphdef, c_tx, c_state, cfg.uses_critic)]
+  for prog, learner, gd, tx, state, on in steps:
+    if prog not in names or not on:
+      continue
+    step = parts.packed_step(cfg, learner, gd, tx, state, mesh, rules)
+    held = resident[f"{learner}_state"]
+    add(prog, step.spec, mini_calls, mini, lambda plan, step=step, state=state, held=held: (
+        step.compiled, (state, packed_lib.Packed(batch(mini), plan)), {}, held))
+  forwards = [("logprobs", parts.logprobs_fn, graphdef, params,
+               {"prompt_len": p_len, "temperature": cfg.sampling.temperature}, True),
+              ("values", parts.values_fn, c_graphdef, c_params, {"prompt_len": p_len},
+               cfg.uses_critic)]
+  for prog, make_fn, gd, prm, kw, on in forwards:
+    if prog not in names or not on:
+      continue
+    run = make_fn(cfg, gd, mesh, rules, packed=True)
+    held = per_device_bytes(prm) + in_rollout
+    add(prog, run.spec, [(p_B, l_B)], rows.rollout, lambda plan, run=run, prm=prm, kw=kw,
+        held=held: (run.jitted, (prm, tokens, mask, plan), kw, held))
+  return out
 
 
 def _engine_plan(cfg, names, progs, resident, shapes, rollout_parts, params, engines) -> Plan:

@@ -130,3 +130,35 @@ def padded_head_positions(r: int, chunk: int = 128) -> int:
 def decode_step_flops(arch: Arch, rows: int, window: int) -> float:
   """One decode step over `rows` rows attending `window` cache slots (LM head included)."""
   return rows * (arch.matmul + arch.head + window * arch.pair)
+
+
+def packed_pairs(arch: Arch, rows: list[list[tuple[int, int]]], t: int) -> float:
+  """(query, key) pairs the attention computes on one packed micro-batch of len(rows) rows of
+  t slots, rows[r] = [(first slot, tokens), ...] of its segments (`packing.row_segments`).
+
+  Dense paths: every row's `attention_pairs` (segments are a mask term). Blocked causal path
+  (`attention._live_blocks`): per query group [a, e) and key block c < ⌈e / C⌉, the block
+  is computed for all rows iff in some row the segment ids of its real keys and of the
+  group's real queries overlap ([kmin, kmax] ∩ [qmin, qmax]: the predicate is one scalar for
+  the whole micro-batch), then (e − a) · C pairs per row.
+  """
+  n = len(rows)
+  if not arch.uses_blocked(t, t):
+    return n * attention_pairs(arch, t, t)
+  c = max(1, min(arch.block, t))
+  groups = query_groups(t, arch.block)
+  blocks = -(-t // c)
+
+  def span(segs, lo, hi):
+    """(min, max) segment id (1-based) of the real slots in [lo, hi); None if none."""
+    ids = [j + 1 for j, (o, m) in enumerate(segs) if o < hi and o + m > lo]
+    return (ids[0], ids[-1]) if ids else None
+
+  total = 0.0
+  for a, e in groups:
+    q = [span(s, a, e) for s in rows]
+    for blk in range(min(blocks, -(-e // c))):
+      k = [span(s, blk * c, (blk + 1) * c) for s in rows]
+      if any(qq and kk and kk[0] <= qq[1] and qq[0] <= kk[1] for qq, kk in zip(q, k)):
+        total += n * (e - a) * c
+  return total

@@ -37,16 +37,18 @@ longest row (steps t = 1 .. max ℓ − 1); each step reads the weight shards in
 hoists the fp32 -> bf16 casts out of it, so (N − untied embedding) · 2 / chips bytes,
 `--decode_weight_itemsize`; `gathered` adds a per-step gather of N · 4 / tensor) and the
 whole window W of the cache for every row.
-Alternatives: `--train=packed` (rows of P + R tokens filled with whole sequences of real
-prompt + response tokens by first-fit-decreasing; attention per sequence, block-causal at
-C), `--rollout=engine` (continuous batching, bf16 decode weights, KV read at live lengths,
-slots refilled FIFO while the live KV fits; one bf16 reshard per step). Its layout,
-`--engine_layout`: `built` (default) is `sampler/continuous.py` as it is: one pool and S slots
-on every chip, heads split over mesh.tensor, the slots, pages and pool of the run's own
-`EngineConfig` (`Setup.engine`: sampling.slots / page_size / chunk_steps, the pool sized by
-`sampler.kv_pool` from HBM less the train state); `replicas` is what per-replica pools
-would buy: replicas of `--engine_tp` chips, each its own slots and a KV budget of HBM less
-train state, weights and `--workspace_gb`.
+Alternatives: `--train=packed` (the code's planner, `packing.plan`, on the sampled lengths
+with each pass's PackSpec as the trainer builds it: rows of rl.packing_row_tokens, K packed
+micro-batches of n rows from the token budget, each computed whole: n K T tokens, the LM head
+at every slot, and the attention key blocks `attention._live_blocks` keeps for that layout,
+`step_counts.packed_pairs`), `--rollout=engine` (continuous batching, bf16 decode weights, KV
+read at live lengths, slots refilled FIFO while the live KV fits; one bf16 reshard per step).
+Its layout, `--engine_layout`: `built` (default) is `sampler/continuous.py` as it is: one
+pool and S slots on every chip, heads split over mesh.tensor, the slots, pages and pool of
+the run's own `EngineConfig` (`Setup.engine`: sampling.slots / page_size / chunk_steps, the
+pool sized by `sampler.kv_pool` from HBM less the train state); `replicas` is what
+per-replica pools would buy: replicas of `--engine_tp` chips, each its own slots and a KV
+budget of HBM less train state, weights and `--workspace_gb`.
 
 Floor: real tokens only, exact causal attention per sequence (T (T+1) / 2 pairs), no remat
 (fwd 1, bwd 2 matmul, 2.5 attention), LM head on response tokens, at `--mfu_ceiling`; rollout
@@ -63,8 +65,8 @@ import types
 import numpy as np
 
 from vapo_jax.tools.step_counts import (  # noqa: F401  (re-exported: the model's arithmetic)
-    Arch, attention_pairs, decode_step_flops, forward_flops, padded_head_positions,
-    query_groups, train_factors)
+    Arch, attention_pairs, decode_step_flops, forward_flops, packed_pairs,
+    padded_head_positions, query_groups, train_factors)
 
 GB = 1e9
 
@@ -119,6 +121,10 @@ class Setup:
   eval_n: int = 1             # samples per evaluation problem
   engine: "EngineShape | None" = None      # the rollout engine as built (--engine_layout)
   eval_engine: "EngineShape | None" = None
+  # --train=packed: the PackSpecs of the policy / critic steps and of the old-log-prob /
+  # value forwards, as `run.parts.pass_spec` builds them (batch shards = chips / tensor).
+  pack_steps: object = None
+  pack_forward: object = None
 
   @classmethod
   def of(cls, cfg, mcfg, s, knobs: Knobs = Knobs(), engines: dict | None = None
@@ -133,12 +139,19 @@ class Setup:
     per_call = cfg.sampling.prompts_per_call or cfg.prompts_per_step
     ev = cfg.eval
     eval_rows = ev.num_examples * ev.samples_per_problem if ev.every else 0
+    from vapo_jax import packing  # pylint: disable=import-outside-toplevel
+    rows, micro = cfg.prompts_per_step * n, cfg.rl.micro_batch_size
+    shards = max(1, s.chips // max(1, cfg.mesh.tensor))
+    spec = lambda per_micro: packing.spec_for(  # noqa: E731
+        p + r, per_micro, shards, cfg.rl.packing_row_tokens, cfg.rl.packing_tokens_per_device)
     st = cls(Arch.of(mcfg), s.chips, cfg.mesh.tensor, s.gen.bf16_flops, s.gen.hbm_bandwidth,
-             s.gen.hbm_bytes, s.gen.ici_bandwidth, cfg.prompts_per_step * n, n, p, r,
+             s.gen.hbm_bytes, s.gen.ici_bandwidth, rows, n, p, r,
              per_call, wins, cfg.rl.ppo_epochs, cfg.uses_critic,
              np.dtype(mcfg.param_dtype).itemsize, eval_rows,
              ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
-             cfg.rl.num_minibatches, ev.samples_per_problem)
+             cfg.rl.num_minibatches, ev.samples_per_problem,
+             pack_steps=spec(micro or rows // cfg.rl.num_minibatches),
+             pack_forward=spec(micro or rows))
     engines = engines or engine_shapes(cfg, mcfg, st)
     return dataclasses.replace(st, engine=engines["rollout"], eval_engine=engines["eval"])
 
@@ -240,17 +253,23 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
   return prog
 
 
-def _pack(seq_lens: np.ndarray, capacity: int) -> int:
-  """Rows of `capacity` tokens that first-fit-decreasing needs for these sequences."""
-  free: list[int] = []
-  for x in sorted(seq_lens.tolist(), reverse=True):
-    for i, f in enumerate(free):
-      if f >= x:
-        free[i] -= x
-        break
-    else:
-      free.append(capacity - x)
-  return len(free)
+def packed_groups(st: Setup, spec, prompts: np.ndarray, resp: np.ndarray, calls: int = 1
+                  ) -> list[tuple[int, int, float, float]]:
+  """The `_train_program` rows of a packed pass run on `calls` equal slices of the batch:
+  each slice planned by the code's own planner (`packing.plan` with the pass's PackSpec),
+  per packed micro-batch (n rows of T, the attention pairs `step_counts.packed_pairs` gives
+  for its layout, the LM head at every slot: `policy.packed_logprobs` projects all T)."""
+  from vapo_jax import packing  # pylint: disable=import-outside-toplevel
+  out = []
+  per = len(resp) // calls
+  for i in range(calls):
+    plan = packing.plan(prompts[i * per:(i + 1) * per], resp[i * per:(i + 1) * per], spec)
+    n, k, t = plan.shape
+    segs = packing.row_segments(plan)
+    for mk in range(k):
+      pairs = packed_pairs(st.arch, [segs.get((mk, r), []) for r in range(n)], t)
+      out.append((n, t, pairs / n, padded_head_positions(t)))
+  return out
 
 
 def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = False
@@ -262,19 +281,17 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
     seq = prompts + resp
     groups = [(1, int(t), t * (t + 1) / 2.0, int(r)) for t, r in zip(seq, resp)]
   elif k.train == "packed":
-    seq = prompts + resp
-    c = a.block
-    nrows = _pack(seq, t_row)
-    pad = nrows * t_row - int(seq.sum())
-    groups = [(1, int(t), float(t * (t + c) / 2.0), int(r)) for t, r in zip(seq, resp)]
-    groups.append((1, pad, 0.0, 0))  # the tail of each packed row: matmuls only
+    groups = packed_groups(st, st.pack_forward, prompts, resp)
+    steps = packed_groups(st, st.pack_steps, prompts, resp, max(1, st.minibatches))
   else:
     pr = attention_pairs(a, t_row, t_row, causal=True)
     groups = [(st.rows, t_row, pr, padded_head_positions(st.max_new))]
+  if floor or k.train != "packed":
+    steps = groups
   progs = [_train_program(st, "logprobs", groups, False, False, floor)]
   if st.use_critic:
     progs.append(_train_program(st, "values", groups, True, False, floor))
-  ep = [(c * st.epochs, t, pr, hp) for c, t, pr, hp in groups]
+  ep = [(c * st.epochs, t, pr, hp) for c, t, pr, hp in steps]
   progs.append(_train_program(st, "policy_step", ep, False, True, floor))
   if st.use_critic:
     progs.append(_train_program(st, "critic_step", ep, True, True, floor))
@@ -550,8 +567,9 @@ def crosscheck(st: Setup, programs: dict) -> list[str]:
   out = []
   engine = any(n in programs for n in ENGINE_ONLY)
   for name, p in programs.items():
-    if p.get("error") or name in ENGINE_ONLY:
-      continue  # the engine's insert, copy and chunk (a live-length loop) have no count here
+    if p.get("error") or name in ENGINE_ONLY or "[" in name:
+      continue  # the engine's programs (a live-length loop) and the packed ones
+      # (test_programs_packed) have no count here
     ours = program_flops(st, name, engine)
     out.append(f"  {name:16s} XLA {p['flops'] / 1e12:10.1f} TFLOP/chip, analytic "
                f"{ours / 1e12:10.1f} (XLA / analytic {p['flops'] / ours:.2f})")

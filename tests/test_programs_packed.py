@@ -1,0 +1,156 @@
+"""The compile check's train-side programs with rl.packing: the packed programs the trainer
+runs, one per packed micro-batch shape, lowered and compiled on the 2x2x2 fake mesh, and a
+step estimate that follows the lengths (the padded programs' does not)."""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from vapo_jax import config as config_lib
+from vapo_jax import packing
+from vapo_jax import sharding as shd
+from vapo_jax.run import parts
+from vapo_jax.tools import archs, compile_check, tpu_specs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The tiny trainer-test model; P + R = 24; 32 rollout rows, mini-batches of 16 in micro-batches
+# of 4 rows (4 batch shards on 2x2x2: one padded row of 24 tokens per shard and micro-batch).
+SMALL = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_layers": 1,
+         "model.num_heads": 2, "model.num_kv_heads": 2, "model.head_dim": 16,
+         "data.max_prompt_tokens": 16, "sampling.max_new_tokens": 8,
+         "rl.prompts_per_step": 16, "rl.responses_per_prompt": 2, "rl.micro_batch_size": 4,
+         "rl.num_minibatches": 2, "eval.batch_prompts": 4, "eval.samples_per_problem": 2,
+         "sampling.prompts_per_call": 4, "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
+TRAIN = ("policy_step", "critic_step", "logprobs", "values")
+
+
+def _config(**over):
+  spec = importlib.util.spec_from_file_location("tiny_cfg", os.path.join(ROOT, "configs/tiny.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config()
+  for key, v in {**SMALL, **over}.items():
+    node = c
+    *path, last = key.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return config_lib.from_config_dict(c)
+
+
+def _short_lengths(b=32, seed=0):
+  """Real prompt lengths in [1, 8] and responses in [0, 4] (an empty one and one at 4)."""
+  rng = np.random.default_rng(seed)
+  p, r = rng.integers(1, 9, b), rng.integers(0, 5, b)
+  r[0], r[1] = 0, 4
+  return p, r
+
+
+def _compiled(plan):
+  """{name: compile_check.Result} from XLA's cost of each program × its trips (CPU)."""
+  out = {}
+  for prog in plan.programs:
+    compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    out[prog.name] = compile_check.Result(
+        prog.name, True, flops=prog.trips * float(cost["flops"]),
+        bytes_accessed=prog.trips * float(cost["bytes accessed"]))
+  return out
+
+
+@pytest.fixture(scope="module")
+def built():
+  from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
+  mesh = shd.make_mesh(2, 2, 2)
+  out = {}
+  for label, packed, lengths in (("padded", False, None), ("packed_full", True, None),
+                                 ("packed_short", True, _short_lengths())):
+    cfg = _config(**{"rl.packing": packed})
+    mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
+    plan = programs.build(cfg, mcfg, mesh, TRAIN, lengths=lengths)
+    out[label] = (cfg, plan, _compiled(plan))
+  return mesh, out
+
+
+def test_packed_programs_are_the_trainers_at_the_planners_shapes(built):
+  mesh, out = built
+  cfg, plan, _ = out["packed_short"]
+  names = [p.name for p in plan.programs]
+  assert all("[rows=" in n for n in names), names
+  assert {n.split("[")[0] for n in names} == set(TRAIN)
+  p_B, l_B = _short_lengths()
+  rules = parts.rules_of(cfg)
+  spec = parts.pass_spec(cfg, "policy", mesh, rules)
+  assert (spec.row_len, spec.rows_per_device, spec.shards) == (24, 1, 4)
+  # The trips are the planner's K on the same lengths: mini-batches of 16 for the steps
+  # (the mean over the two), the whole rollout for the forwards.
+  mini = [packing.plan(p_B[i:i + 16], l_B[i:i + 16], spec).shape for i in (0, 16)]
+  whole = packing.plan(p_B, l_B, parts.pass_spec(cfg, "logprobs", mesh, rules)).shape
+  by_name = {p.name: p for p in plan.programs}
+  for name in ("policy_step", "critic_step"):
+    used = [p for p in plan.programs if p.name.startswith(name) and p.trips]
+    assert sum(p.trips for p in used) == pytest.approx(sum(s[1] for s in mini) / 2)
+    assert all(f"{name}[rows={s[0]}x24]" in by_name for s in mini)
+  for name in ("logprobs", "values"):
+    assert by_name[f"{name}[rows={whole[0]}x24]"].trips == whole[1]
+  # The fit is judged at the set's largest micro-batch too (trips 0 when unused).
+  assert max(n for _, n in spec.shapes(16)) == 4
+  assert "policy_step[rows=4x24]" in by_name
+  # Each program's plan arrays have the shape set's largest K for its n.
+  prog = by_name["logprobs[rows=4x24]"]
+  assert prog.args[3]["src"].shape == (4, max(k for k, n in spec.shapes(32) if n == 4), 24)
+
+
+def test_step_estimate_follows_the_lengths_with_packing(built):
+  _, out = built
+  s = tpu_specs.parse("v5p-16")
+  est = {k: compile_check.step_time(res, plan, cfg, s, 0.4, 0.7)
+         for k, (cfg, plan, res) in out.items()}
+  # Sequences at full length: each fills its own row, the packed micro-batches hold the
+  # padded ones' rows; within the few-% difference of the programs' bodies.
+  assert est["packed_full"] == pytest.approx(est["padded"], rel=0.3)
+  # Short sequences: ~4 to a row, a quarter of the micro-batches or fewer.
+  assert est["packed_short"] < 0.6 * est["packed_full"], est
+  trips = {k: sum(p.trips for p in plan.programs if p.name.startswith("logprobs"))
+           for k, (_, plan, _) in out.items()}
+  assert trips["padded"] == trips["packed_full"] == 8 and trips["packed_short"] <= 3
+
+
+def test_step_model_packed_is_the_codes_planner_and_kernel():
+  """`step_model --train=packed` plans with the trainer's PackSpecs and counts the key blocks
+  the blocked kernel's own `_live_blocks` keeps on the planner's layout."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vapo_jax.models import attention  # pylint: disable=import-outside-toplevel
+  from vapo_jax.tools import step_model  # pylint: disable=import-outside-toplevel
+  cfg = _config(**{"rl.packing": True, "model.attention_impl": "blocked",
+                   "model.attention_block": 8})
+  mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
+  mesh = shd.make_mesh(2, 2, 2)
+  rules = parts.rules_of(cfg)
+  st = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-16"),
+                           step_model.Knobs(train="packed"))
+  assert st.pack_steps == parts.pass_spec(cfg, "policy", mesh, rules)
+  assert st.pack_forward == parts.pass_spec(cfg, "logprobs", mesh, rules)
+  p_B, l_B = _short_lengths()
+  plan = packing.plan(p_B, l_B, st.pack_forward)
+  groups = step_model.packed_groups(st, st.pack_forward, p_B, l_B)
+  n, k, t = plan.shape
+  assert sum(c * tt for c, tt, _, _ in groups) == n * k * t      # every packed slot computed
+  seg = packing.pack_indices(plan, 16, 24)["segment_ids"]
+  c = st.arch.block
+  for mk, (_, _, pairs, _) in enumerate(groups):
+    s_BxT = jnp.asarray(seg[:, mk, :])
+    want = 0.0
+    for a, e in attention._query_groups(t, c):
+      keys = s_BxT.reshape(n, t // c, c).transpose(1, 0, 2)        # [blocks, rows, C]
+      slot = jnp.arange(t).reshape(t // c, c)
+      live = attention._live_blocks(keys > 0, slot, keys, jnp.arange(a, e), s_BxT[:, a:e])
+      want += float(jnp.sum(live)) * (e - a) * c
+    assert pairs == want, (mk, pairs, want)
+  # And the estimate falls with the lengths, as the compiled programs' does.
+  short = step_model.train_side(st, l_B, p_B)
+  full = step_model.train_side(st, np.full(32, 8), np.full(32, 16))
+  assert sum(p.time for p in short) < 0.6 * sum(p.time for p in full)
