@@ -11,8 +11,9 @@ reading `resource.getrusage` around every call:
   eval          the held-out evaluation on --eval_examples problems
 
 and prints, per program and call: minor faults (and the MiB of fresh zero pages they stand
-for, at 4 KiB each), user and system CPU seconds and the share of its CPU time spent in the
-kernel. Faults and CPU seconds are meaningful on a loaded machine; wall times are not.
+for, at 4 KiB each), user and system CPU seconds, the share of its CPU time spent in the
+kernel, and the XLA compiles of the first and of the later calls (a later one would be a
+per-step shape). Faults and CPU seconds are meaningful on a loaded machine; wall times are not.
 
   python benchmarks/fault_probe.py                            # glibc settings of run.host_memory
   VAPO_HOST_MALLOC=0 python benchmarks/fault_probe.py         # glibc's defaults
@@ -50,6 +51,18 @@ _COMPARE = flags.DEFINE_bool("compare", False, "Run glibc's defaults and run.hos
 _JSON = flags.DEFINE_string("json", None, "Also write the figures as JSON.")
 
 PAGE = resource.getpagesize()
+_COMPILES = [0]  # XLA backend compiles so far (jax.monitoring), to catch per-call recompiles
+
+
+def _count_compiles():
+  import jax  # pylint: disable=import-outside-toplevel
+
+  def listener(event, duration_secs, **kwargs):
+    del duration_secs, kwargs
+    if event == "/jax/core/compile/backend_compile_duration":
+      _COMPILES[0] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
 
 
 def usage() -> tuple[int, int, float, float, float]:
@@ -66,11 +79,11 @@ def measure(fn, repeats: int) -> dict:
 
 
 def _delta(fn) -> dict:
-  a = usage()
+  c, a = _COMPILES[0], usage()
   fn()
   b = usage()
   return {"minflt": b[0] - a[0], "majflt": b[1] - a[1], "user_s": b[2] - a[2],
-          "sys_s": b[3] - a[3], "wall_s": b[4] - a[4]}
+          "sys_s": b[3] - a[3], "wall_s": b[4] - a[4], "compiles": _COMPILES[0] - c}
 
 
 def describe(name: str, m: dict) -> str:
@@ -80,9 +93,11 @@ def describe(name: str, m: dict) -> str:
   user = sum(c["user_s"] for c in calls) / n
   sys_s = sum(c["sys_s"] for c in calls) / n
   share = sys_s / max(user + sys_s, 1e-9)
+  compiles = sum(c["compiles"] for c in calls)
   return (f"{name:<11} per call: {flt:>9.0f} minor faults ({flt * PAGE / 2**20:7.1f} MiB of "
           f"fresh pages), user {user:6.3f} s, sys {sys_s:6.3f} s ({100 * share:4.1f}% in the "
-          f"kernel); first call {m['first']['minflt']} faults")
+          f"kernel); first call {m['first']['minflt']} faults, {m['first']['compiles']} "
+          f"compiles; later calls {compiles} compiles")
 
 
 def probe(cfg, programs, repeats: int, eval_examples: int) -> dict:
@@ -143,6 +158,7 @@ def main(argv):
   applied = host_memory.configure(host_memory.expected_platform())  # as main does, first
   from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
+  _count_compiles()
   cfg = config_lib.from_command_line(_CONFIG.value)
   total0 = usage()
   results = probe(cfg, _PROGRAMS.value, _REPEATS.value, _EVAL_EXAMPLES.value)
