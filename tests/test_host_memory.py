@@ -64,10 +64,10 @@ applied = host_memory.configure("cpu")  # before jax starts its CPU client and i
 import jax, jax.numpy as jnp
 x = jnp.ones((4096, 4096), jnp.float32)
 f = jax.jit(lambda x: x * 2.0 + 1.0)
-for _ in range(10):
+for _ in range(16):  # the heap settles (XLA's threads interleave: a few more than plain malloc)
   f(x).block_until_ready()
 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
+for _ in range(16):
   f(x).block_until_ready()
 f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 print(json.dumps({"applied": applied, "faults": f1 - f0}))
@@ -90,8 +90,8 @@ def test_large_buffer_is_reused_instead_of_remapped():
 @needs_glibc
 def test_xla_cpu_buffers_stop_faulting():
   default, tuned = _run(_XLA, "0"), _run(_XLA, "1")
-  assert default["faults"] > 8 * PAGES, default
-  assert tuned["faults"] < 2 * PAGES, tuned
+  assert default["faults"] > 14 * PAGES, default  # every call: a fresh 64 MiB output
+  assert tuned["faults"] < 4 * PAGES, tuned       # at most 3 of the 16
 
 
 def test_off_switch_and_other_platforms_leave_malloc_alone():
@@ -109,28 +109,43 @@ def test_expected_platform_reads_jax_platforms_without_starting_jax():
   assert host_memory.expected_platform({"JAX_PLATFORMS": "tpu"}) == "tpu"
 
 
-def test_main_applies_it_before_jax_starts(monkeypatch):
-  """main's startup hook: configure(expected_platform()) before anything else."""
-  from absl import flags  # pylint: disable=import-outside-toplevel
-  from vapo_jax import main as main_lib  # pylint: disable=import-outside-toplevel
-  from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+# main's startup hook, in its own process (absl flags: vapo_jax.main and the tools define
+# --config each, so they cannot be imported into one test process).
+_MAIN = """
+import json, os
+from absl import flags
+from jax._src import xla_bridge
+from vapo_jax.run import host_memory
+from vapo_jax.run import trainer as trainer_lib
+from vapo_jax import main as main_lib
+seen = []
+configure = host_memory.configure
 
-  calls = []
+def spy(platform):
+  seen.append({"platform": platform, "backend_started": bool(xla_bridge._backends)})
+  return configure(platform)
 
-  class Stop(Exception):
-    pass
+class Stop(Exception):
+  pass
 
-  def trainer(*a, **k):
-    calls.append("trainer")
-    raise Stop
+def trainer(*args, **kwargs):
+  raise Stop
 
-  monkeypatch.setattr(host_memory, "configure", lambda platform: calls.append(platform) or {})
-  monkeypatch.setattr(host_memory, "expected_platform", lambda: "the platform")
-  monkeypatch.setattr(trainer_lib, "Trainer", trainer)
-  flags.FLAGS(["main", f"--config={os.path.join(REPO, 'configs', 'tiny.py')}"])
-  try:
-    with pytest.raises(Stop):
-      main_lib.main([])
-  finally:
-    flags.FLAGS.unparse_flags()
-  assert calls == ["the platform", "trainer"]
+host_memory.configure, trainer_lib.Trainer = spy, trainer
+flags.FLAGS(["main", "--config=" + os.path.join(os.environ["PYTHONPATH"], "configs", "tiny.py")])
+try:
+  main_lib.main([])
+except Stop:
+  pass
+print(json.dumps({"seen": seen, "applied": host_memory.applied()}))
+"""
+
+
+@needs_glibc
+def test_main_applies_it_before_jax_starts():
+  """main's first act: configure(expected_platform()), before any backend exists (threads
+  that allocated before M_ARENA_MAX keep arenas of their own), and the trainer after it."""
+  got = _run(_MAIN, "1")
+  assert got["seen"] == [{"platform": "cpu", "backend_started": False}], got
+  assert set(got["applied"]) == set(host_memory.SETTINGS)
+  assert _run(_MAIN, "0")["applied"] == {}
