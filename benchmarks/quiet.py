@@ -25,6 +25,10 @@ check falls back to the load average samples.
 
 The sides of a comparison run round by round (ours, the peer's, then the peer's, ours, ...),
 so every side sees the same machine state, and each round gives its own ratio.
+
+`machine_peaks()` measures this machine's float32 matmul FLOP/s and copy bandwidth (the
+roofline's peaks in sampler_bench.py); `python benchmarks/quiet.py --peaks` prints them with
+the load, for quoting beside a run's time (docs/speed.md).
 """
 
 from __future__ import annotations
@@ -314,6 +318,43 @@ def interleave(sides: Sequence[tuple[str, Callable[[], float | None]]], rounds: 
   return Rounds(times, order)
 
 
+def machine_peaks(reps: int = 10) -> tuple[float, float]:
+  """(float32 matmul FLOP/s, copy bytes/s) of this machine, measured with jax and numpy.
+
+  Matmul: jit(x @ x) on [1024, 1024] float32; copy: np.copyto of 256 MiB (bytes read +
+  written). Best of `reps` (of reps // 2 for the copy) timings each: the total over the
+  repetitions let one slow repetition lower a run's peak, and with it the bound: one quiet
+  run of sampler_bench's `small` preset got 130 GFLOP/s instead of ~209 and read 63% of its
+  roofline where the next run read 40%.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  n = 1024
+  a = jnp.ones((n, n), jnp.float32)
+  mm = jax.jit(lambda x: x @ x)
+  mm(a).block_until_ready()
+  best = float("inf")
+  for _ in range(reps):
+    t = time.perf_counter()
+    mm(a).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  flops = 2 * n**3 / best
+  x = np.ones(64 << 20, np.float32)  # 256 MiB
+  y = np.empty_like(x)
+  np.copyto(y, x)
+  best = float("inf")
+  for _ in range(max(reps // 2, 1)):
+    t = time.perf_counter()
+    np.copyto(y, x)
+    best = min(best, time.perf_counter() - t)
+  return flops, 2 * x.nbytes / best
+
+
+def describe_peaks(flops: float, bw: float) -> str:
+  return f"{flops / 1e9:.0f} GFLOP/s float32 matmul, {bw / 1e9:.1f} GB/s copy"
+
+
 def add_flags(parser) -> None:
   """The flags every benchmark shares."""
   parser.add_argument("--json", default=None, metavar="PATH",
@@ -327,3 +368,28 @@ def write_json(path: str | None, load: Load, facts: dict, results: dict) -> None
     json.dump({**load.to_json(), "machine": facts, "results": results}, f, indent=1,
               ensure_ascii=False)
   print(f"wrote {path}" + ("" if load.quiet else f" (\"quiet\": false, {LOADED})"))
+
+
+def main(argv=None) -> None:
+  """`python benchmarks/quiet.py --peaks`: this machine's matmul and copy peaks, and whether
+  it was quiet while they were measured."""
+  import argparse  # pylint: disable=import-outside-toplevel
+  ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+  ap.add_argument("--peaks", action="store_true", help="measure and print the peaks")
+  ap.add_argument("--reps", type=int, default=10, help="repetitions (best of)")
+  add_flags(ap)
+  args = ap.parse_args(argv)
+  if not args.peaks:
+    ap.error("nothing to do: pass --peaks")
+  facts = machine_facts()
+  load = Load(interval_s=1.0)
+  with load:
+    print_header(facts, load)
+    flops, bw = machine_peaks(args.reps)
+  print(load.tag(f"peaks: {describe_peaks(flops, bw)}"))
+  print(load.verdict())
+  write_json(args.json, load, facts, {"flops_peak": flops, "bw_peak": bw})
+
+
+if __name__ == "__main__":
+  main()

@@ -26,7 +26,11 @@ each decode step, time >= max(FLOPs / peak FLOP/s, bytes / peak bandwidth),
 where FLOPs = 2 * (matmul params) per token + attention over the live context
 (the LM head only at the last prompt position, and each distinct prompt
 prefilled once), bytes = parameters + live KV cache read once per step, and
-peaks are measured in this run (float32 matmul, large copy).
+peaks are measured in this run (float32 matmul, large copy: `quiet.machine_peaks`). Each side's
+calls also print their minor page faults and user / system CPU seconds (getrusage), which stay
+meaningful on a loaded machine. Like `vapo_jax.main`, the script first applies
+`vapo_jax.run.host_memory`'s malloc settings (to both sides: one process); VAPO_HOST_MALLOC=0
+runs with glibc's defaults.
 """
 
 from __future__ import annotations
@@ -37,12 +41,15 @@ import sys
 import tempfile
 import time
 
+import resource
+
 import numpy as np
 
 # Run from a checkout without installing: this repository's vapo_jax first.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import quiet  # pylint: disable=wrong-import-position  # load, interleaved rounds, marking
+from vapo_jax.run import host_memory  # noqa: E402  # pylint: disable=wrong-import-position
 
 PRESETS = {
     # ~1.3M params: configs/tiny.py territory; per-step overhead dominates.
@@ -60,34 +67,19 @@ PRESETS = {
 }
 
 
-def measure_peaks(jax, jnp, reps: int = 10):
-  """(float32 matmul FLOP/s, copy bytes/s) measured with jax on this machine.
+def _rusage_delta(r0) -> dict:
+  r1 = resource.getrusage(resource.RUSAGE_SELF)
+  return {"minflt": r1.ru_minflt - r0.ru_minflt, "user_s": r1.ru_utime - r0.ru_utime,
+          "sys_s": r1.ru_stime - r0.ru_stime}
 
-  Best of `reps` timings each. The total over the repetitions let one slow
-  repetition lower a run's peak, and with it the bound: one quiet run of the
-  `small` preset got 130 GFLOP/s instead of ~209 and read 63% of its roofline
-  where the next run read 40%.
-  """
-  n = 1024
-  a = jnp.ones((n, n), jnp.float32)
-  mm = jax.jit(lambda x: x @ x)
-  mm(a).block_until_ready()
-  best = float("inf")
-  for _ in range(reps):
-    t = time.perf_counter()
-    mm(a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  flops = 2 * n**3 / best
-  x = np.ones(64 << 20, np.float32)  # 256 MiB
-  y = np.empty_like(x)
-  np.copyto(y, x)
-  best = float("inf")
-  for _ in range(max(reps // 2, 1)):
-    t = time.perf_counter()
-    np.copyto(y, x)
-    best = min(best, time.perf_counter() - t)
-  bw = 2 * x.nbytes / best  # read + write
-  return flops, bw
+
+def _describe_kernel(calls) -> str:
+  """Per-call means of minor faults and CPU seconds (meaningful on a loaded machine too)."""
+  n = max(len(calls), 1)
+  flt, user, sys_s = (sum(c[k] for c in calls) / n for k in ("minflt", "user_s", "sys_s"))
+  share = 100 * sys_s / max(user + sys_s, 1e-9)
+  return (f"{flt:,.0f} minor faults per call ({flt * 4096 / 2**20:.0f} MiB of fresh pages), "
+          f"CPU user {user:.2f} s + system {sys_s:.2f} s ({share:.1f}% in the kernel)")
 
 
 def roofline_seconds(p, flops_peak, bw_peak):
@@ -125,6 +117,9 @@ def main():
   ap.add_argument("--threads", type=int, default=os.cpu_count())
   quiet.add_flags(ap)
   args = ap.parse_args()
+  # As `vapo_jax.main` does, before jax starts (both sides run in this process and share it).
+  malloc = host_memory.configure(host_memory.expected_platform())
+  print(f"malloc: {malloc or 'glibc defaults'} (run/host_memory.py; {host_memory.ENV}=0: off)")
   names = list(PRESETS) if args.preset == "all" else [args.preset]
   facts = quiet.machine_facts(peers=("torch", "transformers"))
   load = quiet.Load()
@@ -144,7 +139,6 @@ def run(preset: str, p: dict, args, load: quiet.Load):
   import transformers  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from vapo_jax.sampler import engine as sampler_lib  # pylint: disable=g-import-not-at-top
   from vapo_jax.models import hf_io  # pylint: disable=g-import-not-at-top
   from vapo_jax.sampler.ops import SamplingConfig  # pylint: disable=g-import-not-at-top
@@ -190,16 +184,22 @@ def run(preset: str, p: dict, args, load: quiet.Load):
 
   # Interleaved, so that load from other processes hits both sides alike.
   last = {}
+  kernel = {"vapo_jax": [], "transformers": []}  # per call: minor faults, user s, system s
 
   def ours():
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     last["out"] = jax.block_until_ready(
         sampler(state, prompt_list, jax.random.key(len(rounds_seen) + 1)))
+    kernel["vapo_jax"].append(_rusage_delta(r0))
 
   def theirs():
     with torch.inference_mode():
+      r0 = resource.getrusage(resource.RUSAGE_SELF)
       t = time.perf_counter()
       last["gen"] = hf_model.generate(input_ids=ids, attention_mask=mask, **gen_kw)
-      return time.perf_counter() - t
+      elapsed = time.perf_counter() - t
+      kernel["transformers"].append(_rusage_delta(r0))
+      return elapsed
 
   rounds_seen = []
   rounds = quiet.interleave([("vapo_jax", ours), ("transformers", theirs)],
@@ -209,7 +209,7 @@ def run(preset: str, p: dict, args, load: quiet.Load):
   assert gen.shape == (b, P + R), gen.shape
 
   # --- report ---------------------------------------------------------------
-  flops_peak, bw_peak = measure_peaks(jax, jnp)
+  flops_peak, bw_peak = quiet.machine_peaks()
   bound = roofline_seconds(p, flops_peak, bw_peak)
   t_ours, t_theirs = rounds.median("vapo_jax"), rounds.median("transformers")
   print(f"preset {preset}: Qwen2 {n_params / 1e6:.1f}M params "
@@ -229,11 +229,14 @@ def run(preset: str, p: dict, args, load: quiet.Load):
       f"matmul, {bw_peak / 1e9:.1f} GB/s copy): bound {bound:.3f} s -> "
       f"vapo_jax {100 * bound / t_ours:.1f}%, "
       f"transformers {100 * bound / t_theirs:.1f}%"]
+  lines += [f"[{preset}] {side:<21}: " + _describe_kernel(calls)
+            for side, calls in kernel.items()]
   results = {"preset": preset, "params": n_params, "batch": b, "prompt": P, "new": R,
              "n_per_prompt": n, "compile_s": compile_s,
              "vapo_jax_tokens_per_s": new_tokens / t_ours,
              "transformers_tokens_per_s": new_tokens / t_theirs,
              "roofline_s": bound, "flops_peak": flops_peak, "bw_peak": bw_peak,
+             "rusage_per_call": kernel,
              **rounds.to_json([("vapo_jax", "transformers")])}
   return lines, results
 

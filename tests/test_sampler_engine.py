@@ -161,6 +161,31 @@ def test_params_on_a_mesh_compile_once():
   jax.tree.map(np.testing.assert_array_equal, first, again)
 
 
+def test_cache_allocator_compiles_once_across_clear_cache():
+  # The trainer frees the cache after every rollout (clear_cache); allocating it again must
+  # reuse the compiled allocator, not trace and compile a new one each RL step.
+  cfg = SamplingConfig(max_new_tokens=4, n_per_prompt=2, max_prompt_len=8)
+  _, state, sampler = make(cfg)
+  compiles = []
+
+  def listener(event, _, **kw):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(1)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    sampler(state, PROMPTS, jax.random.key(0))
+    sampler.clear_cache()
+    n = len(compiles)
+    for i in range(3):
+      sampler(state, PROMPTS, jax.random.key(i + 1))
+      sampler.clear_cache()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert len(compiles) == n  # nothing compiled after the first call
+  assert len(sampler._allocs) == 1
+
+
 def test_clear_errors():
   cfg = SamplingConfig(max_new_tokens=5, max_prompt_len=6)
   _, state, sampler = make(cfg)

@@ -29,6 +29,10 @@ _PID = flags.DEFINE_integer("process_id", None, "This process's index (explicit 
 
 def main(argv):
   del argv
+  # CPU runs: large XLA buffers reused, not mapped afresh each step (run/host_memory.py);
+  # before jax starts its CPU client and threads.
+  from vapo_jax.run import host_memory  # pylint: disable=import-outside-toplevel
+  host_memory.configure(host_memory.expected_platform())
   if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
   if _CONFIG.value is None:

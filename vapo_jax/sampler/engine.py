@@ -258,6 +258,7 @@ class Sampler:
     self.batch_shards = int(np.prod([mesh.shape[a] for a in self.batch_axes
                                     ])) if mesh else 1
     self._caches: dict[int, Any] = {}
+    self._allocs: dict[Any, Callable] = {}  # (rows, out sharding) -> jitted allocator
     fn = functools.partial(_generate, graphdef, init_cache, cfg, self.cache_leaf_axes,
                            self.constrain)
     self._generate = jax.jit(fn, donate_argnums=(3,))
@@ -313,9 +314,13 @@ class Sampler:
         leaf = next(iter(jax.tree.leaves(state)), None)
         if isinstance(getattr(leaf, "sharding", None), NamedSharding):
           out_shardings = NamedSharding(leaf.sharding.mesh, P())
-      alloc = jax.jit(lambda: self.constrain(self.init_cache(rows, s), None),
-                      out_shardings=out_shardings)
-      self._caches[rows] = alloc()
+      # One allocator per (rows, sharding), kept across clear_cache: a new lambda each time
+      # was a new jit, traced and compiled again at every RL step (docs/speed.md).
+      k = (rows, out_shardings)
+      if k not in self._allocs:
+        self._allocs[k] = jax.jit(lambda: self.constrain(self.init_cache(rows, s), None),
+                                  out_shardings=out_shardings)
+      self._caches[rows] = self._allocs[k]()
     return self._caches.pop(rows)
 
   def pad_prompts(
