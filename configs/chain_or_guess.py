@@ -31,7 +31,8 @@ Settings, fixed in advance (the paper's values, or its dimensionless equivalents
 - Value pretraining: Monte Carlo targets, the plateau rule (3-step moving average of the value
   loss improving < 2% over 5 steps) after ≥ 5 steps, capped at 30; the log records which
   ended it (`value_pretrain/stopped_by`). Reward-model stage: 10 steps.
-- One SFT start (data.seed = model.init_seed = 0; 700 steps) for every seed, accepted only in
+- One SFT start (data.seed = model.init_seed = 0; SFT_STEPS steps, see the precondition log
+  below) for every seed, accepted only in
   SFT_BAND on a 256-problem development set at T = 1; seeds vary only the RM, value
   pretraining and RL. Held-out set: 256 problems, the same for every seed. 40 RL steps.
 
@@ -56,6 +57,15 @@ avg@4; "guess rate" = share of held-out samples ≤ 15 tokens, `short_frac`):
   `no_length_adaptive` row runs, Δ < 0 on the long-chain half.
 - Minimum detectable effect with 3 seeds: about 8 points (review §2); smaller effects need
   more seeds, not a reading of the intervals.
+Precondition log (changes made from preconditions only, never from a row's result):
+- 2026-12-02, SFT band: 700 SFT steps (loss 0.091, still falling) were refused by SFT_BAND on
+  the dev set: long 14.5%, short 42.2%, guess rate 13.4% (`benchmarks/results/
+  ablation-chain_or_guess-2026-12-02/pilot/`). Per the doc's rule only sft.steps changes:
+  SFT_STEPS = 1000. That run is the 700-step run's step-680 checkpoint resumed to 1000 (the
+  lr is constant with no warmup, and resume restores the optimizer and the data order, so it
+  is the 1000-step run from scratch: its losses at steps 681–700 are bit-identical to the
+  700-step run's; its log says so). SFT_BAND accepted it: long 29.7%, short 66.3%, guess
+  rate 14.6% (dev set, 256 problems × 4 samples at T = 1).
 Rows this toy cannot test, and why (review §4.3): Clip-Higher (entropy collapse over
 thousands of updates; here 160), token-level loss (repetition in very long responses), group
 sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive-example NLL
@@ -65,6 +75,7 @@ sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive
 from vapo_jax import config as config_lib
 
 FIXED_LAMBDA = 0.8
+SFT_STEPS = 1000  # 700 refused by SFT_BAND (precondition log in the docstring)
 # The table's rows (tools.ablate's default --rows for this config).
 ABLATION_ROWS = "vapo,ppo,no_value_pretrain,no_decoupled_gae,no_decoupled_gae_vp"
 # The shared SFT start is accepted only inside this band (tools.sft_band), set in advance.
@@ -113,7 +124,7 @@ def get_config(preset: str = "vapo"):
   c.sampling.temperature = 1.0
 
   c.sft.enabled = True
-  c.sft.steps = 700
+  c.sft.steps = SFT_STEPS
   c.sft.batch_size = 32
   c.optim.sft_lr = 2e-3
   c.optim.policy_lr = 1e-4

@@ -89,6 +89,18 @@ def test_a_resumed_run_that_finishes_is_finished(tmp_path):
   assert third["state"] == "crashed" and "NonFiniteError" in third["log_tail"]
 
 
+def test_runs_stay_in_the_tools_process_group_only_when_asked(tmp_path):
+  """Default: each run in its own session (Ctrl-C reaches only the tool); same_group: the
+  tool's group, so `kill -STOP -PGID` of a background tool pauses its run as well."""
+  cmd = [sys.executable, "-c", "import os; print('pgid', os.getpgrp())"]
+  for same, expect_ours in ((False, False), (True, True)):
+    run = ablate.Run("vapo", "row", 0, str(tmp_path / f"same{same}"), "vapo", ())
+    assert ablate.Runner(same_group=same).run(run, cmd)["state"] == "finished"
+    log = (tmp_path / f"same{same}" / ablate.LOG).read_text()
+    pgid = int(log.split("pgid ")[1].split()[0])
+    assert (pgid == os.getpgrp()) == expect_ours, (same, pgid, os.getpgrp())
+
+
 def test_rows_are_the_papers_and_presets():
   assert set(ablate.ROW_NAMES) == {*PAPER_ROWS, "no_decoupled_gae_vp", "ppo_lam095"}
   assert {r.name for r in ablate.parse_rows("all")} == {*PAPER_ROWS, "no_decoupled_gae_vp"}

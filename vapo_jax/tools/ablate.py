@@ -329,11 +329,18 @@ def outcome(returncode: int, log_text: str, stopping: bool) -> str:
 
 class Runner:
   """Runs the plan's subprocesses one at a time; SIGTERM / SIGINT stop the current one at
-  its next step boundary (it checkpoints) and end the tool; rerunning resumes."""
+  its next step boundary (it checkpoints) and end the tool; rerunning resumes.
 
-  def __init__(self):
+  same_group: each run stays in the tool's process group (default: its own session, so a
+  terminal's Ctrl-C reaches only the tool, which stops the run cleanly). With it,
+  `kill -STOP -PGID` / `kill -CONT -PGID` of the tool's group pause and resume the run too
+  (a tool started under `setsid` in the background, sharing its cores).
+  """
+
+  def __init__(self, same_group: bool = False):
     self.child: subprocess.Popen | None = None
     self.stopping = False
+    self.same_group = same_group
 
   def install(self) -> None:
     def handler(signum, frame):
@@ -355,7 +362,8 @@ class Runner:
       log.write(f"\n$ {' '.join(cmd)}\n")
       log.flush()
       self.child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                    preexec_fn=_die_with_parent, start_new_session=True)
+                                    preexec_fn=_die_with_parent,
+                                    start_new_session=not self.same_group)
       returncode = self.child.wait()
       self.child = None
     with open(path, "rb") as f:
@@ -448,11 +456,12 @@ def config_loader(path: str, user: dict[str, Any]):
 
 def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
            user: dict[str, Any], *, rerun_crashed: bool = False, command_text: str = "",
-           smoke: bool = False) -> list[dict]:
+           smoke: bool = False, same_group: bool = False) -> list[dict]:
   """Runs (or resumes) the plan and writes the reports; returns the row summaries.
 
   smoke: the config file's SMOKE overrides under the user's, and its SMOKE_BAND (every
   stage at a few steps: a check that the whole command runs, not a measurement).
+  same_group: the runs stay in the tool's process group (`Runner`).
   """
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -476,7 +485,7 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
   print(f"[ablate] {len(runs)} runs ({sum(r.kind == 'row' for r in runs)} rows × seeds, "
         f"{sum(r.kind == 'stage' for r in runs)} shared stages): {len(runs) - len(todo)} "
         f"done before, {len(todo)} to run", flush=True)
-  runner = Runner()
+  runner = Runner(same_group)
   runner.install()
   t0, times = time.time(), []
   for i, run in enumerate(todo):
@@ -527,6 +536,9 @@ def define_flags() -> None:
   flags.DEFINE_bool("rerun_crashed", False, "Run again the runs that crashed last time.")
   flags.DEFINE_bool("smoke", False, "The config file's SMOKE overrides and SMOKE_BAND: every "
                     "stage at a few steps (a check that the command runs end to end).")
+  flags.DEFINE_bool("same_group", False, "Keep every run in the tool's process group, so "
+                    "that kill -STOP/-CONT -PGID of the tool pauses and resumes its run too "
+                    "(default: each run in its own session; Ctrl-C reaches only the tool).")
 
 
 def main(argv):
@@ -545,7 +557,7 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   ablate(path, rows, seeds, f.workdir, user,
-         rerun_crashed=f.rerun_crashed, smoke=f.smoke,
+         rerun_crashed=f.rerun_crashed, smoke=f.smoke, same_group=f.same_group,
          command_text=" ".join(["python -m vapo_jax.tools.ablate", *sys.argv[1:]]))
 
 
