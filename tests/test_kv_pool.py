@@ -113,10 +113,11 @@ def test_compile_check_lowers_the_engine_programs():
   mcfg = archs.model_config(cfg)
   mesh = _mesh()
   plan = programs.build(cfg, mcfg, mesh)
-  names = [p.name for p in plan.programs]
+  # Packed train programs (the default) carry their shape: policy_step[rows=nxT].
+  names = [p.name.split("[")[0] for p in plan.programs]
   assert names == ["policy_step", "critic_step", "logprobs", "values", "decode_copy",
                    "prefill", "insert", "decode_chunk", "eval_insert", "eval_decode_chunk"]
-  progs = {p.name: p for p in plan.programs}
+  progs = {p.name.split("[")[0]: p for p in plan.programs}
   e = plan.engines["rollout"]
   assert progs["decode_chunk"].trips == e.ecfg.chunk_steps == cfg.sampling.chunk_steps
   assert "kv_pool" in progs["decode_chunk"].resident and "decode_copy" in progs["insert"].resident
