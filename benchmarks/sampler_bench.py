@@ -37,11 +37,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 import time
-
-import resource
 
 import numpy as np
 
