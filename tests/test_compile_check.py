@@ -85,9 +85,13 @@ def test_small_config_fits_a_small_slice(tmp_path):
   out = _check(*TINY, "--topology=v5e-4", f"--json={tmp_path}/r.json")
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "v5e-4: FITS" in out.stdout
-  for name in ("policy_step", "critic_step", "logprobs", "values", "prefill", "decode_step",
-               "eval_decode_step"):
+  # The rollout engine's own programs (the default sampling.engine), and its KV-pool lines.
+  for name in ("policy_step", "critic_step", "logprobs", "values", "decode_copy", "prefill",
+               "insert", "decode_chunk", "eval_insert", "eval_decode_chunk"):
     assert f"  {name}" in out.stdout, name
+  for pool in ("rollout", "eval"):
+    line = next(x for x in out.stdout.splitlines() if x.startswith(f"  kv_pool {pool}"))
+    assert "pages x 16 = " in line and line.endswith(": FITS"), line
   import json  # pylint: disable=import-outside-toplevel
   report = json.load(open(tmp_path / "r.json", encoding="utf-8"))[0]
   assert report["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
@@ -105,6 +109,10 @@ def test_small_config_fits_a_small_slice(tmp_path):
   assert sharded <= got <= sharded + replicated_extra, (got, sharded)
   p = _program(report, "policy_step")
   assert p["peak"] >= got and p["arguments"] >= got
+  # On a TPU slice the pool is sized from the chip's HBM: TINY's is capped by its slots.
+  assert report["kv_pools"]["rollout"]["limited_by"] == "slots"
+  assert report["programs"]["decode_chunk"]["peak"] >= sum(report["resident"].values()) + sum(
+      report["rollout_parts"][k] for k in ("decode_copy", "kv_pool"))
 
 
 @NEEDS_LIBTPU
