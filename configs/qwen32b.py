@@ -48,9 +48,10 @@ def get_config(preset: str = "vapo"):
   # × 262 kB/token = 1.4 TB, 23 GB per chip on v5p-128 (rows over fsdp, kv heads over tensor).
   c.sampling.prompts_per_call = 16   # the static sampler's (the engine samples a step at once)
   # The rollout engine (default): 1,024 decode slots on every tensor group; its KV pool is
-  # sized from the HBM the train state leaves (~960k tokens, ~63 GB per v5p chip: 40 whole
-  # 21.5k-token responses or ~150 of the late phase's mean). More slots than that only idle;
-  # ~256 and more keep the decode step KV-bound (tools/step_model --rollout=engine).
+  # sized from the HBM the train state leaves (~961k tokens, ~63 GB per v5p chip: 44 whole
+  # 21.5k-token responses, ~150 at the late phase's mean length, more early on). The step
+  # model (tools/step_model --rollout=engine) puts 256 to 1,024 slots within ~7% of each
+  # other, KV-bound late; the compile check says it FITS (docs/engine.md).
   c.sampling.slots = 1024
 
   c.reward.num_workers = 32
