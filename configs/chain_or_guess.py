@@ -16,8 +16,9 @@ chain's success rate after `A`).
       --workdir=/tmp/cog_smoke                        # every stage at a few steps (SMOKE)
   python -m benchmarks.value_bias --config=configs/chain_or_guess.py --out=/tmp/vb_cog
 
-NOT YET RUN (2026-12-01): no row, pilot or mechanism measurement has been made with this
-config. The settings and criteria below were fixed before any of them.
+Run status (2026-12-02): the pilot and the mechanism suite have run
+(docs/value_mechanisms.md §5); the 3-seed table is running. The settings and criteria below
+were fixed before any of them; the precondition log says what changed since, and why.
 
 Settings, fixed in advance (the paper's values, or its dimensionless equivalents):
 - α = 0.05 (κ = l·(1 − λ) = 20 at every length, as in the paper).

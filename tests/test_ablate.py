@@ -488,6 +488,24 @@ def test_metrics_are_kept_and_a_refused_start_says_why(tmp_path):
   assert ablate.band_verdict(str(w / "seed0" / "vapo")) == ""
 
 
+def test_a_refused_start_is_printed_as_refused_not_crashed(tmp_path):
+  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
+  assert ablate.BAND_REFUSED == sft_band.OUTSIDE
+  band_dir = tmp_path / ablate.BAND_DIR
+  band_dir.mkdir()
+  (band_dir / ablate.BAND_FILE).write_text(json.dumps(
+      {"accepted": False, "failures": ["accuracy/long = 0.145 outside [0.25, 0.4]"]}))
+  band = ablate.Run("sft_band", "stage", 0, str(band_dir), "vapo", (),
+                    module="vapo_jax.tools.sft_band")
+  refused = {"state": "crashed", "returncode": 3}
+  assert ablate.state_label(band, refused) == (
+      "refused (SFT start outside SFT_BAND: accuracy/long = 0.145 outside [0.25, 0.4])")
+  assert ablate.state_label(band, {"state": "crashed", "returncode": 1}) == "crashed"
+  row = ablate.Run("vapo", "row", 0, str(tmp_path / "vapo"), "vapo", ())
+  assert ablate.state_label(row, refused) == "crashed"
+  assert ablate.state_label(row, {"state": "finished", "returncode": 0}) == "finished"
+
+
 def test_the_band_metrics_and_check_by_hand():
   from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
   kinds = ["short", "short", "long", "long"]

@@ -255,3 +255,57 @@ def test_the_preregistered_criteria_read_mechanically():
   ppo = cog_criteria.verdicts(records)[0]
   assert ppo["verdict"] == "not reproduced"
   assert "| pre-registered criterion |" in cog_criteria.markdown(cog_criteria.verdicts(records))
+
+
+def test_the_mechanism_criteria_read_mechanically():
+  import cog_criteria  # pylint: disable=import-outside-toplevel
+
+  def fifths(*biases):
+    return [{"fifth": k, "cuts": 3, "bias": b} for k, b in enumerate(biases)]
+
+  def branches(g_gap, c_gap):
+    return {"\\": {"samples": 10, "success": 0.1, "value": 0.1 + g_gap, "gap": g_gap},
+            "A": {"samples": 90, "success": 0.5, "value": 0.5 + c_gap, "gap": c_gap}}
+
+  def m2(opt, adaptive_excess, fixed_excess):
+    # Buckets by length; each setting's MSE = the bucket's optimum + its excess there.
+    out = {}
+    for i, (lam, length) in enumerate(zip(opt, (10, 40, 140))):
+      settings = {"λ=0.95": {"mse": 1.0 + fixed_excess[i]}, "λ=0.8": {"mse": 1.0 + 0.5},
+                  "λ=1": {"mse": 1.0 + 0.5}, "α=0.05": {"mse": 1.0 + adaptive_excess[i]}}
+      out[f"b{i}"] = {"responses": 5, "mean_length": length, "optimal_lambda": lam,
+                      "optimal_mse": 1.0, "settings": settings}
+    out["empty"] = {"responses": 0}
+    return out
+
+  def m3(mc_lag, coupled_lag, steps=6):
+    return [{"step": i, "mc/v_s0": 0.5 + mc_lag, "coupled/v_s0": 0.5 + coupled_lag,
+             "mc/mean_return": 0.5, "coupled/mean_return": 0.5, "same_rollouts": True}
+            for i in range(steps)]
+
+  vb = {"critics": ["zero_head", "vp@8", "vp@32", "reward_model"],
+        "m1": {"reward_model": fifths(-0.2, -0.1, 0, 0, -0.01),
+               "vp@8/branches": branches(0.2, 0.0), "vp@32/branches": branches(0.01, -0.04)},
+        "m2": {"vp@8": m2((0.2, 0.6, 0.9), (0.01, 0.02, 0.01), (0.3, 0.1, 0.0)),
+               "vp@32": m2((0.6, 0.5, 0.9), (0.01, 0.02, 0.01), (0.3, 0.1, 0.0)),
+               "reward_model": m2((0.2, 0.6, 0.9), (0.2, 0.02, 0.01), (0.1, 0.1, 0.1))},
+        "m3": m3(-0.01, -0.2)}
+  got = {(r["row"], r["criterion"].split(":")[0]): r for r in
+         cog_criteria.mechanism_verdicts(vb)}
+  assert got[("precondition", "reward_model")]["verdict"] == "reproduced"
+  assert got[("precondition", "vp@8")]["verdict"] == "not reproduced"   # the guess gap 0.2
+  assert got[("precondition", "vp@32")]["verdict"] == "reproduced"
+  assert got[("no_decoupled_gae_vp", "M3")]["verdict"] == "reproduced"
+  assert got[("no_length_adaptive", "vp@8")]["verdict"] == "reproduced"
+  assert got[("no_length_adaptive", "vp@32")]["verdict"] == "not reproduced"  # 0.6 -> 0.5
+  # α's worst excess 0.2 is not below λ=0.95's 0.1.
+  assert got[("no_length_adaptive", "reward_model")]["verdict"] == "not reproduced"
+  # A flat RM profile, an MC critic that lags too, and a missing suite.
+  vb["m1"]["reward_model"] = fifths(0.01, 0.0, 0.0, 0.0, 0.0)
+  vb["m3"] = m3(-0.15, -0.2)
+  got = {(r["row"], r["criterion"].split(":")[0]): r["verdict"] for r in
+         cog_criteria.mechanism_verdicts(vb)}
+  assert got[("precondition", "reward_model")] == "not reproduced (flat)"
+  assert got[("no_decoupled_gae_vp", "M3")] == "not reproduced"
+  empty = cog_criteria.mechanism_verdicts({"critics": [], "m1": {}, "m2": {}, "m3": []})
+  assert {r["verdict"] for r in empty} == {"not run"}

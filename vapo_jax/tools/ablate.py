@@ -70,6 +70,7 @@ from vapo_jax.tools.ablation_report import (  # noqa: F401  pylint: disable=unus
     t_quantile_975, write_reports)
 
 LOG = "log.txt"
+BAND_REFUSED = 3  # = tools.sft_band.OUTSIDE (not imported: no jax here)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,6 +328,15 @@ def outcome(returncode: int, log_text: str, stopping: bool) -> str:
   return "crashed"
 
 
+def state_label(run: Run, status: dict) -> str:
+  """A run's outcome as the tool prints it: a band check that exits with `tools.sft_band`'s
+  status 3 refused the start (its verdict says why); it did not crash."""
+  if (run.module == "vapo_jax.tools.sft_band" and status["state"] == "crashed"
+      and status["returncode"] == BAND_REFUSED):
+    return f"refused ({band_verdict(run.directory) or 'outside the band'})"
+  return status["state"]
+
+
 class Runner:
   """Runs the plan's subprocesses one at a time; SIGTERM / SIGINT stop the current one at
   its next step boundary (it checkpoints) and end the tool; rerunning resumes.
@@ -512,7 +522,7 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
       rec = run_record(run, status)
       if "avg" in rec:
         extra = f", avg@{rec['k']} {rec['avg']:.3f}"
-    print(f"[ablate] {i + 1}/{len(todo)} {where}: {status['state']} in "
+    print(f"[ablate] {i + 1}/{len(todo)} {where}: {state_label(run, status)} in "
           f"{report.hms(status['wall_s'])}{extra} | elapsed {report.hms(time.time() - t0)}, ETA "
           f"{report.hms(eta)}", flush=True)
     if run.kind == "row":
