@@ -47,11 +47,13 @@ def get_config(preset: str = "vapo"):
   # 16 prompts × 16 responses per sampler call: one call's KV cache is 256 rows × 21.5k slots
   # × 262 kB/token = 1.4 TB, 23 GB per chip on v5p-128 (rows over fsdp, kv heads over tensor).
   c.sampling.prompts_per_call = 16   # the static sampler's (the engine samples a step at once)
-  # The rollout engine (default): 1,024 decode slots on every tensor group; its KV pool is
-  # sized from the HBM the train state leaves (~961k tokens, ~63 GB per v5p chip: 44 whole
-  # 21.5k-token responses, ~150 at the late phase's mean length, more early on). The step
-  # model (tools/step_model --rollout=engine) puts 256 to 1,024 slots within ~7% of each
-  # other, KV-bound late; the compile check says it FITS (docs/engine.md).
+  # The rollout engine (default): one set of 1,024 decode slots, its heads split over
+  # mesh.tensor and repeated on every data x fsdp group (per-replica slots and pools are
+  # not built yet: docs/engine.md; the step model's as-built engine is KV-bound late). Its
+  # KV pool is sized from the HBM the train state leaves (~961k tokens, ~63 GB per v5p
+  # chip: 44 whole 21.5k-token responses, ~150 at the late phase's mean length, more early
+  # on). The step model (tools/step_model --rollout=engine) puts 256 to 1,024 slots within
+  # ~7% of each other, KV-bound late; the compile check says it FITS (docs/engine.md).
   c.sampling.slots = 1024
 
   c.reward.num_workers = 32

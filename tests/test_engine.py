@@ -240,3 +240,37 @@ def test_trainer_rl_step_with_the_engine_on_8_devices_equals_one():
   assert one[2]["rollout/rollout_tokens"] == eight[2]["rollout/rollout_tokens"]
   tt.assert_trees_close(one[0], eight[0], atol=2e-5)
   tt.assert_trees_close(one[1], eight[1], atol=2e-5)
+
+
+def test_engine_compiles_nothing_after_its_first_rollout_and_allocates_the_pool_sharded(ckpt):
+  # rl.experience frees the pool and the decode copy after every rollout (clear_cache); the
+  # next rollout must reuse the compiled copy and allocator, and the pool must be made on its
+  # sharding (at pod scale a whole pool on one device does not fit).
+  _, graphdef, state, mcfg = ckpt
+  mesh = sharding.make_mesh(data=1, fsdp=4, tensor=2)
+  train = jax.device_put(state, sharding.state_shardings(state, mesh))
+  eng = continuous.Engine(graphdef, mcfg, _sampled_cfg(), ecfg(slots=4), mesh=mesh)
+  compiles = []
+
+  def listener(event, _, **kw):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(1)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    first = np_tree(eng(train, PROMPTS, jax.random.key(0)))
+    eng.clear_cache()
+    n = len(compiles)
+    for i in range(2):
+      again = np_tree(eng(train, PROMPTS, jax.random.key(0)))
+      eng.clear_cache()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert len(compiles) == n, len(compiles) - n
+  np.testing.assert_array_equal(first.response_BxR, again.response_BxR)
+  pages = eng._pool(jnp.dtype(mcfg.dtype))  # pylint: disable=protected-access
+  want = eng._pool_sharding(pages)  # pylint: disable=protected-access
+  assert "tensor" in str(want.spec)  # kv heads split over mesh.tensor
+  for p in pages:
+    assert p.sharding.is_equivalent_to(want, p.ndim)
+    assert p.addressable_shards[0].data.shape == want.shard_shape(p.shape)

@@ -145,8 +145,9 @@ class SamplingSection:
   page_size: int = 16       # tokens per KV page
   # KV pool in tokens (whole pages). 0: sized from the memory the train state leaves
   # (sampler/kv_pool.py): (1 - kv_headroom) x HBM less the resident train states, reference,
-  # rollout batch and decode copy, capped at slots x (max_prompt_tokens + max_new_tokens);
-  # on CPU (no HBM figure) the cap. Must hold one whole response.
+  # rollout batch and decode copy, capped at slots x the pages of one whole response
+  # (ceil((max_prompt_tokens + max_new_tokens - 1) / page_size)); on CPU (no HBM figure)
+  # the cap. Must hold one whole response.
   kv_tokens: int = 0
   kv_headroom: float = 0.1  # fraction of HBM the pool leaves for the programs' temporaries
   chunk_steps: int = 16     # decode steps per on-device chunk (host work between chunks)

@@ -31,16 +31,29 @@ from vapo_jax.sampler import kv_pool
 
 
 def device_hbm(mesh) -> float | None:
-  """Memory per device (bytes) as the runtime reports it; None on CPU or without a figure."""
-  dev = mesh.devices.flat[0]
+  """Memory per device (bytes) as the runtime reports it; None on CPU or without a figure.
+
+  Read from a device this process owns (another host's device has no `memory_stats` here)
+  and, on a multi-process run, the smallest figure over the processes, so that every host
+  sizes the same KV pool and compiles the same programs.
+  """
+  own = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+  dev = own[0] if own else mesh.devices.flat[0]
   if dev.platform == "cpu":
     return None
   try:
     stats = dev.memory_stats() or {}
-  except Exception:  # pylint: disable=broad-except  (some runtimes do not implement it)
-    return None
-  limit = stats.get("bytes_limit")
-  return float(limit) if limit else None
+  except Exception as e:  # pylint: disable=broad-except  (some runtimes do not implement it)
+    print(f"[memory] {dev} reports no memory_stats ({e}); the KV pool is sized by its slots "
+          "(set sampling.kv_tokens to size it yourself)", flush=True)
+    stats = {}
+  limit = float(stats.get("bytes_limit") or 0)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    limits = np.asarray(multihost_utils.process_allgather(np.float64(limit)))
+    limit = 0.0 if (limits <= 0).any() else float(limits.min())
+  return limit or None
 
 
 def _abstract(build, mesh, rules):

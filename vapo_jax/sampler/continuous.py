@@ -238,6 +238,10 @@ class Engine:
     self._copy_of: tuple | None = None
     self._programs: dict[Any, Any] = {}
     self._pages = None
+    # Jitted once per layout and reused across clear_cache (rl.experience frees the pool
+    # and the copy after every rollout; a new jax.jit would trace and compile again).
+    self._copy_fns: dict[Any, Any] = {}
+    self._pool_allocs: dict[Any, Any] = {}
 
   # -- programs
   def decode_copy(self, params):
@@ -246,9 +250,14 @@ class Engine:
     ident = tuple(id(x) for x in leaves)
     if self._copy_of is None or self._copy_of[0] != ident:
       self._copy_of = None  # free the old copy first
-      g, p = decode_weights.decode_copy(self.graphdef, params,
-                                        self.decode_dtype, self.mesh,
-                                        self.rules)
+      layout = (jax.tree.structure(params),
+                tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves))
+      if layout not in self._copy_fns:
+        g, build, shardings, _ = decode_weights.decode_layout(
+            self.graphdef, params, self.decode_dtype, self.mesh, self.rules)
+        self._copy_fns = {layout: (g, jax.jit(build, out_shardings=shardings))}
+      g, build = self._copy_fns[layout]
+      p = build(params)
       self._copy_of = (ident, leaves, g, p)
     return self._copy_of[2], self._copy_of[3]
 
@@ -322,10 +331,18 @@ class Engine:
         self._home = leaf.sharding.mesh
 
   def _pool(self, dtype):
+    """The KV pool, allocated in place on its sharding (never whole on one device: at
+    pod scale the pool is most of a chip's HBM times the tensor shards)."""
     if self._pages is None:
-      pages = transformer.init_pages(self.model_cfg, self.ecfg.num_pages,
-                                     self.ecfg.page_size, dtype)
-      self._pages = jax.device_put(pages, self._pool_sharding(pages))
+      make = functools.partial(transformer.init_pages, self.model_cfg, self.ecfg.num_pages,
+                               self.ecfg.page_size, dtype)
+      abstract = jax.eval_shape(make)
+      sh = self._pool_sharding(abstract)
+      k = (str(jnp.dtype(dtype)), sh)
+      if k not in self._pool_allocs:
+        out = None if sh is None else tuple(sh for _ in abstract)
+        self._pool_allocs[k] = jax.jit(make, out_shardings=out)
+      self._pages = self._pool_allocs[k]()
     out, self._pages = self._pages, None
     return out
 
