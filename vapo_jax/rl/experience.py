@@ -152,7 +152,7 @@ class Experience:
     # Real / computed tokens of the old-log-prob (and value) pass on packed rows (rl.packing).
     # The value pass plans with the same PackSpec (`run.parts.pass_spec`): the same plan.
     if getattr(self.logprobs, "last_efficiency", None) is not None:
-      for name in ("forward", "logprobs", "values"):
+      for name in ("forward", "logprobs") + (("values",) if values is not None else ()):
         metrics[f"perf/{name}_token_efficiency"] = self.logprobs.last_efficiency
     return batch, metrics
 
