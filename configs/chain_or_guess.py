@@ -17,8 +17,9 @@ chain's success rate after `A`).
   python -m benchmarks.value_bias --config=configs/chain_or_guess.py --out=/tmp/vb_cog
 
 Run status (2026-12-02): the pilot and the mechanism suite have run
-(docs/value_mechanisms.md §5); the 3-seed table is running. The settings and criteria below
-were fixed before any of them; the precondition log says what changed since, and why.
+(docs/value_mechanisms.md §5); the 3-seed table is stopped on a failed precondition (the
+log below). The settings and criteria below were fixed before any of them; the precondition
+log says what changed since, and why.
 
 Settings, fixed in advance (the paper's values, or its dimensionless equivalents):
 - α = 0.05 (κ = l·(1 − λ) = 20 at every length, as in the paper).
@@ -67,6 +68,12 @@ Precondition log (changes made from preconditions only, never from a row's resul
   is the 1000-step run from scratch: its losses at steps 681–700 are bit-identical to the
   700-step run's; its log says so). SFT_BAND accepted it: long 29.7%, short 66.3%, guess
   rate 14.6% (dev set, 256 problems × 4 samples at T = 1).
+- 2026-12-02, the suite on that start (`benchmarks/results/value-bias-chain_or_guess-
+  2026-12-02/`): the RM's M1 profile is negative early and rising late (−0.45 … −0.28): met,
+  no RM variant. Value pretraining's branch calibration is NOT met at 8, 32 or 64 steps
+  (guess gap +0.36, +0.27, +0.13); seed 0's stage stopped by the plateau rule at 12 steps
+  (EV 0.04). No setting is changed yet: the fix (a longer value pretraining, or the review's
+  3 × 192 model) is for the next session to decide from the suite, before any row.
 Rows this toy cannot test, and why (review §4.3): Clip-Higher (entropy collapse over
 thousands of updates; here 160), token-level loss (repetition in very long responses), group
 sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive-example NLL
