@@ -98,7 +98,7 @@ def test_config_builds_every_row_with_the_papers_dimensionless_settings():
   vp = module.get_config("no_decoupled_gae_vp")
   assert vp.value_pretrain.coupled_gae and not vp.rl.decoupled_gae
   assert module.get_config("vapo").rl.lam_policy == 0.8  # (unused with length-adaptive λ)
-  assert "NOT YET RUN" in module.__doc__ and "Pre-registered criteria" in module.__doc__
+  assert "Run status" in module.__doc__ and "Pre-registered criteria" in module.__doc__
   names = module.ABLATION_ROWS.split(",")
   assert {"vapo", "ppo", "no_value_pretrain", "no_decoupled_gae",
           "no_decoupled_gae_vp"} <= set(names)
