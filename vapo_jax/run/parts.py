@@ -134,6 +134,23 @@ def build_critic(cfg, policy_graphdef, policy_params, mesh, rules, *, params=Non
   return graphdef, jax.jit(lambda t: jax.tree.map(jnp.copy, t))(params)
 
 
+def uses_engine(cfg) -> bool:
+  """Whether the run samples with the rollout engine: sampling.engine == "continuous" on a
+  single-process run. The engine's host loop is single-process for now (it places its slot
+  state with device_put and reads each chunk's tokens with device_get, which a multi-process
+  mesh's arrays do not allow), so a multi-process run samples with the static sampler and
+  says so once."""
+  if cfg.sampling.engine != "continuous":
+    return False
+  if jax.process_count() > 1:
+    if not getattr(uses_engine, "_said", False):
+      print(f"[sampler] sampling.engine=continuous is single-process for now; this run has "
+            f"{jax.process_count()} processes: sampling with the static sampler", flush=True)
+      uses_engine._said = True  # pylint: disable=protected-access
+    return False
+  return True
+
+
 def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
                   temperature: float | None = None, greedy: bool = False, rows: int = 0,
                   memory: kv_pool.Memory | None = None, kv_tokens: int = 0):
@@ -149,7 +166,7 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
       pad_id=text.pad_id, vocab_size=text.vocab_size, n_per_prompt=n,
       max_prompt_len=cfg.data.max_prompt_tokens,
       prompt_buckets=(cfg.data.max_prompt_tokens,), decode_windows=s.decode_windows)
-  if s.engine == "continuous":  # the rollout engine (docs/engine.md)
+  if uses_engine(cfg):  # the rollout engine (docs/engine.md)
     slots = s.slots or rows or n  # 0: as many slots as the static sampler has rows
     if memory is None and not (s.kv_tokens or kv_tokens):
       memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, optimizer)
@@ -408,7 +425,7 @@ def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text, *,
   """The rollout, evaluation and greedy samplers. memory / kv_tokens ({"rollout" | "eval" |
   "greedy": tokens}) size the engines' KV pools (`build_sampler`; the compile check)."""
   build = functools.partial(build_sampler, cfg, graphdef, mcfg, mesh, rules, text)
-  if (memory is None and cfg.sampling.engine == "continuous" and not cfg.sampling.kv_tokens
+  if (memory is None and uses_engine(cfg) and not cfg.sampling.kv_tokens
       and not kv_tokens):
     memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, optimizer)
   kv = kv_tokens or {}
