@@ -159,6 +159,92 @@ def test_scheduler_never_starves_with_a_one_response_pool():
   assert sorted(done) == list(range(6)) and pool.used == 0
 
 
+def test_page_pool_groups_keep_each_slot_in_its_replica():
+  pool = paged.PagePool(num_pages=6, page_size=4, slots=4, max_pages=3, groups=2)
+  assert [pool.group(s) for s in range(4)] == [0, 0, 1, 1]
+  assert pool.grow(0, 12) and not pool.grow(1, 4)  # group 0's 3 pages are slot 0's
+  assert pool.grow(2, 8) and pool.grow(3, 4)       # group 1 is untouched by group 0
+  t = pool.table()
+  np.testing.assert_array_equal(t[0], [0, 1, 2])   # ids local to the group
+  np.testing.assert_array_equal(t[1], [3, 3, 3])   # NO_PAGE = N / groups
+  np.testing.assert_array_equal(t[2], [0, 1, 3])
+  np.testing.assert_array_equal(pool.global_row(2, t[2]), [3, 4, 6])  # NO_PAGE = N
+  pool.release(0)
+  assert pool.grow(1, 4) and pool.table()[1, 0] == 0 and pool.used == 4
+  with pytest.raises(ValueError, match="groups=4 must divide"):
+    paged.PagePool(num_pages=6, page_size=4, slots=4, max_pages=3, groups=4)
+
+
+def test_scheduler_with_replicas_never_starves_and_admits_past_a_full_replica():
+  # 2 replicas of 2 slots, 4 pages each (one whole response of 13 + 3 - 1 = 15 tokens).
+  pool = paged.PagePool(num_pages=8, page_size=4, slots=4, max_pages=4, groups=2)
+  sched = slots_lib.Scheduler(pool, range(9))
+  lens = {b: 4 + 2 * b for b in range(9)}
+  done, rounds = [], 0
+  while not sched.done():
+    rounds += 1
+    assert rounds < 400
+    sched.admit(lambda b: 3, 13, 2)
+    sched.reserve(2)
+    for s, run in enumerate(sched.running):
+      if run is None:
+        continue
+      gen = run.kv_tokens - 3
+      step = min(2, lens[run.response] - gen)
+      fin = gen + step >= lens[run.response]
+      sched.advance(s, step, fin)
+      if fin:
+        done.append(run.response)
+  assert sorted(done) == list(range(9)) and pool.used == 0
+  # Replica 0 full: the queue's head goes to replica 1's free slot, in queue order.
+  pool = paged.PagePool(num_pages=4, page_size=4, slots=4, max_pages=2, groups=2)
+  sched = slots_lib.Scheduler(pool, range(4))
+  assert sched.admit(lambda b: 8, 1, 0) == [(0, 0), (2, 1)]
+
+
+def test_decode_replicas_split_the_work_and_the_pool_and_sample_the_same(ckpt):
+  """On a 2x2x2 mesh: 4 decode replicas (data x fsdp) give the tokens and log-probs of
+  one replica, with a pool small enough to evict; each chip then computes a quarter of
+  the decode chunk, holds a quarter of the pool, and gathers no pool page."""
+  _, graphdef, state, mcfg = ckpt
+  mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+  train = jax.device_put(state, sharding.state_shardings(state, mesh))
+  cfg = _sampled_cfg(eos=(40, 7, 22))
+  key = jax.random.key(5)
+  # Each replica gets one whole response's pages (16 + R - 1 tokens: 7 pages of 4), so
+  # its two slots run short and evict.
+  SMALL = 4 * 4 * 7  # noqa: N806
+  outs, costs = {}, {}
+  for reps, kv in ((1, 256), (4, 256), (4, SMALL)):
+    eng = continuous.Engine(graphdef, mcfg, cfg, ecfg(slots=8, kv_tokens=kv, replicas=reps),
+                            mesh=mesh)
+    outs[reps, kv] = (np_tree(eng(train, PROMPTS, key)), eng.last_stats)
+    if kv == 256:
+      progs = eng.lowerable(train)
+      c = progs["decode_chunk"].lower(*progs["decode_chunk_args"]).compile()
+      cost = c.cost_analysis()
+      cost = cost[0] if isinstance(cost, list) else cost
+      pool = progs["decode_chunk_args"][1][0]
+      shard = pool.sharding.shard_shape(pool.shape)
+      gathers = [l for l in c.as_text().splitlines() if "all-gather" in l
+                 and f"[{','.join(map(str, shard[1:]))}]" in l]
+      costs[reps] = (cost["flops"], shard[0], gathers)
+  base = outs[1, 256][0]
+  for k in ((4, 256), (4, SMALL)):
+    out = outs[k][0]
+    np.testing.assert_array_equal(out.response_BxR, base.response_BxR)
+    np.testing.assert_array_equal(out.lengths_B, base.lengths_B)
+    np.testing.assert_allclose(out.logp_BxR, base.logp_BxR, atol=2e-5)
+  assert outs[4, SMALL][1]["evictions"] > 0
+  assert costs[1][1] == 4 * costs[4][1]               # a quarter of the pages per chip
+  assert costs[1][0] > 3.0 * costs[4][0], costs        # about a quarter of the work
+  assert costs[4][2] == [], costs[4][2]                # no page of the pool gathered
+  with pytest.raises(ValueError, match="replicas=2: must be 1 or the mesh's batch"):
+    continuous.Engine(graphdef, mcfg, cfg, ecfg(slots=8, replicas=2), mesh=mesh)
+  with pytest.raises(ValueError, match="multiple of replicas"):
+    ecfg(slots=6, replicas=4)
+
+
 def test_clear_errors(ckpt):
   _, graphdef, _, mcfg = ckpt
   with pytest.raises(ValueError, match="kv_tokens"):

@@ -63,6 +63,25 @@ def test_sizing_rule_by_hand():
     size(explicit=16)
 
 
+def test_sizing_rule_per_replica():
+  """With R decode replicas a chip holds one replica's part: the per-chip figures size
+  each part, the cap counts S / R slots, and the pool has R times the pages."""
+  size = lambda **kw: kv_pool.size(slots=4, page_size=16, whole_tokens=23,  # noqa: E731
+                                   token_bytes_=100.0, replicas=2, **kw)
+  # Cap: 2 slots x 2 pages per replica, 8 pages in all: as many as one replica of 4 slots.
+  assert (size().num_pages, size().tokens, size().replicas) == (8, 128, 2)
+  # free 6000 bytes per chip = 3 pages per replica, 6 in all; a chip holds 3 of them.
+  p = size(memory=kv_pool.Memory(10_000, 3_000, 0.1))
+  assert (p.num_pages, p.tokens, p.limited_by) == (6, 96, "memory")
+  assert p.bytes_per_chip == 4800 and "2 replicas of 3 pages" in p.describe()
+  # Explicit: the whole pool's tokens, whole pages split evenly (3 pages -> 2 per replica).
+  assert size(explicit=40).num_pages == 4
+  with pytest.raises(ValueError, match="per replica of 2"):
+    size(explicit=20)  # 2 pages: 1 per replica < the 2 a response needs
+  with pytest.raises(ValueError, match="must divide slots"):
+    kv_pool.size(slots=3, page_size=16, whole_tokens=23, token_bytes_=1.0, replicas=2)
+
+
 def test_token_bytes_follow_the_pool_sharding():
   cfg = _config()
   mcfg = archs.model_config(cfg)

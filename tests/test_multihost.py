@@ -39,10 +39,7 @@ FLAGS = ["--config.sft.steps=4", "--config.sft.batch_size=16",
          "--config.data.num_eval=8", "--config.checkpoint.every=3",
          "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
          "--config.metrics.tensorboard=False", "--config.metrics.plot=False",
-         "--config.faults.collective_timeout_s=300",
-         # Multi-process runs sample with the static sampler (run.parts.uses_engine); the
-         # one-process run they are compared with must too.
-         "--config.sampling.engine=static"]
+         "--config.faults.collective_timeout_s=300"]
 
 
 def _env(nproc: int, devices: int, workdir, **extra) -> dict:

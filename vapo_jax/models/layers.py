@@ -228,7 +228,10 @@ class Attention(nnx.Module):
     token is written), "lens": [B] (tokens visible after the write; 0: idle slot),
     "pages_per_block": int, "kernel": "jax" | "tpu", and for "tpu" on a mesh "mesh" and
     "head_axis", the mesh axis the heads are split over}; see `models.paged_attention`. The
-    updated pool comes back in place of the cache entry. The mask argument is unused.
+    updated pool comes back in place of the cache entry. The mask argument is unused. With
+    "batch_axes" (decode replicas, needs "mesh") slots and pool pages are split over those
+    mesh axes and each shard's table holds its own pages' local ids
+    (`paged_attention.replica_step`).
 
     `causal=True` promises a call from slot 0 whose keys are its queries'
     slots (S = T, every key after its query hidden; no cache, or a prefill
@@ -258,6 +261,16 @@ class Attention(nnx.Module):
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if paged is not None and paged.get("batch_axes"):
+      # Decode replicas: each (data, fsdp) shard writes and attends over its own slots
+      # and its own part of the pool, with no communication.
+      out, pages = paged_attention.replica_step(
+          q[:, 0], kv, paged_attention.combine(k[:, 0], v[:, 0]), paged["table"],
+          paged["pos"], paged["lens"], mesh=paged["mesh"], batch_axes=paged["batch_axes"],
+          head_axis=paged.get("head_axis"), kernel=paged.get("kernel", "jax"),
+          pages_per_block=paged.get("pages_per_block", 8))
+      y = lora.project(self, "o", out[:, None].astype(dt), 2, dt)
+      return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), pages
     if paged is not None:
       pages = paged_attention.write_tokens(kv, paged_attention.combine(k[:, 0], v[:, 0]),
                                            paged["table"], paged["pos"])

@@ -21,6 +21,12 @@ length of the longest slot, never the pool or a row's cap. Keys at p >= lens[b] 
 and their values zeroed before use, so stale KV of a page's previous owner (any finite or
 non-finite value) never reaches the output. On TPU `tpu_decode_attention` runs jax's Pallas
 kernel on the same arrays.
+
+Decode replicas (`replica_step`): on a mesh whose batch axes (data, fsdp) hold R copies of
+the decode weights, slots and pool pages are split R ways over those axes. Replica r owns
+slots r S/R .. (r+1) S/R - 1 and pages r N/R .. (r+1) N/R - 1, and its slots' tables list
+its pages by local id (0..N/R - 1), so every shard writes and attends over its own part of
+the pool in a `shard_map`, with no communication.
 """
 
 from __future__ import annotations
@@ -148,3 +154,33 @@ def tpu_decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.A
       q_SxHxDh, kv_pages, lens_S.astype(jnp.int32), table,
       jnp.arange(s + 1, dtype=jnp.int32), jnp.array([s], jnp.int32),
       sm_scale=1.0 / math.sqrt(dh), **kernel_kw)
+
+
+def replica_step(q_SxHxDh: jax.Array, kv_pages: jax.Array, kv_Sx2KxDh: jax.Array,
+                 table_SxM: jax.Array, pos_S: jax.Array, lens_S: jax.Array, *, mesh,
+                 batch_axes, head_axis=None, kernel: str = "jax", pages_per_block: int = 8
+                 ) -> tuple[jax.Array, jax.Array]:
+  """`write_tokens` then the decode attention, per shard of `mesh`: (out [S, H, Dh], pages).
+
+  Slots (S) and pool pages (N) are split over `batch_axes`, heads (q heads and combined kv
+  heads) over `head_axis`; table_SxM holds page ids local to each slot's shard. kernel:
+  "jax" (`decode_attention`) or "tpu" (`tpu_decode_attention`, jax's Pallas kernel).
+  """
+  from jax.sharding import PartitionSpec as P
+  b = tuple(batch_axes) or None
+
+  def local(q, pool, kv, table, pos, lens):
+    pool = write_tokens(pool, kv, table, pos)
+    if kernel == "tpu":
+      out = tpu_decode_attention(q, pool, lens, table, pages_per_block=pages_per_block)
+    else:
+      out = decode_attention(q, pool, lens, table, pages_per_block=pages_per_block)
+    return out, pool
+
+  heads = P(b, head_axis, None)
+  pool_spec = P(b, None, head_axis, None)
+  return jax.shard_map(
+      local, mesh=mesh,
+      in_specs=(heads, pool_spec, heads, P(b, None), P(b), P(b)),
+      out_specs=(heads, pool_spec), check_vma=False)(
+          q_SxHxDh, kv_pages, kv_Sx2KxDh, table_SxM, pos_S, lens_S)

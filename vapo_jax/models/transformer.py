@@ -175,7 +175,7 @@ class Transformer(nnx.Module):
 
   def decode_paged(self, tokens_S: jax.Array, pos_S: jax.Array, pages: tuple, *,
                    table_SxM: jax.Array, lens_S: jax.Array, pages_per_block: int = 8,
-                   kernel: str = "jax", mesh=None, head_axis=None
+                   kernel: str = "jax", mesh=None, head_axis=None, batch_axes=()
                    ) -> tuple[jax.Array, tuple]:
     """One decode step of S slots over paged KV pools (the rollout engine's path).
 
@@ -183,13 +183,16 @@ class Transformer(nnx.Module):
     in slot s's pages (`models.paged_attention`); it attends over the slot's first
     lens_S[s] tokens (pos + 1 for a live slot, 0 for an idle one, which writes nothing when
     its table row holds no page). kernel="tpu" runs jax's Pallas kernel (per shard of
-    `mesh`, heads over `head_axis`). Returns (final hidden [S, D], the L updated pools).
+    `mesh`, heads over `head_axis`). With `batch_axes` (decode replicas) slots and pool
+    pages are split over those mesh axes and each slot's table row holds its replica's
+    local page ids (`paged_attention.replica_step`). Returns (final hidden [S, D], the L
+    updated pools).
     """
     x = jnp.take(self.embed[...], tokens_S[:, None], axis=0).astype(self.cfg.dtype)
     cos, sin = layers.rope_tables(pos_S[:, None], layers.rope_inv_freq(self.cfg))
     paged = {"table": table_SxM, "pos": pos_S, "lens": lens_S,
              "pages_per_block": pages_per_block, "kernel": kernel, "mesh": mesh,
-             "head_axis": head_axis}
+             "head_axis": head_axis, "batch_axes": tuple(batch_axes)}
     new = []
     for block, pool in zip(self.blocks, pages):
       x, pool = block(x, cos, sin, None, pool, 0, paged=paged)

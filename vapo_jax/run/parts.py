@@ -135,20 +135,37 @@ def build_critic(cfg, policy_graphdef, policy_params, mesh, rules, *, params=Non
 
 
 def uses_engine(cfg) -> bool:
-  """Whether the run samples with the rollout engine: sampling.engine == "continuous" on a
-  single-process run. The engine's host loop is single-process for now (it places its slot
-  state with device_put and reads each chunk's tokens with device_get, which a multi-process
-  mesh's arrays do not allow), so a multi-process run samples with the static sampler and
-  says so once."""
-  if cfg.sampling.engine != "continuous":
-    return False
-  if jax.process_count() > 1:
-    if not getattr(uses_engine, "_said", False):
-      print(f"[sampler] sampling.engine=continuous is single-process for now; this run has "
-            f"{jax.process_count()} processes: sampling with the static sampler", flush=True)
-      uses_engine._said = True  # pylint: disable=protected-access
-    return False
-  return True
+  """Whether the run samples with the rollout engine (sampling.engine == "continuous"),
+  single- or multi-process: every process runs the same host loop on the same values and
+  reads each chunk from replicated arrays (docs/engine.md)."""
+  return cfg.sampling.engine == "continuous"
+
+
+def decode_replicas(mcfg, mesh, rules, slots: int) -> int:
+  """The engine's decode replicas: the mesh's batch shards (data x fsdp, each a whole
+  tensor-parallel decode copy) when they divide the slots and the tensor axis splits the
+  kv heads whole, else 1 (every chip decodes every slot; one line says so)."""
+  if mesh is None:
+    return 1
+  axes = shd.batch_axes(mesh, rules)
+  r = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+  if r == 1:
+    return 1
+  why = None
+  if slots % r:
+    why = f"{slots} slots do not split over {r} batch shards"
+  else:
+    spec = shd.logical_to_spec(("kv_heads",), rules, mesh, (2 * mcfg.num_kv_heads,))
+    head = spec[0]
+    tp = int(np.prod([mesh.shape[a] for a in ((head,) if isinstance(head, str)
+                                               else tuple(head or ()))]))
+    if mcfg.num_kv_heads % tp:
+      why = f"{mcfg.num_kv_heads} kv heads do not split over {tp} tensor shards"
+  if why:
+    print(f"[sampler] decode replicas off ({why}): every chip decodes every slot",
+          flush=True)
+    return 1
+  return r
 
 
 def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
@@ -170,13 +187,14 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
     slots = s.slots or rows or n  # 0: as many slots as the static sampler has rows
     if memory is None and not (s.kv_tokens or kv_tokens):
       memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, optimizer)
+    replicas = decode_replicas(mcfg, mesh, rules, slots)
     pool = kv_pool.size(slots=slots, page_size=s.page_size,
                         whole_tokens=cfg.data.max_prompt_tokens + s.max_new_tokens - 1,
                         token_bytes_=kv_pool.token_bytes(mcfg, mcfg.dtype, mesh, rules),
-                        memory=memory, explicit=s.kv_tokens or kv_tokens)
+                        memory=memory, explicit=s.kv_tokens or kv_tokens, replicas=replicas)
     engine = continuous.Engine(graphdef, mcfg, scfg, continuous.EngineConfig(
         slots=slots, page_size=s.page_size, chunk_steps=s.chunk_steps, kv_tokens=pool.tokens,
-        decode_dtype=s.decode_dtype), mesh=mesh, rules=rules)
+        decode_dtype=s.decode_dtype, replicas=replicas), mesh=mesh, rules=rules)
     engine.pool = pool  # how it was sized (the compile check's KV-pool line)
     return engine
   # The KV cache's kv_heads axis is split like the k/v projections (over `tensor`), not

@@ -71,6 +71,10 @@ class EngineConfig:
       training copy, in half the bytes at bf16), "bfloat16", "float32", "float16".
     kernel: "jax" (pure-JAX paged attention, any backend) or "tpu" (jax's Pallas ragged
       paged attention kernel).
+    replicas: R, decode replicas (the engine's mesh's batch shards, data x fsdp, each
+      holding a whole tensor-parallel decode copy): slots and pages split R ways, replica
+      r decoding slots r S/R .. (r+1) S/R - 1 from its own N/R pages. 1: every chip
+      decodes every slot from a pool replicated over the batch axes.
   """
 
   slots: int = 16
@@ -80,29 +84,40 @@ class EngineConfig:
   pages_per_block: int = 8
   decode_dtype: str = "auto"
   kernel: str = "jax"
+  replicas: int = 1
 
   def __post_init__(self):
     def bad(field, value, allowed):
       raise ValueError(f"EngineConfig.{field}={value!r}: must be {allowed}.")
-    for f in ("slots", "page_size", "kv_tokens", "chunk_steps", "pages_per_block"):
+    for f in ("slots", "page_size", "kv_tokens", "chunk_steps", "pages_per_block",
+              "replicas"):
       if getattr(self, f) < 1:
         bad(f, getattr(self, f), ">= 1")
     if self.decode_dtype not in ("auto", "bfloat16", "float32", "float16"):
       bad("decode_dtype", self.decode_dtype, "one of auto, bfloat16, float32, float16")
     if self.kernel not in ("jax", "tpu"):
       bad("kernel", self.kernel, '"jax" or "tpu"')
+    if self.slots % self.replicas:
+      bad("slots", self.slots, f"a multiple of replicas={self.replicas}")
 
   @property
   def num_pages(self) -> int:
-    return paged.pages_for(self.kv_tokens, self.page_size)
+    """Pages in the pool: kv_tokens in whole pages, rounded up to a multiple of replicas."""
+    per = paged.pages_for(paged.pages_for(self.kv_tokens, self.page_size), self.replicas)
+    return per * self.replicas
+
+  @property
+  def replica_pages(self) -> int:
+    return self.num_pages // self.replicas
 
 
 def check(cfg: ops.SamplingConfig, ecfg: EngineConfig) -> None:
-  """ValueError if the pool cannot hold one whole response."""
+  """ValueError if the pool (each replica's part) cannot hold one whole response."""
   need = cfg.max_prompt_len + cfg.max_new_tokens - 1
-  if ecfg.num_pages * ecfg.page_size < need:
+  if ecfg.replica_pages * ecfg.page_size < need:
+    per = "" if ecfg.replicas == 1 else f" per replica of {ecfg.replicas}"
     raise ValueError(
-        f"EngineConfig.kv_tokens={ecfg.kv_tokens} holds {ecfg.num_pages} pages of "
+        f"EngineConfig.kv_tokens={ecfg.kv_tokens} holds {ecfg.replica_pages} pages{per} of "
         f"{ecfg.page_size} tokens, fewer than one whole response needs "
         f"(max_prompt_len {cfg.max_prompt_len} + max_new_tokens {cfg.max_new_tokens} - 1 = "
         f"{need}); raise sampling.kv_tokens")
@@ -160,16 +175,18 @@ def insert(cfg: ops.SamplingConfig, pages, cache, logits_1xV, table_M, plen, slo
 
 
 def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
-                 mesh, head_axis, params, pages, table_SxM, state, exit_below):
+                 mesh, head_axis, batch_axes, params, pages, table_SxM, state, exit_below):
   """Up to K decode steps of every slot; stops early once active slots <= exit_below.
 
   Returns (pages, state, tokens_SxK, logp_SxK, steps): row s of the outputs holds the
   tokens drawn for slot s in this chunk, first (t_S_after - t_S_before) entries real.
+  With `batch_axes` (ecfg.replicas > 1) the slots' rows and the pool are split over those
+  mesh axes and table_SxM holds each replica's local page ids.
   """
   model = nnx.merge(graphdef, params)
   s, k = table_SxM.shape[0], ecfg.chunk_steps
   r = cfg.max_new_tokens
-  no_page = jnp.full_like(table_SxM, ecfg.num_pages)
+  no_page = jnp.full_like(table_SxM, ecfg.replica_pages)
 
   def cond(c):
     i, _, st, _, _ = c
@@ -183,7 +200,7 @@ def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
     hidden, pages = model.decode_paged(
         st["tok_S"], st["pos_S"], pages, table_SxM=table, lens_S=lens,
         pages_per_block=ecfg.pages_per_block, kernel=ecfg.kernel, mesh=mesh,
-        head_axis=head_axis)
+        head_axis=head_axis, batch_axes=batch_axes)
     logits = static_engine.last_logits(model, hidden)
     keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(st["keys_S"], impl=impl),
                                         st["t_S"])
@@ -202,6 +219,21 @@ def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
           jnp.zeros((s, k), jnp.float32))
   steps, pages, state, toks, lps = jax.lax.while_loop(cond, body, init)
   return pages, state, toks, lps, steps
+
+
+def _replicate_outputs(fn, mesh, which: tuple[int, ...]):
+  """fn with its outputs at positions `which` constrained to be replicated over `mesh`."""
+  if mesh is None:
+    return fn
+  rep = NamedSharding(mesh, P())
+
+  @functools.wraps(fn)
+  def pinned(*args):
+    out = list(fn(*args))
+    for i in which:
+      out[i] = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, rep), out[i])
+    return tuple(out)
+  return pinned
 
 
 # ----------------------------------------------------------------------------- engine
@@ -230,6 +262,18 @@ class Engine:
     self.graphdef, self.model_cfg = graphdef, model_cfg
     self.mesh, self.rules = mesh, rules
     self.batch_axes = shd.batch_axes(mesh, rules) if mesh is not None else ()
+    shards = int(np.prod([mesh.shape[a] for a in self.batch_axes])) if self.batch_axes else 1
+    if ecfg.replicas not in (1, shards):
+      raise ValueError(f"EngineConfig.replicas={ecfg.replicas}: must be 1 or the mesh's "
+                       f"batch shards ({shards}, over {self.batch_axes or 'no axes'})")
+    self.replica_axes = self.batch_axes if ecfg.replicas > 1 else ()
+    if self.replica_axes:
+      head = shd.logical_to_spec(("kv_heads",), rules, mesh, (2 * model_cfg.num_kv_heads,))[0]
+      tp = int(np.prod([mesh.shape[a] for a in ((head,) if isinstance(head, str)
+                                                 else tuple(head or ()))]))
+      if model_cfg.num_kv_heads % tp:
+        raise ValueError(f"EngineConfig.replicas={ecfg.replicas} needs the kv heads "
+                         f"({model_cfg.num_kv_heads}) whole on each of {tp} tensor shards")
     self.max_pages = paged.pages_for(cfg.max_prompt_len + cfg.max_new_tokens - 1,
                                      ecfg.page_size)
     self.decode_dtype = jnp.dtype(model_cfg.dtype if ecfg.decode_dtype == "auto"
@@ -262,18 +306,27 @@ class Engine:
     return self._copy_of[2], self._copy_of[3]
 
   def programs(self, graphdef, impl):
-    """The jitted (prefill, insert, decode_chunk) for a decode graphdef and key impl."""
-    k = (graphdef, str(impl))
+    """The jitted (prefill, insert, decode_chunk) for a decode graphdef and key impl.
+
+    What the host loop reads (insert's slot state and token 0, the chunk's tokens,
+    log-probs, slot state and step count) comes out replicated over the mesh, so every
+    process of a multi-process mesh reads it from its own devices."""
+    home = getattr(self, "_home", self.mesh)
+    k = (graphdef, str(impl), home)
     if k not in self._programs:
       pre = jax.jit(functools.partial(prefill, graphdef))
-      ins = jax.jit(functools.partial(insert, self.cfg), donate_argnums=(0, 8))
+      ins = jax.jit(_replicate_outputs(functools.partial(insert, self.cfg), home, (1, 2, 3)),
+                    donate_argnums=(0, 8))
       head_axis = None
       if self.mesh is not None:
         spec = shd.logical_to_spec(("kv_heads",), self.rules, self.mesh,
                                    (2 * self.model_cfg.num_kv_heads,))
         head_axis = spec[0]
-      dec = jax.jit(functools.partial(decode_chunk, graphdef, self.cfg, self.ecfg, impl,
-                                      self.mesh, head_axis), donate_argnums=(1, 3))
+      fn = functools.partial(decode_chunk, graphdef, self.cfg, self.ecfg, impl, self.mesh,
+                             head_axis, self.replica_axes)
+      if self.replica_axes:  # rows split over the replicas (the blocks' constraints)
+        fn = shd.traced_under(fn, self.mesh, self.rules)
+      dec = jax.jit(_replicate_outputs(fn, home, (1, 2, 3, 4)), donate_argnums=(1, 3))
       self._programs[k] = (pre, ins, dec)
     return self._programs[k]
 
@@ -347,18 +400,30 @@ class Engine:
     return out
 
   def _pool_sharding(self, pages):
+    """Heads over the tensor axis; pages over the batch axes with decode replicas."""
     home = getattr(self, "_home", self.mesh)
     if home is None:
       return None
     spec = shd.logical_to_spec((None, None, "kv_heads", "head_dim"), self.rules, home,
                                pages[0].shape)
+    if self.replica_axes:
+      b = self.replica_axes
+      spec = P(b[0] if len(b) == 1 else b, *spec[1:])
     return NamedSharding(home, spec)
 
   def _replicated(self, x):
+    """A host value (every process holds the same one) as an array replicated over the
+    engine's mesh. `make_array_from_callback`, not `device_put`: on a multi-process mesh
+    each process places only its own devices' copies."""
     home = getattr(self, "_home", self.mesh)
     if home is None:
       return jnp.asarray(x)
-    return jax.device_put(x, NamedSharding(home, P()))
+    sharding = NamedSharding(home, P())
+    if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return jax.random.wrap_key_data(self._replicated(jax.random.key_data(x)),
+                                      impl=jax.random.key_impl(x))
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
   def clear_cache(self):
     """Frees the KV pool and the decode copy (e.g. before big train steps)."""
@@ -395,7 +460,8 @@ class Engine:
              "t_S": np.zeros(s, np.int32), "active_S": np.zeros(s, bool),
              "keys_S": np.zeros((s,) + kd.shape, kd.dtype)}
     state = jax.tree.map(self._replicated, state)
-    pool = paged.PagePool(ecfg.num_pages, ecfg.page_size, s, self.max_pages)
+    pool = paged.PagePool(ecfg.num_pages, ecfg.page_size, s, self.max_pages,
+                          groups=ecfg.replicas)
     order = list(range(b_total)) if order is None else list(order)
     if sorted(order) != list(range(b_total)):
       raise ValueError(f"order must be a permutation of range({b_total})")
@@ -420,7 +486,7 @@ class Engine:
           prefills[p] = pre(dparams, self._replicated(toks), self._replicated(np.int32(plen)))
           n_prefill += 1
         cache, logits = prefills[p]
-        row = pool.table()[slot]
+        row = pool.global_row(slot, pool.table()[slot])
         pages, state, t0_, l0_ = ins(pages, cache, logits, self._replicated(row),
                                      np.int32(len(prompts[p])), np.int32(slot), np.int32(b),
                                      key_dev, state)

@@ -15,6 +15,10 @@ W = max_prompt_len + max_new_tokens - 1 KV tokens (M = ceil(W / Ps) pages per sl
                                                 response when pages run short, so one response
                                                 is the least that always finishes)
 
+Decode replicas (R = the mesh's batch shards, `EngineConfig.replicas`): a chip holds one
+replica's part of the pool, so the figures above are per replica, with S / R slots in the
+cap, and the pool has R times as many pages in all.
+
 The headroom is for the engine programs' temporaries (the decode step's activations and
 [S, V] logits, one prompt's prefill cache); the compile check measures them and says whether
 resident + pool + temporaries fit. Without an HBM figure (CPU, or a device that reports none)
@@ -54,14 +58,17 @@ class Pool:
   token_bytes: float         # KV bytes per token per chip
   limited_by: str            # "memory", "slots" (the cap S M Ps), "explicit" or "no HBM figure"
   free_bytes: float | None = None  # (1 - headroom) HBM - resident; None without HBM
+  replicas: int = 1          # decode replicas; a chip holds tokens / replicas of the pool
 
   @property
   def bytes_per_chip(self) -> float:
-    return self.tokens * self.token_bytes
+    return self.tokens / self.replicas * self.token_bytes
 
   def describe(self) -> str:
     free = "" if self.free_bytes is None else f" of {fmt_bytes(self.free_bytes)} free"
-    return (f"{self.num_pages} pages x {self.page_size} = {self.tokens} tokens "
+    reps = "" if self.replicas == 1 else (
+        f" in {self.replicas} replicas of {self.num_pages // self.replicas} pages")
+    return (f"{self.num_pages} pages x {self.page_size} = {self.tokens} tokens{reps} "
             f"({self.tokens / self.slots:.0f} per slot over {self.slots} slots), "
             f"{fmt_bytes(self.bytes_per_chip)}/chip{free}; sized by {self.limited_by}")
 
@@ -98,26 +105,32 @@ def token_bytes(model_cfg, dtype: Any, mesh=None, rules: shd.Rules = shd.DEFAULT
 
 
 def size(*, slots: int, page_size: int, whole_tokens: int, token_bytes_: float,
-         memory: Memory | None = None, explicit: int = 0) -> Pool:
-  """The pool of an engine (see the module docstring); ValueError if it cannot hold one
-  response of `whole_tokens` KV tokens."""
+         memory: Memory | None = None, explicit: int = 0, replicas: int = 1) -> Pool:
+  """The pool of an engine (see the module docstring); ValueError if it (each replica's
+  part, with `replicas` > 1) cannot hold one response of `whole_tokens` KV tokens.
+  `explicit` is the whole pool's tokens, split evenly over the replicas."""
+  if replicas < 1 or slots % replicas:
+    raise ValueError(f"replicas={replicas} must divide slots={slots}")
   max_pages = paged.pages_for(whole_tokens, page_size)
-  cap = slots * max_pages
+  cap = slots // replicas * max_pages  # per replica
   free = None
   if explicit:
-    pages, why = paged.pages_for(explicit, page_size), "explicit"
+    pages = paged.pages_for(paged.pages_for(explicit, page_size), replicas)
+    why = "explicit"
   elif memory is None or memory.hbm is None:
     pages, why = cap, "no HBM figure"
   else:
     free = (1.0 - memory.headroom) * memory.hbm - memory.resident
     fit = int(max(free, 0.0) // (page_size * token_bytes_))
     pages, why = (fit, "memory") if fit < cap else (cap, "slots")
-  pool = Pool(pages * page_size, pages, page_size, slots, token_bytes_, why, free)
+  total = pages * replicas
+  pool = Pool(total * page_size, total, page_size, slots, token_bytes_, why, free, replicas)
   if pages < max_pages:
     if why == "explicit":
+      per = "" if replicas == 1 else f" per replica of {replicas}"
       raise ValueError(
-          f"sampling.kv_tokens={explicit} holds {pages} pages of {page_size} tokens, fewer "
-          f"than one whole response needs ({whole_tokens} tokens, {max_pages} pages)")
+          f"sampling.kv_tokens={explicit} holds {pages} pages{per} of {page_size} tokens, "
+          f"fewer than one whole response needs ({whole_tokens} tokens, {max_pages} pages)")
     raise ValueError(
         f"the KV pool gets only {pages} pages of {page_size} tokens "
         f"({(free or 0) / GB:.2f} GB free per chip: (1 - {memory.headroom}) x "

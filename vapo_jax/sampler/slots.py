@@ -9,6 +9,10 @@ queue, restarted from its prompt later). Eviction never changes a response: its 
 a function of its key, prompt and weights only (per-response PRNG), so the restart
 regenerates them. The oldest running response is never evicted for a younger one, and the
 pool holds at least one whole response, so the oldest always finishes: no starvation.
+
+With replicas (`PagePool(groups=R)`) a slot takes pages of its own group only: admission
+passes over the slots of a group that is short, and eviction, the oldest-first order and
+the no-starvation argument hold within each group (each holds one whole response).
 """
 
 from __future__ import annotations
@@ -56,14 +60,18 @@ class Scheduler:
     A response is admitted if pages for its prompt plus one chunk of tokens are free.
     """
     out = []
+    full = set()  # groups (replicas) whose pages ran short for the queue's head
     for s in self.free_slots():
       if not self.pending:
         break
+      if self.pool.group(s) in full:
+        continue
       b = self.pending[0]
       plen = prompt_tokens(b)
       cap = plen + max_new - 1
       if not self.pool.grow(s, min(plen + chunk, cap)):
-        break
+        full.add(self.pool.group(s))
+        continue
       self.pending.popleft()
       self.running[s] = Running(b, self._seq, plen, cap)
       self._seq += 1
@@ -77,18 +85,23 @@ class Scheduler:
     """
     evicted = []
     order = sorted((r.seq, s) for s, r in enumerate(self.running) if r is not None)
+    oldest = {}  # per group (replica): its oldest running response's seq
+    for seq, s in order:
+      oldest.setdefault(self.pool.group(s), seq)
     for _, s in order:
       r = self.running[s]
       if r is None:  # evicted below for an older slot
         continue
+      g = self.pool.group(s)
       want = min(r.kv_tokens + chunk, r.cap_tokens)
       while not self.pool.grow(s, want):
         victims = [(v.seq, t) for t, v in enumerate(self.running)
-                   if v is not None and v.seq > r.seq]
-        # The youngest younger response gives way; with none, this one does (an older
-        # one holds the pages). The oldest always has a younger one or the whole pool.
+                   if v is not None and v.seq > r.seq and self.pool.group(t) == g]
+        # The youngest younger response of the group gives way; with none, this one does
+        # (an older one holds the pages). The group's oldest always has a younger one or
+        # the group's whole pool.
         victim = max(victims)[1] if victims else s
-        if victim == s and r.seq == order[0][0]:
+        if victim == s and r.seq == oldest[g]:
           raise RuntimeError("the KV pool cannot hold one response; "
                              "config validation should have caught this")
         evicted.append((victim, self.running[victim].response))
