@@ -86,9 +86,11 @@ def test_writes_land_at_page_and_offset_and_drop_without_page():
 
 
 @NEEDS_LIBTPU
-def test_engine_decode_chunk_with_the_pallas_kernel_compiles_for_v5p():
+@pytest.mark.parametrize("fsdp,replicas", [(1, 1), (2, 2)])
+def test_engine_decode_chunk_with_the_pallas_kernel_compiles_for_v5p(fsdp, replicas):
   """The TPU path (jax's ragged paged attention kernel inside the engine's decode chunk,
-  per tensor shard) AOT-compiled for a v5p-8 slice from this CPU host."""
+  per tensor shard; with decode replicas, per replica and tensor shard) AOT-compiled for a
+  v5p-8 slice from this CPU host."""
   from flax import nnx
   from jax.sharding import Mesh
   from vapo_jax import sharding as shd
@@ -98,7 +100,7 @@ def test_engine_decode_chunk_with_the_pallas_kernel_compiles_for_v5p():
   from vapo_jax.sampler.ops import SamplingConfig
   from vapo_jax.tools import tpu_specs
   devs = tpu_specs.devices(tpu_specs.parse("v5p-8"))
-  mesh = Mesh(np.array(devs).reshape(1, 1, len(devs)), ("data", "fsdp", "tensor"),
+  mesh = Mesh(np.array(devs).reshape(1, fsdp, len(devs) // fsdp), ("data", "fsdp", "tensor"),
               axis_types=(jax.sharding.AxisType.Auto,) * 3)
   mcfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
                      num_heads=8, num_kv_heads=4, head_dim=128, dtype=jnp.bfloat16,
@@ -109,7 +111,8 @@ def test_engine_decode_chunk_with_the_pallas_kernel_compiles_for_v5p():
                            abs_state, shd.state_shardings(abs_state, mesh))
   cfg = SamplingConfig(max_new_tokens=64, max_prompt_len=64, prompt_buckets=(64,))
   eng = continuous.Engine(g, mcfg, cfg, continuous.EngineConfig(
-      slots=8, page_size=16, kv_tokens=8 * 128, kernel="tpu", decode_dtype="bfloat16"),
+      slots=8, page_size=16, kv_tokens=8 * 128, kernel="tpu", decode_dtype="bfloat16",
+      replicas=replicas),
       mesh=mesh)
   progs = eng.lowerable(abs_state)
   # Pallas reads the TPU generation from the default device while lowering.

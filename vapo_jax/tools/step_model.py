@@ -43,12 +43,13 @@ micro-batches of n rows from the token budget, each computed whole: n K T tokens
 at every slot, and the attention key blocks `attention._live_blocks` keeps for that layout,
 `step_counts.packed_pairs`), `--rollout=engine` (continuous batching, bf16 decode weights, KV
 read at live lengths, slots refilled FIFO while the live KV fits; one bf16 reshard per step).
-Its layout, `--engine_layout`: `built` (default) is `sampler/continuous.py` as it is: one
-pool and S slots on every chip, heads split over mesh.tensor, the slots, pages and pool of
-the run's own `EngineConfig` (`Setup.engine`: sampling.slots / page_size / chunk_steps, the
-pool sized by `sampler.kv_pool` from HBM less the train state); `replicas` is what
-per-replica pools would buy: replicas of `--engine_tp` chips, each its own slots and a KV
-budget of HBM less train state, weights and `--workspace_gb`.
+Its layout, `--engine_layout`: `built` (default) is `sampler/continuous.py` as it is: decode
+replicas of mesh.tensor chips (one per data x fsdp shard, `EngineConfig.replicas`), each with
+S / R of the slots and its own part of the pool, heads split over mesh.tensor, the slots,
+pages and pool of the run's own `EngineConfig` (`Setup.engine`: sampling.slots / page_size /
+chunk_steps, the pool sized by `sampler.kv_pool` from HBM less the train state); `replicas`
+is what replicas of `--engine_tp` chips would buy, each with no slot limit and a KV budget
+of HBM less train state, weights and `--workspace_gb`.
 
 Floor: real tokens only, exact causal attention per sequence (T (T+1) / 2 pairs), no remat
 (fwd 1, bwd 2 matmul, 2.5 attention), LM head on response tokens, at `--mfu_ceiling`; rollout
@@ -167,12 +168,14 @@ class EngineShape:
   """The sizes of a built rollout engine (`continuous.EngineConfig`)."""
   slots: int
   page_size: int
-  kv_tokens: int              # the pool: whole pages
+  kv_tokens: int              # the pool: whole pages (all replicas)
   chunk_steps: int
+  replicas: int = 1           # decode replicas: each S / R slots and kv_tokens / R
 
   @classmethod
   def of(cls, ecfg) -> "EngineShape":
-    return cls(ecfg.slots, ecfg.page_size, ecfg.num_pages * ecfg.page_size, ecfg.chunk_steps)
+    return cls(ecfg.slots, ecfg.page_size, ecfg.num_pages * ecfg.page_size, ecfg.chunk_steps,
+               ecfg.replicas)
 
 
 def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
@@ -196,14 +199,19 @@ def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
   for key, rows in (("rollout", st.rows),
                     ("eval", cfg.eval.batch_prompts * cfg.eval.samples_per_problem)):
     slots = sm.slots or rows
+    # run.parts.decode_replicas: the batch shards, if they divide the slots and the tensor
+    # axis splits the kv heads whole.
+    reps = max(1, st.chips // st.tensor)
+    if slots % reps or mcfg.num_kv_heads % shards:
+      reps = 1
     try:
       pool = kv_pool.size(slots=slots, page_size=sm.page_size,
                           whole_tokens=st.prompt_len + st.max_new - 1, token_bytes_=tok_b,
-                          memory=mem, explicit=sm.kv_tokens)
+                          memory=mem, explicit=sm.kv_tokens, replicas=reps)
     except ValueError:  # no room for one response: `estimate` says so if it needs the engine
       out[key] = None
       continue
-    out[key] = EngineShape(slots, sm.page_size, pool.tokens, sm.chunk_steps)
+    out[key] = EngineShape(slots, sm.page_size, pool.tokens, sm.chunk_steps, reps)
   return out
 
 
@@ -394,16 +402,17 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
   The rollout ends with the slowest replica. A response of ℓ tokens is ℓ steps (its first
   token comes from the prefill: one fewer decode step in fact, as compile_check counts).
 
-  engine (with `--engine_layout=built`, never for the floor): the engine as built, one
-  replica of every chip with heads over mesh.tensor (tp = Setup.tensor), its slots and its
-  pool of kv_tokens as the cap. Otherwise replicas of `--engine_tp` chips, no slot limit,
-  a cap of admit · kv_budget · tp / kv_bytes tokens.
+  engine (with `--engine_layout=built`, never for the floor): the engine as built, its
+  `replicas` of tp = Setup.tensor chips (heads over mesh.tensor), each with slots / replicas
+  slots and kv_tokens / replicas as the cap. Otherwise replicas of `--engine_tp` chips, no
+  slot limit, a cap of admit · kv_budget · tp / kv_bytes tokens.
   """
   a, k = st.arch, st.knobs
   n = n or st.n                  # responses per prompt: one prefill per prompt
   kvb = a.kv_bytes()
   if engine is not None and not floor:
-    tp, reps, cap, max_live = st.tensor, 1, float(engine.kv_tokens), engine.slots
+    reps = engine.replicas
+    tp, cap, max_live = st.tensor, engine.kv_tokens / reps, engine.slots // reps
   else:
     tp = k.engine_tp
     reps, max_live = max(1, st.chips // tp), None
@@ -459,9 +468,9 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
   prog.terms = worst_terms
   prog.steps = steps_max
   if max_live is not None:
-    prog.note = (f"as built: {engine.slots} slots on every chip (TP{tp}), a pool of "
-                 f"{engine.kv_tokens} tokens ({engine.kv_tokens * kvb / tp / GB:.1f} GB/chip), "
-                 f"{steps_max} steps")
+    prog.note = (f"as built: {reps} replicas × TP{tp} of {max_live} slots, a pool of "
+                 f"{cap:.0f} tokens each ({cap * kvb / tp / GB:.1f} GB/chip), slowest "
+                 f"replica {steps_max} steps")
   else:
     prog.note = (f"{reps} replicas × TP{tp}, KV budget {kv_budget(st, tp) / GB:.1f} GB/chip "
                  f"(≈{cap:.0f} live tokens), slowest replica {steps_max} steps")
