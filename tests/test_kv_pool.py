@@ -99,7 +99,9 @@ def test_run_memory_counts_what_the_compile_check_counts():
   want = {**plan.resident_parts, "decode_copy": plan.rollout_parts["decode_copy"]}
   assert got == want and got["reference"] > 0 and got["critic_state"] > 0
   # The run and the compile check size the pool from the same memory: same engine.
-  hbm = (sum(got.values()) + 5.5 * 16 * 128) / 0.9   # room for 5.5 pages after the headroom
+  # Room for 3.5 pages per chip after the headroom; the mesh's 2 batch shards are 2 decode
+  # replicas, each with 3 pages (2 slots x 2 pages would be its cap).
+  hbm = (sum(got.values()) + 3.5 * 16 * 128) / 0.9
   run_built = parts.samplers(cfg, None, mcfg, mesh, parts.rules_of(cfg),
                              inputs.build_text(cfg),
                              memory=run_memory.engine_memory(cfg, mcfg, mesh,
@@ -107,7 +109,8 @@ def test_run_memory_counts_what_the_compile_check_counts():
                                                              parts.optimizer, hbm=hbm))
   checked = programs.build(cfg, mcfg, mesh, ("decode_chunk",), hbm=hbm)
   assert run_built.rollout.ecfg == checked.engines["rollout"].ecfg
-  assert run_built.rollout.ecfg.num_pages == 5 and run_built.rollout.pool.limited_by == "memory"
+  assert run_built.rollout.ecfg.replicas == 2
+  assert run_built.rollout.ecfg.num_pages == 6 and run_built.rollout.pool.limited_by == "memory"
 
 
 def test_pool_too_small_is_a_config_error_before_any_compile():
@@ -120,8 +123,8 @@ def test_pool_too_small_is_a_config_error_before_any_compile():
                         memory=kv_pool.Memory(1e5, 1e5 * 0.9 - 16 * 128))
   eng = parts.build_sampler(cfg, None, mcfg, mesh, parts.rules_of(cfg), text, n=2, rows=16,
                             memory=kv_pool.Memory(1e5, 1e5 * 0.9 - 16 * 128),
-                            kv_tokens=40)   # an explicit size wins: 3 pages
-  assert eng.ecfg.num_pages == 3 and eng.pool.limited_by == "explicit"
+                            kv_tokens=40)   # an explicit size wins: 3 pages, 2 per replica
+  assert eng.ecfg.num_pages == 4 and eng.pool.limited_by == "explicit"
   # On CPU (no HBM figure): every slot can hold one whole response.
   eng = parts.build_sampler(cfg, None, mcfg, mesh, parts.rules_of(cfg), text, n=2, rows=16)
   assert (eng.ecfg.slots, eng.ecfg.num_pages, eng.pool.limited_by) == (4, 8, "no HBM figure")
@@ -142,8 +145,10 @@ def test_compile_check_lowers_the_engine_programs():
   assert "kv_pool" in progs["decode_chunk"].resident and "decode_copy" in progs["insert"].resident
   assert "kv_pool" not in progs["policy_step"].resident
   assert "eval_kv_pool" in progs["eval_decode_chunk"].resident
-  # The pool as resident: pages x Ps x 2K x Dh x 4 bytes / the 2 tensor shards.
-  assert plan.rollout_parts["kv_pool"] == e.ecfg.num_pages * 16 * 4 * 16 * 4 // 2
+  # The pool as resident: pages x Ps x 2K x Dh x 4 bytes / the 2 tensor shards / the 2
+  # decode replicas (a chip holds its replica's pages).
+  assert e.ecfg.replicas == 2
+  assert plan.rollout_parts["kv_pool"] == e.ecfg.num_pages * 16 * 4 * 16 * 4 // 2 // 2
   # The decode copy: the policy's parameters, FSDP dropped (here float32, as model.dtype).
   assert plan.rollout_parts["decode_copy"] > kv_pool.per_device_bytes(
       progs["decode_copy"].args[0])
@@ -154,7 +159,7 @@ def test_compile_check_lowers_the_engine_programs():
 
 
 def test_step_model_describes_the_built_engine():
-  cfg = _config()
+  cfg = _config(**{"mesh.tensor": 2})   # as _mesh(): 2 batch shards = 2 decode replicas
   mcfg = archs.model_config(cfg)
   plan = programs.build(cfg, mcfg, _mesh())
   shapes = {k: step_model.EngineShape.of(plan.engines[k].ecfg) for k in ("rollout", "eval")}
@@ -167,7 +172,7 @@ def test_step_model_describes_the_built_engine():
   resp = np.full(st.rows, cfg.sampling.max_new_tokens)
   prog = step_model.continuous_rollout(st, resp, np.full(st.rows, 16), False, engine=st.engine)
   assert prog.steps == plan.shapes["engine_decode_steps"]
-  assert "as built: 4 slots" in prog.note
+  assert st.engine.replicas == 2 and "as built: 2 replicas × TP2 of 2 slots" in prog.note
 
 
 def test_the_engine_samples_rollout_and_evaluation_by_default():
