@@ -94,7 +94,9 @@ def _records(workdir) -> list[dict]:
 
 def _wait_for_rl_step(workdir, step: int, proc: subprocess.Popen) -> None:
   path = os.path.join(workdir, "metrics.jsonl")
-  deadline = time.monotonic() + TIMEOUT
+  # Longer than one process's TIMEOUT: the first RL step compiles the rollout, evaluation
+  # and greedy engines' programs and the packed steps, beside the 1-process reference.
+  deadline = time.monotonic() + 1.5 * TIMEOUT
   while time.monotonic() < deadline:
     if os.path.exists(path) and any(r["stage"] == "rl" and r["step"] >= step
                                     for r in _records(workdir)):
