@@ -136,14 +136,14 @@ def test_lengths_truncation_and_logprobs_are_the_teacher_forced_ones(ckpt):
                              atol=2e-5)
 
 
-def test_scheduler_never_starves_with_a_one_response_pool():
-  pool = paged.PagePool(num_pages=4, page_size=4, slots=3, max_pages=4)
-  sched = slots_lib.Scheduler(pool, range(6))
-  lens = {b: 5 + b for b in range(6)}  # tokens each response will generate
+def _drain(pool, lens, max_rounds):
+  """Runs a Scheduler over `pool` until every response (prompt 3, max_new 13, chunks of 2)
+  has generated lens[b] tokens; the responses in the order they finished."""
+  sched = slots_lib.Scheduler(pool, range(len(lens)))
   done, rounds = [], 0
   while not sched.done():
     rounds += 1
-    assert rounds < 200
+    assert rounds < max_rounds
     sched.admit(lambda b: 3, 13, 2)
     sched.reserve(2)
     for s, run in enumerate(sched.running):
@@ -156,6 +156,12 @@ def test_scheduler_never_starves_with_a_one_response_pool():
       if fin:
         done.append(run.response)
       assert pool.used <= pool.num_pages
+  return done
+
+
+def test_scheduler_never_starves_with_a_one_response_pool():
+  pool = paged.PagePool(num_pages=4, page_size=4, slots=3, max_pages=4)
+  done = _drain(pool, {b: 5 + b for b in range(6)}, 200)  # tokens each will generate
   assert sorted(done) == list(range(6)) and pool.used == 0
 
 
@@ -178,23 +184,7 @@ def test_page_pool_groups_keep_each_slot_in_its_replica():
 def test_scheduler_with_replicas_never_starves_and_admits_past_a_full_replica():
   # 2 replicas of 2 slots, 4 pages each (one whole response of 13 + 3 - 1 = 15 tokens).
   pool = paged.PagePool(num_pages=8, page_size=4, slots=4, max_pages=4, groups=2)
-  sched = slots_lib.Scheduler(pool, range(9))
-  lens = {b: 4 + 2 * b for b in range(9)}
-  done, rounds = [], 0
-  while not sched.done():
-    rounds += 1
-    assert rounds < 400
-    sched.admit(lambda b: 3, 13, 2)
-    sched.reserve(2)
-    for s, run in enumerate(sched.running):
-      if run is None:
-        continue
-      gen = run.kv_tokens - 3
-      step = min(2, lens[run.response] - gen)
-      fin = gen + step >= lens[run.response]
-      sched.advance(s, step, fin)
-      if fin:
-        done.append(run.response)
+  done = _drain(pool, {b: 4 + 2 * b for b in range(9)}, 400)
   assert sorted(done) == list(range(9)) and pool.used == 0
   # Replica 0 full: the queue's head goes to replica 1's free slot, in queue order.
   pool = paged.PagePool(num_pages=4, page_size=4, slots=4, max_pages=2, groups=2)
