@@ -155,10 +155,7 @@ def decode_replicas(mcfg, mesh, rules, slots: int) -> int:
   if slots % r:
     why = f"{slots} slots do not split over {r} batch shards"
   else:
-    spec = shd.logical_to_spec(("kv_heads",), rules, mesh, (2 * mcfg.num_kv_heads,))
-    head = spec[0]
-    tp = int(np.prod([mesh.shape[a] for a in ((head,) if isinstance(head, str)
-                                               else tuple(head or ()))]))
+    tp = continuous.kv_head_shards(mcfg, mesh, rules)
     if mcfg.num_kv_heads % tp:
       why = f"{mcfg.num_kv_heads} kv heads do not split over {tp} tensor shards"
   if why:

@@ -221,6 +221,13 @@ def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
   return pages, state, toks, lps, steps
 
 
+def kv_head_shards(model_cfg, mesh, rules: shd.Rules = shd.DEFAULT_RULES) -> int:
+  """How many ways the pool's combined kv-heads axis (2K) is split over the mesh."""
+  head = shd.logical_to_spec(("kv_heads",), rules, mesh, (2 * model_cfg.num_kv_heads,))[0]
+  axes = (head,) if isinstance(head, str) else tuple(head or ())
+  return int(np.prod([mesh.shape[a] for a in axes]))
+
+
 def _replicate_outputs(fn, mesh, which: tuple[int, ...]):
   """fn with its outputs at positions `which` constrained to be replicated over `mesh`."""
   if mesh is None:
@@ -268,9 +275,7 @@ class Engine:
                        f"batch shards ({shards}, over {self.batch_axes or 'no axes'})")
     self.replica_axes = self.batch_axes if ecfg.replicas > 1 else ()
     if self.replica_axes:
-      head = shd.logical_to_spec(("kv_heads",), rules, mesh, (2 * model_cfg.num_kv_heads,))[0]
-      tp = int(np.prod([mesh.shape[a] for a in ((head,) if isinstance(head, str)
-                                                 else tuple(head or ()))]))
+      tp = kv_head_shards(model_cfg, mesh, rules)
       if model_cfg.num_kv_heads % tp:
         raise ValueError(f"EngineConfig.replicas={ecfg.replicas} needs the kv heads "
                          f"({model_cfg.num_kv_heads}) whole on each of {tp} tensor shards")
