@@ -136,3 +136,28 @@ def test_a_program_that_compiles_but_exceeds_the_budget_does_not_fit(tmp_path):
   assert not step["error"] and step["peak"] > report["budget_per_chip"]
   assert not step["fits"] and not report["fits"]
   assert f"v5e-4: DOES NOT FIT — {step['program']} needs" in out.stdout
+
+
+@NEEDS_LIBTPU
+def test_the_engine_decodes_with_jax_pallas_kernel_where_it_takes_the_shapes(tmp_path):
+  # sampling.attention_kernel="auto": on a TPU slice the engine's decode chunk calls jax's
+  # ragged paged attention kernel (replicas included) when the per-shard head_dim is a
+  # multiple of 128; TINY's head_dim 16 keeps the pure-JAX attention, and one line says why.
+  wide = [a for a in TINY if "hidden_size" not in a and "head_dim" not in a] + [
+      "--config.model.hidden_size=256", "--config.model.head_dim=128"]
+  runs = {}
+  for name, args in (("wide", wide), ("tiny", TINY)):
+    out = _check(*args, "--topology=v5e-4", "--programs=decode_chunk",
+                 f"--json={tmp_path}/{name}.json")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    import json  # pylint: disable=import-outside-toplevel
+    runs[name] = (out.stdout, json.load(open(tmp_path / f"{name}.json", encoding="utf-8"))[0])
+  stdout, report = runs["wide"]
+  assert report["attention_kernels"]["rollout"] == "tpu"
+  assert report["engines"]["rollout"]["replicas"] == 4
+  assert _program(report, "decode_chunk")["kernel_calls"] >= 1  # one layer: its call site
+  assert "Pallas kernel" in next(x for x in stdout.splitlines() if "kv_pool rollout" in x)
+  stdout, report = runs["tiny"]
+  assert report["attention_kernels"]["rollout"] == "jax"
+  assert _program(report, "decode_chunk")["kernel_calls"] == 0
+  assert "head_dim must be a multiple of 128" in stdout

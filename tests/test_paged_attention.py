@@ -120,3 +120,64 @@ def test_engine_decode_chunk_with_the_pallas_kernel_compiles_for_v5p(fsdp, repli
     compiled = progs["decode_chunk"].lower(*progs["decode_chunk_args"]).compile()
   assert "tpu_custom_call" in compiled.as_text()
   assert compiled.memory_analysis() is not None
+
+
+def test_the_kernel_refusal_is_the_kernels_own_checks():
+  assert pa.tpu_kernel_refusal(8, 2, 128, jnp.bfloat16) is None
+  assert pa.tpu_kernel_refusal(1, 1, 256, jnp.float32) is None
+  why = pa.tpu_kernel_refusal(14, 2, 64, jnp.bfloat16)  # Qwen2.5-0.5B's shard on one chip
+  assert "head_dim 64" in why and "multiple of 128" in why
+  assert "divisible" in pa.tpu_kernel_refusal(8, 3, 128, jnp.bfloat16)
+  assert "tiled" in pa.tpu_kernel_refusal(6, 3, 128, jnp.float32)
+
+
+def _mesh(devs, tensor):
+  from jax.sharding import Mesh
+  return Mesh(np.array(devs).reshape(1, len(devs) // tensor, tensor),
+              ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def test_attention_kernel_off_tpu_is_pure_jax_and_tpu_is_refused_clearly():
+  from vapo_jax.models.config import ModelConfig
+  from vapo_jax.sampler import continuous
+  mcfg = ModelConfig(vocab_size=64, hidden_size=256, intermediate_size=64, num_layers=1,
+                     num_heads=2, num_kv_heads=1, head_dim=128)
+  said = []
+  log = lambda *a, **k: said.append(a)  # noqa: E731
+  mesh = _mesh(jax.devices()[:4], 2)
+  for m in (None, mesh):
+    assert continuous.attention_kernel("auto", mcfg, m, log=log) == "jax"
+    assert continuous.attention_kernel("jax", mcfg, m, log=log) == "jax"
+    with pytest.raises(ValueError, match="TPU only.*cpu"):
+      continuous.attention_kernel("tpu", mcfg, m)
+  assert not said  # off TPU "auto" is silent
+  from vapo_jax.sampler.ops import SamplingConfig
+  with pytest.raises(ValueError, match="kernel='tpu'.*TPU only"):
+    continuous.Engine(None, mcfg, SamplingConfig(max_new_tokens=4, max_prompt_len=4),
+                      continuous.EngineConfig(slots=2, kv_tokens=64, kernel="tpu"))
+
+
+@NEEDS_LIBTPU
+def test_attention_kernel_on_a_tpu_slice_follows_the_shard_shapes():
+  from vapo_jax.models.config import ModelConfig
+  from vapo_jax.sampler import continuous
+  from vapo_jax.tools import tpu_specs
+  devs = tpu_specs.devices(tpu_specs.parse("v5p-8"))
+  said = []
+  log = lambda *a, **k: said.append(a[0])  # noqa: E731
+  cfg = lambda **kw: ModelConfig(**{**dict(  # noqa: E731
+      vocab_size=64, hidden_size=512, intermediate_size=64, num_layers=1, num_heads=8,
+      num_kv_heads=4, head_dim=128, dtype=jnp.bfloat16), **kw})
+  assert continuous.attention_kernel("auto", cfg(), _mesh(devs, 4), log=log) == "tpu"
+  assert continuous.attention_kernel("tpu", cfg(), _mesh(devs, 2), log=log) == "tpu"
+  assert not said
+  # head_dim 64 (Qwen2.5-0.5B, the Colab config): auto falls back with one line; tpu refuses.
+  small = cfg(head_dim=64, hidden_size=256)
+  assert continuous.attention_kernel("auto", small, _mesh(devs, 1), log=log) == "jax"
+  assert continuous.attention_kernel("auto", small, _mesh(devs, 1), log=log) == "jax"
+  assert len(said) == 1 and "multiple of 128" in said[0]
+  with pytest.raises(ValueError, match="head_dim 64"):
+    continuous.attention_kernel("tpu", small, _mesh(devs, 1))
+  # 2 kv heads over 4 tensor shards: each shard would hold a key without its value.
+  with pytest.raises(ValueError, match="apart from its value"):
+    continuous.attention_kernel("tpu", cfg(num_kv_heads=2), _mesh(devs, 4))

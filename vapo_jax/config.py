@@ -155,6 +155,11 @@ class SamplingSection:
   # casts its weight to it anyway, so the copy is exact and, at bf16, half the bytes of
   # the fp32 master); "bfloat16" / "float32" force one.
   decode_dtype: str = "auto"
+  # The engine's decode attention: "auto" (jax's Pallas ragged paged attention kernel on
+  # TPU where it takes the model's per-shard shapes, e.g. head_dim a multiple of 128; the
+  # pure-JAX paged attention elsewhere, one line says why on TPU), "jax", or "tpu" (an
+  # error where the kernel cannot run).
+  attention_kernel: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -546,6 +551,8 @@ def validate(cfg: Config) -> None:
   need(s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0: off)")
   need(s.max_new_tokens >= 1, "sampling.max_new_tokens", s.max_new_tokens, ">= 1")
   need(s.decode_windows >= 1, "sampling.decode_windows", s.decode_windows, ">= 1")
+  need(s.attention_kernel in ("auto", "jax", "tpu"), "sampling.attention_kernel",
+       s.attention_kernel, "one of auto, jax, tpu")
   need(s.engine in ("continuous", "static"), "sampling.engine", s.engine,
        '"continuous" or "static"')
   for name in ("page_size", "chunk_steps"):

@@ -156,6 +156,30 @@ def tpu_decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.A
       sm_scale=1.0 / math.sqrt(dh), **kernel_kw)
 
 
+def tpu_kernel_refusal(num_heads: int, num_kv_heads: int, head_dim: int, dtype,
+                       page_size: int = 16) -> str | None:
+  """Why jax's Pallas kernel cannot take one shard's decode shapes, or None if it can.
+
+  num_heads, num_kv_heads: per tensor shard. The kernel's own checks decide, by tracing
+  `tpu_decode_attention` on abstract arrays (no TPU, no compile): e.g. head_dim must be a
+  multiple of 128 (its softmax statistics are 128 lanes wide, broadcast over head_dim), and
+  2K combined kv heads must tile XLA's layout for the dtype.
+  """
+  q = jax.ShapeDtypeStruct((8, num_heads, head_dim), dtype)
+  pages = jax.ShapeDtypeStruct((8, page_size, 2 * num_kv_heads, head_dim), dtype)
+  lens = jax.ShapeDtypeStruct((8,), jnp.int32)
+  table = jax.ShapeDtypeStruct((8, 1), jnp.int32)
+  try:
+    jax.eval_shape(lambda *a: tpu_decode_attention(*a, pages_per_block=1), q, pages, lens,
+                   table)
+  except Exception as e:  # pylint: disable=broad-except  (the kernel asserts, or raises)
+    why = str(e).strip().split("\n")[0][:200] or type(e).__name__
+    return (f"jax's ragged paged attention kernel refuses {num_heads} q heads, "
+            f"{num_kv_heads} kv heads, head_dim {head_dim} at {jnp.dtype(dtype).name} per "
+            f"shard ({why}{'; head_dim must be a multiple of 128' if head_dim % 128 else ''})")
+  return None
+
+
 def replica_step(q_SxHxDh: jax.Array, kv_pages: jax.Array, kv_Sx2KxDh: jax.Array,
                  table_SxM: jax.Array, pos_S: jax.Array, lens_S: jax.Array, *, mesh,
                  batch_axes, head_axis=None, kernel: str = "jax", pages_per_block: int = 8

@@ -191,7 +191,9 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
                         memory=memory, explicit=s.kv_tokens or kv_tokens, replicas=replicas)
     engine = continuous.Engine(graphdef, mcfg, scfg, continuous.EngineConfig(
         slots=slots, page_size=s.page_size, chunk_steps=s.chunk_steps, kv_tokens=pool.tokens,
-        decode_dtype=s.decode_dtype, replicas=replicas), mesh=mesh, rules=rules)
+        decode_dtype=s.decode_dtype, replicas=replicas,
+        kernel=continuous.attention_kernel(s.attention_kernel, mcfg, mesh, rules,
+                                           s.page_size)), mesh=mesh, rules=rules)
     engine.pool = pool  # how it was sized (the compile check's KV-pool line)
     return engine
   # The KV cache's kv_heads axis is split like the k/v projections (over `tensor`), not

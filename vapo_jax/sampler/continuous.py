@@ -228,6 +228,52 @@ def kv_head_shards(model_cfg, mesh, rules: shd.Rules = shd.DEFAULT_RULES) -> int
   return int(np.prod([mesh.shape[a] for a in axes]))
 
 
+def platform_of(mesh) -> str:
+  """The platform the engine's programs run on: its mesh's devices' (a TPU topology's
+  devices on a CPU host, for an AOT compile), else the default backend."""
+  return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
+def kernel_refusal(model_cfg, mesh=None, rules: shd.Rules = shd.DEFAULT_RULES,
+                   page_size: int = 16) -> str | None:
+  """Why the engine cannot decode with jax's Pallas kernel here, or None if it can."""
+  if platform_of(mesh) != "tpu":
+    return f"it runs on TPU only, and this engine's devices are {platform_of(mesh)}"
+  tp = kv_head_shards(model_cfg, mesh, rules) if mesh is not None else 1
+  k2, h = 2 * model_cfg.num_kv_heads, model_cfg.num_heads
+  if k2 % tp or (k2 // tp) % 2 or h % tp:
+    return (f"{model_cfg.num_kv_heads} kv heads and {h} q heads do not split whole over "
+            f"{tp} tensor shards (a key would sit apart from its value)")
+  return pa.tpu_kernel_refusal(h // tp, k2 // tp // 2, model_cfg.head_dim,
+                               model_cfg.dtype, page_size)
+
+
+_SAID: set[str] = set()
+
+
+def attention_kernel(want: str, model_cfg, mesh=None, rules: shd.Rules = shd.DEFAULT_RULES,
+                     page_size: int = 16, log=print) -> str:
+  """`EngineConfig.kernel` for a setting: "jax" (pure-JAX paged attention) or "tpu".
+
+  want: "auto" -> "tpu" where `kernel_refusal` finds no reason against it (on TPU, a
+  line says why not when it does), else "jax"; "jax"; "tpu" -> ValueError with the reason
+  where the kernel cannot run.
+  """
+  if want == "jax":
+    return "jax"
+  why = kernel_refusal(model_cfg, mesh, rules, page_size)
+  if want == "tpu":
+    if why:
+      raise ValueError(f"sampling.attention_kernel='tpu': {why}; use 'auto' or 'jax'")
+    return "tpu"
+  if want != "auto":
+    raise ValueError(f"attention kernel {want!r}: must be 'auto', 'jax' or 'tpu'")
+  if why and platform_of(mesh) == "tpu" and why not in _SAID:
+    _SAID.add(why)  # once per process, not once per engine
+    log(f"[sampler] pure-JAX paged attention, not jax's Pallas kernel: {why}", flush=True)
+  return "jax" if why else "tpu"
+
+
 def _replicate_outputs(fn, mesh, which: tuple[int, ...]):
   """fn with its outputs at positions `which` constrained to be replicated over `mesh`."""
   if mesh is None:
@@ -279,6 +325,10 @@ class Engine:
       if model_cfg.num_kv_heads % tp:
         raise ValueError(f"EngineConfig.replicas={ecfg.replicas} needs the kv heads "
                          f"({model_cfg.num_kv_heads}) whole on each of {tp} tensor shards")
+    if ecfg.kernel == "tpu":
+      why = kernel_refusal(model_cfg, mesh, rules, ecfg.page_size)
+      if why:
+        raise ValueError(f"EngineConfig.kernel='tpu': {why}")
     self.max_pages = paged.pages_for(cfg.max_prompt_len + cfg.max_new_tokens - 1,
                                      ecfg.page_size)
     self.decode_dtype = jnp.dtype(model_cfg.dtype if ecfg.decode_dtype == "auto"

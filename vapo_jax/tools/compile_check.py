@@ -44,6 +44,7 @@ Exit status: 0 when everything fits on every slice given, 1 otherwise (with the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -55,6 +56,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
+import jax
 from ml_collections import config_flags
 
 from vapo_jax import config as config_lib
@@ -105,13 +107,18 @@ class Result:
   error: str = ""
   collectives: float = 0.0       # in the compiled HLO, loop bodies once (`hlo_stats`)
   collective_bytes: float = 0.0  # their result bytes per chip
+  kernel_calls: int = 0          # Pallas (Mosaic) kernel call sites in the compiled HLO
 
 
-def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
-  """Compiles one program; its per-chip memory and cost, or the compiler's refusal."""
+def compile_one(prog, parts: dict[str, int], budget: float, device=None) -> Result:
+  """Compiles one program; its per-chip memory and cost, or the compiler's refusal.
+
+  device: one of the slice's (topology) devices, the default device while lowering: a
+  Pallas kernel (the engine's decode attention) reads the TPU generation from it."""
   t0 = time.perf_counter()
+  where = jax.default_device(device) if device is not None else contextlib.nullcontext()
   try:
-    with platform.targeting("tpu"):  # trace the TPU forms, not this host's CPU ones
+    with platform.targeting("tpu"), where:  # trace the TPU forms, not this host's CPU ones
       compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
   except Exception as e:  # pylint: disable=broad-except
     msg = str(e).split("\n")[0][:300]
@@ -120,7 +127,8 @@ def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
     return Result(prog.name, False, compile_s=time.perf_counter() - t0, error=msg)
   m = compiled.memory_analysis()
   from vapo_jax.tools import hlo_stats  # pylint: disable=import-outside-toplevel
-  coll = hlo_stats.collectives(compiled.as_text())
+  text = compiled.as_text()
+  coll = hlo_stats.collectives(text)
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   args, temp = m.argument_size_in_bytes, m.temp_size_in_bytes
@@ -133,7 +141,7 @@ def compile_one(prog, parts: dict[str, int], budget: float) -> Result:
                 prog.trips * float(cost.get("flops", 0.0)),
                 prog.trips * float(cost.get("bytes accessed", 0.0)),
                 time.perf_counter() - t0, collectives=coll.total,
-                collective_bytes=coll.total_bytes)
+                collective_bytes=coll.total_bytes, kernel_calls=text.count("tpu_custom_call"))
 
 
 def step_time(results: dict[str, Result], plan, cfg, s: tpu_specs.Slice, mfu: float,
@@ -178,7 +186,7 @@ def extrapolate(ra: Result, rb: Result, la: int, lb: int, layers: int, prog, par
   peak = (resident + f["arguments"] - prog.resident_arg_bytes + f["temporaries"]
           + f["outputs"] - f["aliased"])
   return Result(prog.name, peak <= budget, peak, compile_s=ra.compile_s + rb.compile_s,
-                error="", **f)
+                error="", kernel_calls=round(lin(ra.kernel_calls, rb.kernel_calls)), **f)
 
 
 def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroom=0.05,
@@ -227,10 +235,11 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
     report["extrapolated_from_layers"] = [la, lb]
   for i, prog in enumerate(plan.programs):
     if probe_layers:
-      ra, rb = (compile_one(p.programs[i], p.held, budget) for p in (plan_a, plan_b))
+      ra, rb = (compile_one(p.programs[i], p.held, budget, devices[0])
+                for p in (plan_a, plan_b))
       r = extrapolate(ra, rb, la, lb, mcfg.num_layers, prog, plan.held, budget)
     else:
-      r = compile_one(prog, plan.held, budget)
+      r = compile_one(prog, plan.held, budget, devices[0])
     results[r.program] = r
     log(_line(r, budget))
   for line in kv_pool_lines(plan, results, budget):
@@ -238,6 +247,7 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
   report["kv_pools"] = {k: dataclasses.asdict(p) for k, p in plan.pools.items() if p}
   report["engines"] = {k: dataclasses.asdict(step_model.EngineShape.of(e.ecfg))
                        for k, e in plan.engines.items()}
+  report["attention_kernels"] = {k: e.ecfg.kernel for k, e in plan.engines.items()}
   report["programs"] = {k: dataclasses.asdict(v) for k, v in results.items()}
   report["fits"] = all(r.fits for r in results.values())
   report["step_time_s"] = step_time(results, plan, cfg, s, mfu, bw)
@@ -261,7 +271,8 @@ def kv_pool_lines(plan, results: dict[str, Result], budget: float) -> list[str]:
     ok = bool(mine) and all(r.fits for r in mine) and peak <= budget
     verdict = "FITS" if ok else ("DOES NOT FIT" if mine else "not compiled")
     f = kv_pool.fmt_bytes
-    out.append(f"  kv_pool {key:8s} {pool.describe()}; resident while sampling {f(held)} "
+    kernel = {"tpu": "Pallas kernel", "jax": "pure-JAX attention"}[plan.engines[key].ecfg.kernel]
+    out.append(f"  kv_pool {key:8s} {pool.describe()}, {kernel}; resident while sampling {f(held)} "
                f"(train {f(sum(plan.resident_parts.values()))} + decode copy "
                f"{f(plan.rollout_parts.get('decode_copy', 0))} + pool "
                f"{f(plan.rollout_parts.get(part, 0))}), peak with its programs {f(peak)} of "
