@@ -175,6 +175,8 @@ def test_page_pool_groups_keep_each_slot_in_its_replica():
   np.testing.assert_array_equal(t[1], [3, 3, 3])   # NO_PAGE = N / groups
   np.testing.assert_array_equal(t[2], [0, 1, 3])
   np.testing.assert_array_equal(pool.global_row(2, t[2]), [3, 4, 6])  # NO_PAGE = N
+  for s in range(4):
+    np.testing.assert_array_equal(pool.row(s), t[s])
   pool.release(0)
   assert pool.grow(1, 4) and pool.table()[1, 0] == 0 and pool.used == 4
   with pytest.raises(ValueError, match="groups=4 must divide"):

@@ -541,7 +541,7 @@ class Engine:
           prefills[p] = pre(dparams, self._replicated(toks), self._replicated(np.int32(plen)))
           n_prefill += 1
         cache, logits = prefills[p]
-        row = pool.global_row(slot, pool.table()[slot])
+        row = pool.global_row(slot, pool.row(slot))
         pages, state, t0_, l0_ = ins(pages, cache, logits, self._replicated(row),
                                      np.int32(len(prompts[p])), np.int32(slot), np.int32(b),
                                      key_dev, state)

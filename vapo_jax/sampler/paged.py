@@ -82,6 +82,12 @@ class PagePool:
       heapq.heappush(heap, page)
     self._owned[slot] = []
 
+  def row(self, slot: int) -> np.ndarray:
+    """int32 [max_pages]: `table()[slot]` without building the whole table."""
+    out = np.full(self.max_pages, self.group_pages, np.int32)
+    out[:len(self._owned[slot])] = self._owned[slot]
+    return out
+
   def table(self) -> np.ndarray:
     """int32 [slots, max_pages]: each slot's pages in order (ids local to its group),
     NO_PAGE (= N / groups) after them."""
