@@ -37,6 +37,7 @@ def test_every_config_file_and_preset_validates(name):
     ("rl.num_minibatches", 3, "config.rl.num_minibatches=3: must be a divisor"),
     ("sampling.temperature", 0.0, "config.sampling.temperature"),
     ("sampling.decode_windows", 0, "config.sampling.decode_windows=0: must be >= 1"),
+    ("sampling.attention_kernel", "pallas", "config.sampling.attention_kernel='pallas'"),
     ("data.source", "csv", "config.data.source='csv'"),
     ("rl.gae_impl", "fast", "config.rl.gae_impl='fast'"),
     ("model.num_kv_heads", 3, "config.model.num_kv_heads=3"),
