@@ -294,15 +294,41 @@ def _records(directory):
 
 
 def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
+  """SIGTERM to the tool while its first row trains: the row checkpoints and is not
+  recorded, and the same command resumes it to the end. Then a second row reuses the shared
+  stages, finished runs are never run again, and the reports come from the runs' files."""
   w = tmp_path / "w"
-  out = _ablate(w, "vapo")
+  steps = ["--config.rl.steps=6"]  # room for the SIGTERM to land mid-row
+  tool = subprocess.Popen([sys.executable, "-m", "vapo_jax.tools.ablate",
+                           "--config=configs/tiny.py", "--rows=vapo", "--seeds=1",
+                           f"--workdir={w}", *FLAGS, *steps],
+                          cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  metrics = w / "seed0" / "vapo" / "metrics.jsonl"
+  deadline = time.time() + 600
+  while not (metrics.exists() and '"stage": "rl"' in metrics.read_text()):
+    assert tool.poll() is None and time.time() < deadline, tool.stdout.read()[-3000:]
+    time.sleep(0.2)
+  tool.send_signal(signal.SIGTERM)
+  out = tool.communicate(timeout=300)[0]
+  assert tool.returncode == 0, out[-3000:]
   assert "3 runs (1 rows × seeds, 2 shared stages): 0 done before, 3 to run" in out, out
-  assert "[ablate] 3/3 seed 0 vapo: finished in" in out and "ETA 0m00s" in out, out
+  assert "seed 0 vapo: interrupted; rerun the same command to resume" in out, out
+  assert ablate.read_status(ablate.Run("vapo", "row", 0, str(w / "seed0" / "vapo"), "vapo",
+                                       ())) is None
+  stopped_at = max(r["step"] for r in _records(w / "seed0" / "vapo") if r["stage"] == "rl")
+  assert stopped_at < 6
+
+  out = _ablate(w, "vapo", *steps)
+  assert "2 done before, 1 to run" in out and "1/1 seed 0 vapo: finished in" in out, out
+  assert "ETA 0m00s" in out, out
+  rl_steps = [r["step"] for r in _records(w / "seed0" / "vapo") if r["stage"] == "rl"]
+  assert sorted(rl_steps) == sorted(set(rl_steps)) and max(rl_steps) == 6, rl_steps
   vapo = w / "seed0" / "vapo"
   first = {p: os.stat(vapo / p).st_mtime_ns for p in ("metrics.jsonl", ablate.STATUS)}
   md_one = (w / "ablation.md").read_text()
 
-  out = _ablate(w, "vapo,no_clip_higher")
+  out = _ablate(w, "vapo,no_clip_higher", *steps)
   assert "4 runs (2 rows × seeds, 2 shared stages): 3 done before, 1 to run" in out, out
   assert "[ablate] 1/1 seed 0 no_clip_higher: finished in" in out, out
   assert {p: os.stat(vapo / p).st_mtime_ns for p in first} == first  # not run again
@@ -330,7 +356,7 @@ def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
     assert "--config.model.critic_path=" in log
     rows[name] = {r["step"]: {k: v for k, v in r.items() if k != "time"}
                   for r in recs if r["stage"] == "eval"}
-    assert sorted(rows[name]) == [0, 2, 4]
+    assert sorted(rows[name]) == [0, 2, 4, 6]
   assert rows["vapo"][0] == rows["no_clip_higher"][0]
 
   lines = [json.loads(x) for x in (w / "ablation.jsonl").read_text().splitlines()]
@@ -339,8 +365,8 @@ def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
   md = (w / "ablation.md").read_text()
   for name, paper in (("vapo", "60.4"), ("no_clip_higher", "46")):
     assert runs[name]["state"] == "finished"
-    assert runs[name]["avg"] == rows[name][4]["avg@4"]
-    assert runs[name]["curve"] == [[s, rows[name][s]["avg@4"]] for s in (0, 2, 4)]
+    assert runs[name]["avg"] == rows[name][6]["avg@4"]
+    assert runs[name]["curve"] == [[s, rows[name][s]["avg@4"]] for s in (0, 2, 4, 6)]
     assert summary[name]["finished"] == 1 and summary[name]["paper"] == float(paper)
     label = next(r.label for r in ablate.ROWS if r.name == name)
     assert f"| {name} ({label}) | {paper} | {100 * runs[name]['avg']:.1f} |" in md, md
@@ -349,7 +375,7 @@ def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
   png = (w / "ablation.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
-  out = _ablate(w, "vapo,no_clip_higher")
+  out = _ablate(w, "vapo,no_clip_higher", *steps)
   assert "3 done before" not in out and "4 done before, 0 to run" in out, out
   assert (w / "ablation.md").read_text() == md
 
@@ -372,37 +398,6 @@ def test_rows_that_start_from_the_reward_model_share_its_stage(tmp_path):
     status = json.loads((w / "seed0" / name / ablate.STATUS).read_text())
     assert status["state"] == "finished"
     assert f"--config.model.critic_path={stage[0] / 'reward_model'}" in status["command"]
-
-
-def test_the_command_stopped_mid_row_resumes_it_to_the_end(tmp_path):
-  """SIGTERM to the tool while a row trains: the row checkpoints and is not recorded; the
-  same command again resumes it from there, and then it counts as finished."""
-  w = tmp_path / "w"
-  flags = [*FLAGS, "--config.rl.steps=8", "--config.eval.every=4"]
-  tool = subprocess.Popen([sys.executable, "-m", "vapo_jax.tools.ablate",
-                           "--config=configs/tiny.py", "--rows=vapo", "--seeds=1",
-                           f"--workdir={w}", *flags],
-                          cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
-  metrics = w / "seed0" / "vapo" / "metrics.jsonl"
-  deadline = time.time() + 600
-  while not (metrics.exists() and '"stage": "rl"' in metrics.read_text()):
-    assert tool.poll() is None and time.time() < deadline, tool.stdout.read()[-3000:]
-    time.sleep(0.2)
-  tool.send_signal(signal.SIGTERM)
-  out = tool.communicate(timeout=300)[0]
-  assert tool.returncode == 0, out[-3000:]
-  assert "seed 0 vapo: interrupted; rerun the same command to resume" in out, out
-  assert ablate.read_status(ablate.Run("vapo", "row", 0, str(w / "seed0" / "vapo"), "vapo",
-                                       ())) is None
-  stopped_at = max(r["step"] for r in _records(w / "seed0" / "vapo") if r["stage"] == "rl")
-  assert stopped_at < 8
-
-  out = _ablate(w, "vapo", "--config.rl.steps=8", "--config.eval.every=4")
-  assert "2 done before, 1 to run" in out and "1/1 seed 0 vapo: finished in" in out, out
-  rl_steps = [r["step"] for r in _records(w / "seed0" / "vapo") if r["stage"] == "rl"]
-  assert sorted(rl_steps) == sorted(set(rl_steps)) and max(rl_steps) == 8, rl_steps
-  assert "| vapo (VAPO) | 60.4 |" in (w / "ablation.md").read_text()
 
 
 # -------------------------------------------------------------- protocol (issue 29)
