@@ -97,20 +97,19 @@ def uninterrupted(tmp_path_factory):
   return workdir, summary
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
-def test_killed_and_rerun_ends_as_an_uninterrupted_run(uninterrupted, tmp_path, how):
+def test_killed_stopped_and_rerun_ends_as_an_uninterrupted_run(uninterrupted, tmp_path):
+  """SIGKILL in value pretraining right after a (periodic) save began, the same command
+  again, SIGTERM mid-RL, the same command again: the run ends as the uninterrupted one."""
   ref_dir, ref_summary = uninterrupted
   proc = _start(tmp_path)
-  # SIGTERM mid-RL; SIGKILL in value pretraining, right after a (periodic) save began.
-  if how == "SIGTERM":
-    _wait_for(tmp_path, "rl", 1, proc)
-    proc.send_signal(signal.SIGTERM)
-    stopped = _finish(proc)
-    assert "stopped by SIGTERM after rl step" in stopped["preempted"]
-  else:
-    _wait_for(tmp_path, "value_pretrain", 2, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
+  _wait_for(tmp_path, "value_pretrain", 2, proc)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=60)
+  proc = _start(tmp_path)
+  _wait_for(tmp_path, "rl", 1, proc)
+  proc.send_signal(signal.SIGTERM)
+  stopped = _finish(proc)
+  assert "stopped by SIGTERM after rl step" in stopped["preempted"]
   summary = _finish(_start(tmp_path))
   assert "preempted" not in summary
   for key in ("eval_before_rl", "eval_after_rl"):
