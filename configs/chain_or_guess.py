@@ -74,6 +74,16 @@ Precondition log (changes made from preconditions only, never from a row's resul
   (guess gap +0.36, +0.27, +0.13); seed 0's stage stopped by the plateau rule at 12 steps
   (EV 0.04). No setting is changed yet: the fix (a longer value pretraining, or the review's
   3 × 192 model) is for the next session to decide from the suite, before any row.
+- 2026-12-02 (session 13, a fresh machine), the budgets follow-up (`benchmarks/results/
+  value-bias-chain_or_guess-2026-12-02/budgets/`, on the suite's own 1000-step SFT): branch
+  calibration met at 64 and 128 steps (guess gap +0.036, +0.014), not at 12 or 30; M3's lag
+  reproduced. Supports a fixed 128-step value pretraining (not applied yet, see next line).
+- 2026-12-02 (session 13), SFT band on a fresh machine: the same 1000-step SFT was refused
+  (long 18.3%, short 56.1%, guess 14.2%; final loss 0.077 against 0.042 on the first
+  machine), and so were 1150 and 1300 steps (long 21.3% / guess 19.4%; short 83.0% / guess
+  11.9%): the SFT is chaotic in float rounding, and the start must be kept, not re-trained,
+  for every session's runs to share it (docs/value_mechanisms.md §5.4). SFT_STEPS stays
+  1000; no row has run.
 Rows this toy cannot test, and why (review §4.3): Clip-Higher (entropy collapse over
 thousands of updates; here 160), token-level loss (repetition in very long responses), group
 sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive-example NLL
