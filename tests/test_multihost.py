@@ -5,13 +5,13 @@ one machine. The runs go through every stage with periodic and stage-end saves:
 
 1. 2 processes: SIGTERM (to the launcher, which passes it to every process) in the middle of
    RL; they must agree on one step, save it, and exit 0.
-2. The same command again resumes and finishes.
+2. The same command again resumes and finishes (with synchronous saves).
 3. A copy of the stopped run resumes on 1 process with 4 devices (a different process count).
 4. 1 process with 4 devices runs uninterrupted: the reference.
 
 The exported final policies and critics (`python -m vapo_jax.tools.export`, HF safetensors)
-of 2 and 3 must equal 4's. Also: every save completes with synchronous saves, and a host that
-never reaches a collective ends every process with a message within the deadline.
+of 2 and 3 must equal 4's. Also: a host that never reaches a collective ends every process
+with a message within the deadline.
 """
 
 import json
@@ -144,8 +144,12 @@ def test_sigterm_resume_and_process_counts_equal_one_process(tmp_path):
   assert _checkpoints(two)[-1] == global_step, (_checkpoints(two), stopped)
   shutil.copytree(two, moved)
 
-  # 2. The same command resumes and finishes; 3. the copy resumes on one process.
-  _finish(_launch(2, 2, two), two)
+  # 2. The same command resumes and finishes, with synchronous saves (every one must
+  # complete: each periodic one after the stop and the final one are there);
+  # 3. the copy resumes on one process.
+  _finish(_launch(2, 2, two, "--config.checkpoint.async_save=False"), two)
+  assert set(range(global_step + 1, 13)) & {9, 12} <= set(_checkpoints(two)), (
+      _checkpoints(two), global_step)
   _finish(_launch(1, 4, moved), moved)
   _finish(reference, one)
   for w in (two, moved, one):
@@ -175,14 +179,6 @@ def test_sigterm_resume_and_process_counts_equal_one_process(tmp_path):
       assert got.keys() == ref.keys()
       for k, v in ref.items():
         np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=2e-5, err_msg=f"{w} {k}")
-
-
-def test_synchronous_saves_all_complete(tmp_path):
-  w = tmp_path / "sync"
-  _finish(_launch(2, 2, w, "--config.checkpoint.async_save=False", "--config.rl.steps=2",
-                  "--config.checkpoint.every=2"), w)
-  assert _checkpoints(w)[-3:] == [4, 6, 8], _checkpoints(w)  # kept: the newest 3
-  assert "eval_after_rl" in _summary(w)
 
 
 @pytest.mark.parametrize("operation", ["SIGTERM agreement"])

@@ -329,6 +329,7 @@ class Engine:
       why = kernel_refusal(model_cfg, mesh, rules, ecfg.page_size)
       if why:
         raise ValueError(f"EngineConfig.kernel='tpu': {why}")
+    self._paced = (mesh is not None and mesh.size > 1 and platform_of(mesh) == "cpu")
     self.max_pages = paged.pages_for(cfg.max_prompt_len + cfg.max_new_tokens - 1,
                                      ecfg.page_size)
     self.decode_dtype = jnp.dtype(model_cfg.dtype if ecfg.decode_dtype == "auto"
@@ -545,6 +546,12 @@ class Engine:
         pages, state, t0_, l0_ = ins(pages, cache, logits, self._replicated(row),
                                      np.int32(len(prompts[p])), np.int32(slot), np.int32(b),
                                      key_dev, state)
+        # On a CPU mesh of several devices, one insert in flight at a time. A burst of
+        # admissions otherwise puts dozens of collective programs ahead of their execution,
+        # and XLA's CPU client deadlocks (`distributed.pace`). Resumed tiny runs hung here
+        # on 1 process x 4 devices and on 2 x 2. TPU and GPU queue per device: no wait.
+        if self._paced:
+          jax.block_until_ready(t0_)
         first.append((slot, b, t0_, l0_))
         left[p] -= 1
         if left[p] == 0:
