@@ -17,8 +17,8 @@ chain's success rate after `A`).
   python -m benchmarks.value_bias --config=configs/chain_or_guess.py --out=/tmp/vb_cog
 
 Run status (2026-12-02): the pilot and the mechanism suite have run
-(docs/value_mechanisms.md §5); the 3-seed table is stopped on a failed precondition (the
-log below). The settings and criteria below were fixed before any of them; the precondition
+(docs/value_mechanisms.md §5); the 3-seed table waited on two preconditions, both decided
+in the log below (session 14) before any row. The settings and criteria below were fixed before any of them; the precondition
 log says what changed since, and why.
 
 Settings, fixed in advance (the paper's values, or its dimensionless equivalents):
@@ -30,13 +30,15 @@ Settings, fixed in advance (the paper's values, or its dimensionless equivalents
 - lr policy 1e-4, critic 2e-4 (the paper's 2 : 1); μ = 0.1; whitening on for critic rows (the
   grpo / dapo presets turn it off); no KL, no entropy bonus, T = 1.
 - 16 prompts × 8 responses per step, 4 minibatches × 1 epoch (3 of 4 updates off-policy).
-- Value pretraining: Monte Carlo targets, the plateau rule (3-step moving average of the value
-  loss improving < 2% over 5 steps) after ≥ 5 steps, capped at 30; the log records which
-  ended it (`value_pretrain/stopped_by`). Reward-model stage: 10 steps.
-- One SFT start (data.seed = model.init_seed = 0; SFT_STEPS steps, see the precondition log
-  below) for every seed, accepted only in
-  SFT_BAND on a 256-problem development set at T = 1; seeds vary only the RM, value
-  pretraining and RL. Held-out set: 256 problems, the same for every seed. 40 RL steps.
+- Value pretraining: Monte Carlo targets; first set as the plateau rule (3-step moving
+  average of the value loss improving < 2% over 5 steps) after ≥ 5 steps, capped at 30, now a
+  fixed VALUE_PRETRAIN_STEPS = 128 (precondition log); the log records what ended it
+  (`value_pretrain/stopped_by`). Reward-model stage: 10 steps.
+- One SFT start (data.seed = model.init_seed = 0) for every seed, accepted only in SFT_BAND
+  on a 256-problem development set at T = 1: the first of the SFT run's checkpoints 1000,
+  1020, ..., SFT_STEPS = 1600 that the band accepts (`SFT_BAND["select"]`, precondition log);
+  seeds vary only the RM, value pretraining and RL. Held-out set: 256 problems, the same for
+  every seed. 40 RL steps.
 
 Pre-registered criteria (what counts as reproduced; Δ = row − vapo per seed, final held-out
 avg@4; "guess rate" = share of held-out samples ≤ 15 tokens, `short_frac`):
@@ -84,6 +86,15 @@ Precondition log (changes made from preconditions only, never from a row's resul
   11.9%): the SFT is chaotic in float rounding, and the start must be kept, not re-trained,
   for every session's runs to share it (docs/value_mechanisms.md §5.4). SFT_STEPS stays
   1000; no row has run.
+- 2026-12-02 (session 14), decided before any row, from the two entries above only:
+  (a) the start is selected by a rule, not a step count: the SFT run goes on to 1600 steps
+  keeping a checkpoint every 20, and the start is the first of 1000, 1020, ..., 1600 that
+  SFT_BAND accepts (`tools.sft_band`'s selection; every candidate's dev metrics are kept in
+  `<SFT>/band/candidates.jsonl`). The band itself is unchanged. (b) Value pretraining runs a
+  fixed 128 steps (min_steps = max_steps): the budget that met the branch calibration on
+  both starts measured, where the plateau rule stopped at 12 on noise near the Bernoulli
+  floor. The suite is re-run on the selected start (`--budgets=64,128`) to confirm (b)
+  there before any row is read.
 Rows this toy cannot test, and why (review §4.3): Clip-Higher (entropy collapse over
 thousands of updates; here 160), token-level loss (repetition in very long responses), group
 sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive-example NLL
@@ -93,13 +104,19 @@ sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive
 from vapo_jax import config as config_lib
 
 FIXED_LAMBDA = 0.8
-SFT_STEPS = 1300  # 700 refused by SFT_BAND; 1000 refused on a fresh machine (precondition log)
+# The SFT run's length: the last candidate of the start's selection (SFT_BAND["select"]: the
+# first of its checkpoints 1000, 1020, ..., 1600 inside the band; the precondition log says
+# why a fixed step count cannot be kept).
+SFT_STEPS = 1600
 # The table's rows (tools.ablate's default --rows for this config).
 ABLATION_ROWS = "vapo,ppo,no_value_pretrain,no_decoupled_gae,no_decoupled_gae_vp"
 # The shared SFT start is accepted only inside this band (tools.sft_band), set in advance.
 SFT_BAND = {"examples": 256, "samples": 4, "guess_max_tokens": 15,
             "bounds": {"accuracy/long": (0.25, 0.40), "accuracy/short": (0.60, 0.80),
-                       "guess_rate": (0.12, 0.18)}}
+                       "guess_rate": (0.12, 0.18)},
+            "select": {"first": 1000, "every": 20}}
+# Value pretraining: a fixed budget (min = max), the precondition log's 2026-12-02 entries.
+VALUE_PRETRAIN_STEPS = 128
 # tools.ablate --smoke: every stage at a few steps (a check that the command runs end to
 # end, not a measurement), and a band that accepts any start.
 SMOKE = {"sft.steps": 4, "reward_model.steps": 1, "value_pretrain.max_steps": 2,
@@ -107,7 +124,8 @@ SMOKE = {"sft.steps": 4, "reward_model.steps": 1, "value_pretrain.max_steps": 2,
          "eval.num_examples": 8, "eval.batch_prompts": 8, "rl.prompts_per_step": 4,
          "rl.responses_per_prompt": 2, "sft.batch_size": 8, "data.num_train": 256,
          "data.num_eval": 8, "sampling.max_new_tokens": 176}
-SMOKE_BAND = {"examples": 8, "guess_max_tokens": 15, "bounds": {}}
+SMOKE_BAND = {"examples": 8, "guess_max_tokens": 15, "bounds": {},
+              "select": {"first": 2, "every": 2}}
 
 
 def get_config(preset: str = "vapo"):
@@ -152,8 +170,8 @@ def get_config(preset: str = "vapo"):
 
   c.reward_model.steps = 10
   c.value_pretrain.enabled = True
-  c.value_pretrain.max_steps = 30     # the cap
-  c.value_pretrain.min_steps = 5
+  c.value_pretrain.max_steps = VALUE_PRETRAIN_STEPS  # the cap (30 before the calibration
+  c.value_pretrain.min_steps = VALUE_PRETRAIN_STEPS  # follow-up; the plateau rule from 5)
   c.value_pretrain.plateau_window = 5
   c.value_pretrain.plateau_smooth = 3
   c.value_pretrain.plateau_tol = 0.02

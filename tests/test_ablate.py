@@ -206,6 +206,11 @@ def test_init_from_takes_the_policy_of_another_runs_newest_checkpoint(tmp_path):
     got, note = run_checkpoint.initial_policy(str(tmp_path / where), like)
     assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in newest.items()}
     assert note.endswith("step 5 (policy)")
+  # A named checkpoint (the band's selection reads its candidates so).
+  got, note = run_checkpoint.initial_policy(str(tmp_path / "run"), like, step=1)
+  assert got["w"].tolist() == older["w"].tolist() and note.endswith("step 1 (policy_params)")
+  with pytest.raises(checkpoint_store.CheckpointError, match="no checkpoint 3"):
+    run_checkpoint.initial_policy(str(tmp_path / "run"), like, step=3)
   with pytest.raises(checkpoint_store.CheckpointMismatch, match="w"):
     run_checkpoint.initial_policy(str(tmp_path / "run"), {**like, "w": jnp.zeros((3, 3))})
   with pytest.raises(checkpoint_store.CheckpointError, match="model.init_from"):
@@ -443,7 +448,14 @@ def test_one_sft_start_for_every_seed_checked_against_the_band(tmp_path):
     assert sorted(map(bool, coupled)) == [False, True]
     for r in [*vps, *rm]:
       assert r.needs == (band[0].directory,) and dict(r.overrides)["seed"] == seed
-      assert dict(r.overrides)["model.init_from"] == sft[0].directory
+      # The config selects its start (SFT_BAND["select"]): stages start from the band
+      # run's saved checkpoint, not from the SFT run's newest.
+      assert dict(r.overrides)["model.init_from"] == band[0].directory
+  # The SFT run keeps every candidate checkpoint of the selection.
+  first, every = module.SFT_BAND["select"]["first"], module.SFT_BAND["select"]["every"]
+  sft_fields = {**ablate.flatten(load("vapo", {})), **dict(sft[0].overrides)}
+  assert sft_fields["checkpoint.every"] == every
+  assert sft_fields["checkpoint.keep"] > (module.SFT_STEPS - first) // every
   # The same SFT key whatever the seeds: a fresh-seed rerun starts from the same start.
   again = ablate.plan(load, rows, [0, 1, 2], str(tmp_path), band=module.SFT_BAND)
   assert [r.directory for r in again if r.name == "sft"] == [sft[0].directory]
@@ -452,6 +464,32 @@ def test_one_sft_start_for_every_seed_checked_against_the_band(tmp_path):
   runs = ablate.plan(split, rows, [3, 4], str(tmp_path), band=module.SFT_BAND)
   assert sorted(r.seed for r in runs if r.name == "sft") == [3, 4]
   assert not [r for r in runs if r.name == "sft_band"]
+
+
+def test_selection_candidates_and_the_sft_stages_checkpoints(tmp_path):
+  """A band's "select" rule: the candidates are first, first + every, ... and the SFT run's
+  last step; the SFT stage keeps a checkpoint at each; a band without it changes nothing;
+  a rule whose candidates would miss the checkpoints is refused."""
+  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
+  assert sft_band.candidate_steps({"first": 1000, "every": 20}, 1060) == [1000, 1020, 1040,
+                                                                            1060]
+  assert sft_band.candidate_steps({"first": 4, "every": 4}, 10) == [4, 8, 10]
+  assert sft_band.candidate_steps({"first": 5, "every": 1}, 5) == [5]
+  for bad in ({"first": 11, "every": 5}, {"first": 5, "every": 0}):
+    with pytest.raises(ValueError):
+      sft_band.candidate_steps(bad, 10)
+  settings = ablate.selection_settings({"select": {"first": 1000, "every": 20}}, 1600)
+  assert settings == {"checkpoint.every": 20, "checkpoint.keep": 32,
+                      "checkpoint.keep_best": False}
+  assert ablate.selection_settings({"bounds": {}}, 1600) == {}
+  assert ablate.selection_settings(None, 1600) == {}
+  with pytest.raises(ValueError, match="multiple of every"):
+    ablate.selection_settings({"select": {"first": 1010, "every": 20}}, 1600)
+  # A selected start's name in a stage key is its SFT run's (so two SFT runs' selections
+  # never share a key).
+  assert ablate.start_name(str(tmp_path / "stage-sft-abc" / ablate.BAND_DIR)) == (
+      "stage-sft-abc/band")
+  assert ablate.start_name(str(tmp_path / "stage-sft-abc")) == "stage-sft-abc"
 
 
 def test_a_row_with_overrides_and_the_sensitivity_row():
@@ -546,7 +584,7 @@ def test_smoke_command_shares_one_sft_start_checked_by_the_band(tmp_path):
        # The smallest budgets that still run every stage: the shared-stage plumbing, resume
        # and the plateau rule are test_the_command_runs_rows_from_shared_stages_and_resumes'
        # and test_stopping's; this test adds the band, coupled targets and chain_or_guess.
-       "--config.sft.steps=2", "--config.value_pretrain.max_steps=1", "--config.rl.steps=1"],
+       "--config.sft.steps=4", "--config.value_pretrain.max_steps=1", "--config.rl.steps=1"],
       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "4 runs (1 rows × seeds, 3 shared stages)" in out.stdout, out.stdout
@@ -554,12 +592,157 @@ def test_smoke_command_shares_one_sft_start_checked_by_the_band(tmp_path):
   (sft,) = [p for p in (w / "shared").iterdir() if p.name.startswith("stage-sft-")]
   verdict = json.loads((sft / ablate.BAND_DIR / ablate.BAND_FILE).read_text())
   assert verdict["accepted"] and verdict["band"]["bounds"] == {}
+  # SMOKE_BAND's selection (candidates 2 and 4; no bounds): the first, saved as a run of
+  # its own that the stages start from.
+  assert verdict["selected_step"] == 2 and [c["step"] for c in verdict["candidates"]] == [2]
+  assert (sft / ablate.BAND_DIR / "checkpoints" / "2").is_dir()
+  assert (sft / "checkpoints" / "2").is_dir() and (sft / "checkpoints" / "4").is_dir()
   assert {"accuracy", "accuracy/short", "accuracy/long", "guess_rate"} <= set(verdict["metrics"])
   (vp,) = [p for p in (w / "seed3").iterdir() if p.name.startswith("stage-value_pretrain-")]
-  assert "--config.value_pretrain.coupled_gae=True" in (vp / "log.txt").read_text()
+  vp_log = (vp / "log.txt").read_text()
+  assert "--config.value_pretrain.coupled_gae=True" in vp_log
+  assert f"starting from the policy of {sft / ablate.BAND_DIR / 'checkpoints'} step 2" in vp_log
   last = [r for r in _records(vp) if r["stage"] == "value_pretrain"][-1]
   assert last["value_pretrain/stopped_by"] == "cap" and "value/s0_minus_return" in last
   assert (w / "metrics" / "seed3" / "no_decoupled_gae_vp.jsonl").exists()
   assert (w / "metrics" / "shared" / sft.name / "band.json").exists()
   md = (w / "ablation.md").read_text()
   assert "| no_decoupled_gae_vp (without decoupled GAE, value pretraining coupled too) |" in md
+
+
+def _fake_runs(monkeypatch, fail=()):
+  """Each run's command is a short Python process that records when it ran (and fails for
+  the run names in `fail`), instead of `python -m vapo_jax.main`."""
+  def command(run, config_path, user):
+    del config_path, user
+    code = ("import json, os, sys, time; t = time.time(); time.sleep(0.4); "
+            f"json.dump([t, time.time()], open(os.path.join({run.directory!r}, 'ran.json'), "
+            f"'w')); sys.exit({1 if run.name in fail else 0})")
+    return [sys.executable, "-c", code]
+  monkeypatch.setattr(ablate, "command", command)
+
+
+def _ran(run):
+  path = os.path.join(run.directory, "ran.json")
+  return json.load(open(path, encoding="utf-8")) if os.path.exists(path) else None
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_jobs_run_at_once_only_after_the_stages_they_need(jobs, tmp_path, monkeypatch):
+  """--jobs: every run starts after each stage it needs has ended; with 2, runs of different
+  seeds overlap; a stage that crashed skips (only) the runs that need it; the status of
+  each run is the same as with one job."""
+  _fake_runs(monkeypatch, fail=("reward_model",) if jobs == 2 else ())
+  rows = ablate.parse_rows("vapo,no_value_pretrain")
+  ablate.ablate(TINY, rows, [0, 1], str(tmp_path), {}, jobs=jobs)
+  runs = ablate.plan(ablate.config_loader(TINY, {}), rows, [0, 1], str(tmp_path))
+  by_dir = {r.directory: r for r in runs}
+  for run in runs:
+    ran = _ran(run)
+    needs_crashed = any(ablate.read_status(by_dir[d])["state"] != "finished"
+                        for d in run.needs)
+    if needs_crashed:
+      assert ran is None and ablate.read_status(run) is None, run
+      continue
+    assert ran is not None, run
+    for d in run.needs:
+      assert _ran(by_dir[d])[1] <= ran[0], (run.directory, d)
+  spans = sorted(_ran(r) for r in runs if _ran(r))
+  overlap = any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+  assert overlap == (jobs == 2)
+  if jobs == 2:  # the reward-model stage crashed: no_value_pretrain never ran, vapo did
+    assert {r.name for r in runs if _ran(r) is None} == {"no_value_pretrain"}
+    assert all(ablate.read_status(r)["state"] == "finished" for r in runs
+               if r.name == "vapo")
+
+
+def test_jobs_are_all_stopped_by_sigterm(tmp_path, monkeypatch):
+  """SIGTERM to the tool while 2 jobs run: each run is told to stop (it checkpoints and
+  exits, as with one job), neither is recorded, and nothing starts after them."""
+  def command(run, config_path, user):
+    del config_path, user
+    code = ("import os, signal, sys, time\n"
+            "def stop(*a):\n"
+            "  print('stopped by SIGTERM after rl step 1', flush=True); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            f"open(os.path.join({run.directory!r}, 'started'), 'w').close()\n"
+            "time.sleep(60)\n")
+    return [sys.executable, "-c", code]
+  monkeypatch.setattr(ablate, "command", command)
+  rows = ablate.parse_rows("grpo")  # no critic: one SFT stage and the row per seed
+  runs = ablate.plan(ablate.config_loader(TINY, {}), rows, [0, 1], str(tmp_path))
+  sfts = [r for r in runs if r.name == "sft"]
+  assert len(sfts) == 2
+
+  def kill_when_both_started():
+    deadline = time.time() + 60
+    while not all(os.path.exists(os.path.join(r.directory, "started")) for r in sfts):
+      if time.time() > deadline:
+        return
+      time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+  import threading  # pylint: disable=import-outside-toplevel
+  killer = threading.Thread(target=kill_when_both_started)
+  killer.start()
+  t0 = time.time()
+  try:
+    ablate.ablate(TINY, rows, [0, 1], str(tmp_path), {}, jobs=2)
+  finally:
+    signal.signal(signal.SIGTERM, old[0])
+    signal.signal(signal.SIGINT, old[1])
+    killer.join()
+  assert time.time() - t0 < 50  # the runs stopped, not slept out
+  for r in runs:
+    assert ablate.read_status(r) is None, r
+    assert os.path.exists(os.path.join(r.directory, "started")) == (r.name == "sft")
+
+
+def test_selection_takes_the_first_accepted_checkpoint_and_resumes(tmp_path, monkeypatch):
+  """sft_band.select: candidates are measured in order until the band accepts one, whose
+  policy is saved; each is logged as it is measured, so a rerun measures none again; none
+  accepted is a refusal that names the range and the last failure."""
+  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
+  # guess rate by checkpoint: only 1040 and 1060 are inside [0.12, 0.18]
+  rates = {1000: 0.30, 1020: 0.25, 1040: 0.15, 1060: 0.13}
+  measured, saved = [], []
+
+  def measure_steps(cfg, band, steps):
+    del cfg, band
+    for s in steps:
+      measured.append(s)
+      yield s, {"guess_rate": rates[s]}, f"params@{s}"
+
+  def save_policy(directory, step, params, source):
+    del source
+    saved.append((step, params))
+    os.makedirs(os.path.join(directory, "checkpoints", str(step)))
+
+  monkeypatch.setattr(sft_band, "measure_steps", measure_steps)
+  monkeypatch.setattr(sft_band, "save_policy", save_policy)
+  band = {"bounds": {"guess_rate": (0.12, 0.18)}, "select": {"first": 1000, "every": 20}}
+  cfg = config_lib.from_config_dict(config_lib.default_config_dict())
+  cfg = _with(cfg, steps=1060)
+  verdict = sft_band.select(cfg, band, str(tmp_path))
+  assert measured == [1000, 1020, 1040] and saved == [(1040, "params@1040")]
+  assert verdict["accepted"] and verdict["selected_step"] == 1040 and not verdict["failures"]
+  assert [c["step"] for c in verdict["candidates"]] == [1000, 1020, 1040]
+  assert verdict["metrics"] == {"guess_rate": 0.15}
+  # A rerun measures nothing again and keeps the selection.
+  again = sft_band.select(cfg, band, str(tmp_path))
+  assert measured == [1000, 1020, 1040] and again["selected_step"] == 1040
+  # No candidate inside: refused, with the range and the last checkpoint's failure.
+  measured.clear()
+  refused = sft_band.select(cfg, {**band, "bounds": {"guess_rate": (0.0, 0.1)}},
+                            str(tmp_path / "none"))
+  assert measured == [1000, 1020, 1040, 1060] and not refused["accepted"]
+  assert refused["selected_step"] is None
+  assert "1000..1060" in refused["failures"][0] and "guess_rate = 0.130" in (
+      refused["failures"][0])
+
+
+def _with(cfg, steps):
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=steps),
+                             model=dataclasses.replace(cfg.model, init_from="/sft"))

@@ -89,7 +89,8 @@ def test_config_builds_every_row_with_the_papers_dimensionless_settings():
   cfg = config_lib.from_config_dict(module.get_config())
   assert (cfg.rl.alpha, cfg.rl.nll_coef, cfg.rl.num_minibatches) == (0.05, 0.1, 4)
   assert cfg.optim.critic_lr == 2 * cfg.optim.policy_lr and cfg.rl.whiten_advantages
-  assert cfg.value_pretrain.plateau_window > 0 and cfg.value_pretrain.max_steps == 30
+  # A fixed value-pretraining budget (the precondition log's session-14 entry).
+  assert cfg.value_pretrain.min_steps == cfg.value_pretrain.max_steps == 128
   assert cfg.eval.correct_threshold == 1.0 and cfg.eval.short_response_tokens == 15
   for preset in config_lib.PRESETS:
     config_lib.from_config_dict(module.get_config(preset))
@@ -103,6 +104,9 @@ def test_config_builds_every_row_with_the_papers_dimensionless_settings():
   assert {"vapo", "ppo", "no_value_pretrain", "no_decoupled_gae",
           "no_decoupled_gae_vp"} <= set(names)
   assert set(module.SFT_BAND["bounds"]) == {"accuracy/long", "accuracy/short", "guess_rate"}
+  # The start is selected among the SFT run's checkpoints 1000..SFT_STEPS.
+  assert module.SFT_BAND["select"] == {"first": 1000, "every": 20}
+  assert cfg.sft.steps == module.SFT_STEPS == 1600
 
 
 def test_the_data_seed_fixes_the_problems_whatever_the_run_seed():

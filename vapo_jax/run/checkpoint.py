@@ -242,12 +242,13 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
   return step
 
 
-def initial_policy(run: str, like: Any) -> tuple[Any, str]:
+def initial_policy(run: str, like: Any, step: int | None = None) -> tuple[Any, str]:
   """The policy weights of another run's newest checkpoint (`model.init_from`).
 
   Args:
     run: that run's workdir (or its `checkpoints` directory).
     like: this run's freshly built policy parameters (structure and shardings).
+    step: that checkpoint instead of the newest (a kept one; None: the newest).
 
   Returns:
     (the parameters, a note naming the checkpoint they came from).
@@ -266,6 +267,11 @@ def initial_policy(run: str, like: Any) -> tuple[Any, str]:
     if not steps:
       raise checkpoint_store.CheckpointError(f"model.init_from={run!r}: no checkpoint in "
                                           f"{directory}")
+    if step is not None:
+      if step not in steps:
+        raise checkpoint_store.CheckpointError(
+            f"model.init_from={run!r}: no checkpoint {step} in {directory} (kept: {steps})")
+      steps = [s for s in steps if s <= step]
     saved = source.read_meta(steps[-1])["groups"]
     name = next((g for g in ("policy", "sft", "policy_params") if g in saved), None)
     if name is None:

@@ -197,10 +197,33 @@ def _stage(name: str, row_cfg: dict, base_cfg: dict, reads: Sequence[str], setti
   # moved workdir keeps its keys.
   hashed = json.loads(json.dumps(cfg))
   if hashed["model"].get("init_from"):
-    hashed["model"]["init_from"] = os.path.basename(hashed["model"]["init_from"])
+    hashed["model"]["init_from"] = start_name(hashed["model"]["init_from"])
   directory = os.path.join(workdir, SHARED if shared else f"seed{seed}",
                            f"stage-{name}-{stage_key(hashed)}")
   return Run(name, "stage", seed, directory, "vapo", tuple(sorted(fields.items())), needs)
+
+
+def start_name(directory: str) -> str:
+  """A start's name in a stage key: its directory's name (a selected start, `<SFT>/band`,
+  with its SFT run's)."""
+  name = os.path.basename(os.path.normpath(directory))
+  if name == BAND_DIR:
+    return os.path.basename(os.path.dirname(os.path.normpath(directory))) + "/" + name
+  return name
+
+
+def selection_settings(band: dict | None, sft_steps: int) -> dict[str, Any]:
+  """What a band with a "select" rule adds to the shared SFT stage: a checkpoint at every
+  candidate step, all of them kept ({} without a rule)."""
+  if not band or "select" not in band:
+    return {}
+  sel = band["select"]
+  first, every = int(sel["first"]), int(sel["every"])
+  if every < 1 or first % every or not 1 <= first <= sft_steps:
+    raise ValueError(f"SFT_BAND select {sel}: need every >= 1, first a multiple of every, "
+                     f"and 1 <= first <= sft.steps = {sft_steps}")
+  return {"checkpoint.every": every,
+          "checkpoint.keep": (sft_steps - first) // every + 2, "checkpoint.keep_best": False}
 
 
 def shares_sft(cfg: dict) -> bool:
@@ -249,20 +272,26 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
         small_eval = {"eval.num_examples": cfg["eval"]["batch_prompts"],
                       "eval.samples_per_problem": 1, "eval.every": 0}
         shared = shares_sft(cfg)
+        checked = shared and band is not None
         sft = add(_stage("sft", cfg, load("vapo", {"seed": sft_seed}) if shared else base,
                          SHARED_SFT_READS if shared else SFT_READS, {
                              "value_pretrain.enabled": False, "rl.steps": 0,
-                             "metrics.plot": False, **small_eval},
+                             "metrics.plot": False, **small_eval,
+                             **selection_settings(band if checked else None,
+                                                  cfg["sft"]["steps"])},
                          sft_seed if shared else seed, workdir, (), shared=shared))
-        overrides.update({"sft.enabled": False, "model.init_from": sft.directory})
+        start = sft.directory
         needs = (sft.directory,)
-        if shared and band is not None:
+        if checked:
           needs = (add(band_run(sft, band_name)).directory,)
+          if "select" in band:  # the selected checkpoint, saved by the band run
+            start = needs[0]
+        overrides.update({"sft.enabled": False, "model.init_from": start})
         critic_from: dict[str, Any] = {}  # how the critic starts, where it is not the policy
         critic = config_lib.uses_critic(cfg["rl"]["advantage_estimator"])
         if critic and cfg["model"]["critic_start"] == "reward_model":
           rm = add(_stage("reward_model", cfg, base, REWARD_MODEL_READS, {
-              "sft.enabled": False, "model.init_from": sft.directory, "rl.steps": 0,
+              "sft.enabled": False, "model.init_from": start, "rl.steps": 0,
               "value_pretrain.enabled": False, "model.critic_start": "reward_model",
               "checkpoint.save_critic": True, "metrics.plot": False, **small_eval},
                           seed, workdir, needs))
@@ -271,7 +300,7 @@ def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
           needs = (rm.directory,)
         if cfg["value_pretrain"]["enabled"] and critic:
           vp = add(_stage("value_pretrain", cfg, base, VALUE_PRETRAIN_READS, {
-              "sft.enabled": False, "model.init_from": sft.directory, "rl.steps": 0,
+              "sft.enabled": False, "model.init_from": start, "rl.steps": 0,
               "checkpoint.save_critic": True, "metrics.plot": False, **critic_from,
               **small_eval}, seed, workdir, needs))
           overrides.update({"value_pretrain.enabled": False, "model.init_from": vp.directory,
@@ -337,56 +366,90 @@ def state_label(run: Run, status: dict) -> str:
   return status["state"]
 
 
+@dataclasses.dataclass
+class _Child:
+  run: Run
+  cmd: list[str]
+  popen: subprocess.Popen
+  log_path: str
+  start: int                # this attempt's output begins here in the log
+  t0: float
+
+
 class Runner:
-  """Runs the plan's subprocesses one at a time; SIGTERM / SIGINT stop the current one at
-  its next step boundary (it checkpoints) and end the tool; rerunning resumes.
+  """Runs the plan's subprocesses (up to `jobs` at once, `ablate`); SIGTERM / SIGINT stop
+  every live one at its next step boundary (it checkpoints) and end the tool; rerunning
+  resumes.
 
   same_group: each run stays in the tool's process group (default: its own session, so a
   terminal's Ctrl-C reaches only the tool, which stops the run cleanly). With it,
   `kill -STOP -PGID` / `kill -CONT -PGID` of the tool's group pause and resume the run too
   (a tool started under `setsid` in the background, sharing its cores).
+  env: variables set on top of the tool's environment in every run (the compile cache).
   """
 
-  def __init__(self, same_group: bool = False):
-    self.child: subprocess.Popen | None = None
+  def __init__(self, same_group: bool = False, env: dict[str, str] | None = None):
+    self.children: list[_Child] = []
     self.stopping = False
     self.same_group = same_group
+    self.env = env or {}
 
   def install(self) -> None:
     def handler(signum, frame):
       del signum, frame
       self.stopping = True
-      if self.child is not None and self.child.poll() is None:
-        self.child.send_signal(signal.SIGTERM)
+      for c in self.children:
+        if c.popen.poll() is None:
+          c.popen.send_signal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
 
-  def run(self, run: Run, cmd: list[str]) -> dict:
-    """Runs one command to its end; returns (and, unless interrupted, saves) its status."""
+  def start(self, run: Run, cmd: list[str]) -> _Child:
+    """Starts one run in the background (its output appended to its log)."""
     os.makedirs(run.directory, exist_ok=True)
-    t0 = time.time()
     path = os.path.join(run.directory, LOG)
     # This attempt's output begins here: a resumed run appends to the earlier attempts' log.
     start = os.path.getsize(path) if os.path.exists(path) else 0
     with open(path, "a", encoding="utf-8") as log:
       log.write(f"\n$ {' '.join(cmd)}\n")
       log.flush()
-      self.child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                    preexec_fn=_die_with_parent,
-                                    start_new_session=not self.same_group)
-      returncode = self.child.wait()
-      self.child = None
-    with open(path, "rb") as f:
-      f.seek(start)
+      popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                               preexec_fn=_die_with_parent,
+                               start_new_session=not self.same_group,
+                               env={**os.environ, **self.env} if self.env else None)
+    child = _Child(run, cmd, popen, path, start, time.time())
+    self.children.append(child)
+    return child
+
+  def finish(self, child: _Child) -> dict:
+    """The status of a child that has exited (saved unless it was interrupted)."""
+    self.children.remove(child)
+    returncode = child.popen.returncode
+    with open(child.log_path, "rb") as f:
+      f.seek(child.start)
       text = f.read().decode("utf-8", errors="replace")
     state = outcome(returncode, text[-20000:], self.stopping)
-    status = {"state": state, "returncode": returncode, "wall_s": time.time() - t0,
-              "command": cmd}
+    status = {"state": state, "returncode": returncode, "wall_s": time.time() - child.t0,
+              "command": child.cmd}
     if state == "crashed":
       status["log_tail"] = text[-3000:]
     if state != "interrupted":
-      _write_json(os.path.join(run.directory, STATUS), status)
+      _write_json(os.path.join(child.run.directory, STATUS), status)
     return status
+
+  def wait_any(self, poll_s: float = 0.5) -> tuple[_Child, dict]:
+    """Waits for one of the live runs to exit; returns it and its status."""
+    while True:
+      for c in self.children:
+        if c.popen.poll() is not None:
+          return c, self.finish(c)
+      time.sleep(poll_s)
+
+  def run(self, run: Run, cmd: list[str]) -> dict:
+    """Runs one command to its end; returns (and, unless interrupted, saves) its status."""
+    child = self.start(run, cmd)
+    child.popen.wait()
+    return self.finish(child)
 
 
 def _die_with_parent() -> None:
@@ -464,15 +527,26 @@ def config_loader(path: str, user: dict[str, Any]):
   return load
 
 
+COMPILE_CACHE = "jax_cache"  # W/jax_cache: the runs' shared jax compilation cache
+
+
 def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
            user: dict[str, Any], *, rerun_crashed: bool = False, command_text: str = "",
-           smoke: bool = False, same_group: bool = False) -> list[dict]:
+           smoke: bool = False, same_group: bool = False, jobs: int = 1,
+           compile_cache: bool = True) -> list[dict]:
   """Runs (or resumes) the plan and writes the reports; returns the row summaries.
 
   smoke: the config file's SMOKE overrides under the user's, and its SMOKE_BAND (every
   stage at a few steps: a check that the whole command runs, not a measurement).
   same_group: the runs stay in the tool's process group (`Runner`).
+  jobs: runs at once. A run starts once the stage runs it needs have finished, the first
+  ready one in the plan's order first; the runs are the same processes as with jobs = 1,
+  so the results are too (each run's numbers depend on its config alone).
+  compile_cache: the runs share jax's persistent compilation cache in W/jax_cache (unless
+  JAX_COMPILATION_CACHE_DIR is set): a row compiles the same programs as the one before.
   """
+  if jobs < 1:
+    raise ValueError(f"--jobs={jobs}: need >= 1")
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   module = config_module(config_path)
@@ -485,6 +559,7 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
   runs = plan(config_loader(config_path, user), rows, seeds, workdir,
               band=getattr(module, band_name, None), band_name=band_name)
   header = {"config": config_path, "seeds": list(seeds), "command": command_text}
+  by_dir = {r.directory: r for r in runs}
 
   def done(run):
     status = read_status(run)
@@ -494,41 +569,81 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
   todo = [r for r in runs if not done(r)]
   print(f"[ablate] {len(runs)} runs ({sum(r.kind == 'row' for r in runs)} rows × seeds, "
         f"{sum(r.kind == 'stage' for r in runs)} shared stages): {len(runs) - len(todo)} "
-        f"done before, {len(todo)} to run", flush=True)
-  runner = Runner(same_group)
+        f"done before, {len(todo)} to run" + (f", {jobs} at once" if jobs > 1 else ""),
+        flush=True)
+  env = {}
+  if compile_cache and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(workdir, COMPILE_CACHE)
+  runner = Runner(same_group, env)
   runner.install()
-  t0, times = time.time(), []
-  for i, run in enumerate(todo):
-    failed = [d for d in run.needs
-              if (read_status(next(r for r in runs if r.directory == d)) or {}).get("state")
-              != "finished"]
+  t0, times, count = time.time(), [], 0
+  pending, skipped = list(todo), set()
+
+  def where(run: Run) -> str:
     shared = os.sep + SHARED + os.sep in run.directory
-    where = (f"{'shared' if shared else f'seed {run.seed}'} "
-             f"{run.name if run.kind == 'row' else 'stage ' + run.name}")
-    if failed:
-      why = band_verdict(failed[0])
-      print(f"[ablate] {i + 1}/{len(todo)} {where}: skipped, its stage {failed[0]} did not "
-            "finish" + (f" ({why})" if why else ""), flush=True)
-      continue
-    status = runner.run(run, command(run, config_path, user))
-    if status["state"] == "interrupted":
-      print(f"[ablate] {where}: interrupted; rerun the same command to resume", flush=True)
+    return (f"{'shared' if shared else f'seed {run.seed}'} "
+            f"{run.name if run.kind == 'row' else 'stage ' + run.name}")
+
+  def blocked(run: Run) -> str | None:
+    """The first of its stages that cannot finish now (failed or skipped), else None."""
+    for d in run.needs:
+      if d in skipped:
+        return d
+      if any(p.directory == d for p in pending) or any(
+          c.run.directory == d for c in runner.children):
+        continue
+      if (read_status(by_dir[d]) or {}).get("state") != "finished":
+        return d
+    return None
+
+  def ready(run: Run) -> bool:
+    return not any(p.directory in run.needs for p in pending) and not any(
+        c.run.directory in run.needs for c in runner.children)
+
+  interrupted = False
+  while pending or runner.children:
+    # Start what can start: skip the runs whose stages failed; launch the ready ones.
+    while pending and not runner.stopping and not interrupted:
+      failed = next(((r, blocked(r)) for r in pending if blocked(r)), None)
+      if failed:
+        run, stage = failed
+        pending.remove(run)
+        skipped.add(run.directory)
+        count += 1
+        why = band_verdict(stage)
+        print(f"[ablate] {count}/{len(todo)} {where(run)}: skipped, its stage {stage} did "
+              "not finish" + (f" ({why})" if why else ""), flush=True)
+        continue
+      if len(runner.children) >= jobs:
+        break
+      run = next((r for r in pending if ready(r)), None)
+      if run is None:
+        break
+      pending.remove(run)
+      runner.start(run, command(run, config_path, user))
+    if not runner.children:
       break
+    child, status = runner.wait_any()
+    run = child.run
+    count += 1
+    if status["state"] == "interrupted":
+      print(f"[ablate] {where(run)}: interrupted; rerun the same command to resume",
+            flush=True)
+      interrupted = True
+      continue
     times.append(status["wall_s"])
-    left = len(todo) - i - 1
-    eta = sum(times) / len(times) * left
+    left = len(pending) + len(runner.children)
+    eta = sum(times) / len(times) * left / jobs
     extra = ""
     if run.kind == "row":
       rec = run_record(run, status)
       if "avg" in rec:
         extra = f", avg@{rec['k']} {rec['avg']:.3f}"
-    print(f"[ablate] {i + 1}/{len(todo)} {where}: {state_label(run, status)} in "
+    print(f"[ablate] {count}/{len(todo)} {where(run)}: {state_label(run, status)} in "
           f"{report.hms(status['wall_s'])}{extra} | elapsed {report.hms(time.time() - t0)}, ETA "
           f"{report.hms(eta)}", flush=True)
     if run.kind == "row":
       write_reports(workdir, runs, rows, header)
-    if runner.stopping:
-      break
   summaries = write_reports(workdir, runs, rows, header)
   print(f"[ablate] wrote {os.path.join(workdir, 'ablation.md')}", flush=True)
   return summaries
@@ -546,6 +661,10 @@ def define_flags() -> None:
   flags.DEFINE_bool("rerun_crashed", False, "Run again the runs that crashed last time.")
   flags.DEFINE_bool("smoke", False, "The config file's SMOKE overrides and SMOKE_BAND: every "
                     "stage at a few steps (a check that the command runs end to end).")
+  flags.DEFINE_integer("jobs", 1, "Runs at once (2 on a 2-core machine: a run keeps about "
+                       "one core busy); a run starts when the stages it needs have finished.")
+  flags.DEFINE_bool("compile_cache", True, "Share jax's persistent compilation cache between "
+                    "the runs (W/jax_cache, unless JAX_COMPILATION_CACHE_DIR is set).")
   flags.DEFINE_bool("same_group", False, "Keep every run in the tool's process group, so "
                     "that kill -STOP/-CONT -PGID of the tool pauses and resumes its run too "
                     "(default: each run in its own session; Ctrl-C reaches only the tool).")
@@ -568,6 +687,7 @@ def main(argv):
     raise app.UsageError(str(e)) from e
   ablate(path, rows, seeds, f.workdir, user,
          rerun_crashed=f.rerun_crashed, smoke=f.smoke, same_group=f.same_group,
+         jobs=f.jobs, compile_cache=f.compile_cache,
          command_text=" ".join(["python -m vapo_jax.tools.ablate", *sys.argv[1:]]))
 
 
