@@ -14,8 +14,10 @@ in-process): --prompts held-out problems, one response each, cut at every step b
   vp@N             value pretraining from the zero head after N steps (--budgets), MC targets
 
   M1  bias V − V̂* and EV (MC noise removed) by fifth of the response, per critic
-  M2  per length bucket: bias/MSE of the step credit for λ ∈ {0.95, 0.8, 1.0} and α ∈ {0.05,
-      0.5}, and the MSE-optimal constant λ, per critic
+  M2  per length bucket: bias/MSE of the token advantage at each step's first token (against
+      V̂*(c + 1) − V̂*(c), so prefixes c + 1 are sampled too) for λ ∈ {0.95, 0.8, 1.0} and
+      α ∈ {0.05, 0.5}, and the MSE-optimal constant λ, per critic (and M2-step, the step-sum
+      variant, for comparison)
   M3  two critics from the zero head on the same rollouts (same keys and prompts): MC targets
       (λ_c = 1, the vp@N run itself) and coupled ones (λ_c = λ_policy, value_pretrain.
       coupled_gae); per step V(s₀), V(s_last), the batch's mean return, EV
@@ -126,7 +128,9 @@ def ground_truth(suite: Suite, n_prompts: int, m: int) -> dict:
   vhat, noise = {}, {}
   for i in range(len(examples)):
     vhat[(i, 0)], noise[(i, 0)] = stats.mc_value(first_scores[i * m:(i + 1) * m])
-  prefixes = [(i, c) for i, cs in enumerate(cuts) for c in cs if c > 0]
+  # Every cut c > 0, and c + 1 for every cut (M2's true token advantage at c), once each.
+  prefixes = sorted({(i, x) for i, cs in enumerate(cuts) for c in cs
+                     for x in (c, c + 1) if 0 < x < len(responses[i])})
   long_prompt = cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens
   cont = suite.sampler(m, long_prompt)
   chunk = max(1, cfg.eval.batch_prompts)
@@ -145,10 +149,14 @@ def ground_truth(suite: Suite, n_prompts: int, m: int) -> dict:
   branches = {"rollout": first_rollout, "scores": first_scores,
               "first": [text.decode(o[:1]) for o in first_outs],
               "lengths": [len(o) for o in first_outs]}
+  for i, r in enumerate(responses):  # V*(end) = the reward
+    vhat[(i, len(r))], noise[(i, len(r))] = float(rewards[i]), 0.0
   return {"branches": branches, "examples": examples, "responses": responses, "rollout": rollout,
           "rewards": rewards, "cuts": cuts,
           "vhat": [[vhat[(i, c)] for c in cs] for i, cs in enumerate(cuts)],
-          "noise": [[noise[(i, c)] for c in cs] for i, cs in enumerate(cuts)]}
+          "noise": [[noise[(i, c)] for c in cs] for i, cs in enumerate(cuts)],
+          "vnext": [[vhat[(i, c + 1)] for c in cs] for i, cs in enumerate(cuts)],
+          "noise_next": [[noise[(i, c + 1)] for c in cs] for i, cs in enumerate(cuts)]}
 
 
 def critics(suite: Suite, budgets: list[int], m3_steps: int, with_rm: bool) -> tuple:
@@ -217,7 +225,7 @@ def measure(suite: Suite, gt: dict, nets: dict, edges: str) -> dict:
   """M1 and M2 of every critic on the ground truth's responses."""
   lengths = [len(r) for r in gt["responses"]]
   buckets = buckets_of(lengths, edges)
-  m1, m2 = {}, {}
+  m1, m2, m2_step = {}, {}, {}
   for name, (graphdef, params) in nets.items():
     v = suite.values(graphdef, params, gt["rollout"])
     pos = [c for cs in gt["cuts"] for c in cs]
@@ -228,15 +236,17 @@ def measure(suite: Suite, gt: dict, nets: dict, edges: str) -> dict:
     m1[name + "/all"] = {"ev": stats.explained_variance(at, flat("vhat"), flat("noise")),
                          "bias": float(np.mean(np.subtract(at, flat("vhat"))))}
     responses = [{"values_T": v[i, :lengths[i]], "reward": float(gt["rewards"][i]),
-                  "cuts": gt["cuts"][i], "vstar": gt["vhat"][i], "noise": gt["noise"][i]}
+                  "cuts": gt["cuts"][i], "vstar": gt["vhat"][i], "noise": gt["noise"][i],
+                  "vnext": gt["vnext"][i], "noise_next": gt["noise_next"][i]}
                  for i in range(len(lengths))]
     m2[name] = stats.lambda_table(responses, LAMBDAS, buckets)
+    m2_step[name] = stats.lambda_table(responses, LAMBDAS, buckets, estimator="step")
     b = gt["branches"]
     after_first = suite.values(graphdef, params, b["rollout"])[:, 1]
     m1[name + "/branches"] = stats.branch_calibration(b["first"], after_first, b["scores"])
   flat_v, flat_n = ([x for xs in gt[k] for x in xs] for k in ("vhat", "noise"))
   m = suite.args["continuations"]
-  return {"m1": m1, "m2": m2, "buckets": buckets,
+  return {"m1": m1, "m2": m2, "m2_step": m2_step, "buckets": buckets,
           "oracle_ev": stats.oracle_ev(flat_v, flat_n, m)}
 
 
@@ -264,21 +274,11 @@ def markdown(result: dict) -> str:
     for branch, r in result["m1"][name + "/branches"].items():
       lines.append(f"| {name} | `{branch}` | {r['samples']} | {r['success']:.3f} | "
                    f"{r['value']:.3f} | {r['gap']:+.3f} |")
-  lines += ["", "## M2: step-credit MSE (MC noise removed) by length bucket, and the "
-            "MSE-optimal constant λ", ""]
-  for name in result["critics"]:
-    table = result["m2"][name]
-    lines += [f"**{name}**", "", "| bucket (tokens) | responses | " + " | ".join(LAMBDAS)
-              + " | optimal λ (MSE) |", "|---|---|" + "---|" * (len(LAMBDAS) + 1)]
-    for bucket, row in table.items():
-      if not row["responses"]:
-        lines.append(f"| {bucket} | 0 |" + " — |" * (len(LAMBDAS) + 1))
-        continue
-      cells = [f"{row['settings'][s]['mse']:.4f} ({row['settings'][s]['bias']:+.3f})"
-               for s in LAMBDAS]
-      lines.append(f"| {bucket} | {row['responses']} | " + " | ".join(cells)
-                   + f" | {row['optimal_lambda']:.3f} ({row['optimal_mse']:.4f}) |")
-    lines.append("")
+  for key, title in (("m2", "M2: token-advantage MSE at each step's first token"),
+                     ("m2_step", "M2-step (for comparison; favours λ = 0 by construction): "
+                      "step-credit MSE")):
+    if key in result:
+      lines += _m2_lines(result, key, title)
   lines += ["## M3: decoupled (MC, λ_c = 1) vs coupled (λ_c = λ_policy) critic from the zero "
             "head, same rollouts", "",
             "| step | mean return | MC V(s₀) | coupled V(s₀) | MC V(s_last) | coupled V(s_last) "
@@ -290,6 +290,25 @@ def markdown(result: dict) -> str:
                  f"{r['coupled/v_s0']:.3f} | {r['mc/v_last']:.3f} | {r['coupled/v_last']:.3f} | "
                  f"{r['mc/ev']:.2f} / {r['coupled/ev']:.2f} | {r['same_rollouts']} |")
   return "\n".join(lines) + "\n"
+
+
+def _m2_lines(result: dict, key: str, title: str) -> list[str]:
+  lines = ["", f"## {title} (MC noise removed) by length bucket, MSE (bias) per setting, and "
+           "the MSE-optimal constant λ", ""]
+  for name in result["critics"]:
+    table = result[key][name]
+    lines += [f"**{name}**", "", "| bucket (tokens) | responses | " + " | ".join(LAMBDAS)
+              + " | optimal λ (MSE) |", "|---|---|" + "---|" * (len(LAMBDAS) + 1)]
+    for bucket, row in table.items():
+      if not row["responses"]:
+        lines.append(f"| {bucket} | 0 |" + " — |" * (len(LAMBDAS) + 1))
+        continue
+      cells = [f"{row['settings'][s]['mse']:.4f} ({row['settings'][s]['bias']:+.3f})"
+               for s in LAMBDAS]
+      lines.append(f"| {bucket} | {row['responses']} | " + " | ".join(cells)
+                   + f" | {row['optimal_lambda']:.3f} ({row['optimal_mse']:.4f}) |")
+    lines.append("")
+  return lines
 
 
 def run(cfg, args, command_text: str = "") -> dict:

@@ -10,12 +10,24 @@ M1 — value bias by fifth of the response (fifth f = ⌊5·c / l⌋ of a respon
     bias_f = mean(V(s_c) − V̂*(c)),
     EV_f   = 1 − (Var(V − V̂*) − ν̄) / (Var(V̂*) − ν̄)      (MC noise removed)
   since V̂* = V* + ε with E[ε | c] = 0, Var(ε | c) = ν(c), ε independent of the critic.
-M2 — λ's bias and MSE against the true step advantages, per length bucket:
+M2 — λ's bias and MSE against the true token advantages, per length bucket, at the first
+  token of every step (`token_errors`, the suite's M2):
+    e_k = Â_{c_k}^λ − (V̂*(c_k + 1) − V̂*(c_k)),
+  the token's GAE advantage against its true advantage A*(c_k) = V*(s_{c_k+1}) − V*(s_{c_k})
+  (V̂*(l) = R at the end). This is the error the policy gradient sees: it weights each
+  token's advantage on its own (Σ_t Â_t ∇log π_t). With V = V*, E[e_k] = 0 for every λ and
+  e_k = 0 exactly at λ = 0; the noise removed is ν(c_k) + ν(c_k + 1).
+    bias = mean(e),   MSE = mean(e²) − mean(ν(c_k) + ν(c_k + 1)).
+  The step-sum variant (`step_errors`, kept as M2-step) sums a step's token advantages
+  first:
     e_k = Σ_{t ∈ [c_k, c_{k+1})} Â_t^λ − (V̂*(c_{k+1}) − V̂*(c_k)),
   the step's GAE credit against its true credit, which telescopes from the token
   advantages V*(s_{t+1}) − V*(s_t). With the critic V = V*, E[e_k] = 0 for every λ (each
   token's error Σ_{j≥1} λ^j δ_{t+j} has mean 0 given s_{t+1}), and e_k = 0 exactly at λ = 0.
     bias = mean(e),   MSE = mean(e²) − mean(ν(c_k) + ν(c_{k+1}))   (MC noise removed).
+  It favours λ = 0 by construction (at λ = 0 the sum telescopes to two endpoint errors; at
+  λ → 1 each of the step's n_k tokens carries the same return noise, counted n_k² times), so
+  it does not measure the variance the policy gradient sees; it is reported for comparison.
   The MSE-optimal λ of a bucket is the grid λ with the least MSE.
 Branches — V(s₁) (after the first token) per first token against that branch's mean reward:
   the critic's calibration on the decision chain_or_guess puts at the start.
@@ -144,6 +156,32 @@ def step_errors(values_T, reward: float, cuts: Sequence[int], vstar_cuts, noise_
   return errors, np.array([noise[k] + noise[k + 1] for k in range(len(cuts))])
 
 
+def token_errors(values_T, reward: float, cuts: Sequence[int], vstar_cuts, noise_cuts,
+                 vnext_cuts, noise_next_cuts, lam: float) -> tuple[np.ndarray, np.ndarray]:
+  """M2 for one response: (e_k, ν(c_k) + ν(c_k + 1)) at the first token of each step k.
+
+  Args:
+    values_T: the critic's V(s_t) at every response token (length l).
+    reward: the response's reward, placed on its last token.
+    cuts: the step starts c_0 = 0 < … < c_{K−1} < l.
+    vstar_cuts, noise_cuts: V̂*(c_k) and ν(c_k).
+    vnext_cuts, noise_next_cuts: V̂*(c_k + 1) and ν(c_k + 1) (the reward and 0 where
+      c_k + 1 = l).
+    lam: the policy's λ for this response.
+  """
+  v = np.asarray(values_T, np.float64)
+  l = v.size
+  cuts = list(cuts)
+  if not cuts or cuts[0] != 0 or any(b <= a for a, b in zip(cuts, cuts[1:])) or cuts[-1] >= l:
+    raise ValueError(f"cuts must rise from 0 below the length {l}, got {cuts}")
+  rewards = np.zeros(l)
+  rewards[-1] = reward
+  adv = gae(rewards, v, lam)
+  now, nxt = np.asarray(vstar_cuts, np.float64), np.asarray(vnext_cuts, np.float64)
+  errors = adv[cuts] - (nxt - now)
+  return errors, np.asarray(noise_cuts, np.float64) + np.asarray(noise_next_cuts, np.float64)
+
+
 def bias_mse(errors, noise) -> dict:
   """{bias, mse (MC noise removed), mse_raw, steps} of pooled step errors."""
   e, nu = np.asarray(errors, np.float64), np.asarray(noise, np.float64)
@@ -153,15 +191,26 @@ def bias_mse(errors, noise) -> dict:
 
 def lambda_table(responses: Sequence[dict], settings: dict, buckets: Sequence[tuple],
                  grid: Sequence[float] = tuple(np.round(np.linspace(0, 1, 21), 3))
-                 + (0.975, 0.99)) -> dict:
+                 + (0.975, 0.99), estimator: str = "token") -> dict:
   """M2 over responses: per bucket, bias/MSE of each λ setting and the MSE-optimal grid λ.
 
   Args:
-    responses: dicts with values_T, reward, cuts, vstar, noise (see `step_errors`).
+    responses: dicts with values_T, reward, cuts, vstar, noise, and for the token
+      estimator vnext, noise_next (see `token_errors`, `step_errors`).
     settings: name -> ("fixed", λ) or ("adaptive", α).
     buckets: (name, lo, hi): responses of lo <= length <= hi.
     grid: the constant λs searched for each bucket's optimum.
+    estimator: "token" (`token_errors`) or "step" (`step_errors`).
   """
+  if estimator not in ("token", "step"):
+    raise ValueError(f"estimator {estimator!r}: token or step")
+
+  def errors(r, lam):
+    if estimator == "step":
+      return step_errors(r["values_T"], r["reward"], r["cuts"], r["vstar"], r["noise"], lam)
+    return token_errors(r["values_T"], r["reward"], r["cuts"], r["vstar"], r["noise"],
+                        r["vnext"], r["noise_next"], lam)
+
   def lam_of(setting, length):
     kind, x = setting
     return float(x) if kind == "fixed" else length_adaptive_lambda(length, x)
@@ -174,8 +223,7 @@ def lambda_table(responses: Sequence[dict], settings: dict, buckets: Sequence[tu
                                                    if mine else None)}
     if mine:
       def pooled(lam_fn):
-        parts = [step_errors(r["values_T"], r["reward"], r["cuts"], r["vstar"], r["noise"],
-                             lam_fn(len(r["values_T"]))) for r in mine]
+        parts = [errors(r, lam_fn(len(r["values_T"]))) for r in mine]
         return bias_mse(np.concatenate([p[0] for p in parts]),
                         np.concatenate([p[1] for p in parts]))
       row["settings"] = {s: pooled(lambda n, st=st: lam_of(st, n)) for s, st in

@@ -158,6 +158,37 @@ def test_step_errors_of_a_perfect_critic_are_zero_at_td_and_unbiased_at_any_lamb
     vb.step_errors(np.zeros(5), 1.0, [1, 3], [0, 0], [0, 0], 0.5)
 
 
+def test_token_errors_of_a_perfect_critic_are_zero_at_td_and_unbiased_at_any_lambda():
+  """M2's estimator: the GAE advantage of each step's first token against V*(c + 1) − V*(c).
+  A perfect critic: exactly 0 at λ = 0, mean 0 at any λ; a constant critic at λ = 1: every
+  advantage is R − c, by hand; MC noise is reported for both ends."""
+  rng = np.random.default_rng(7)
+  pooled = {lam: [] for lam in (0.0, 0.8, 1.0)}
+  for _ in range(3000):
+    vstar, reward, cuts = synthetic(rng, 6, 3, 0.8)
+    nxt = np.array([*vstar, reward][1:])[cuts]
+    for lam in pooled:
+      e, nu = vb.token_errors(vstar, reward, cuts, vstar[cuts], np.zeros(6), nxt,
+                              np.zeros(6), lam)
+      if lam == 0.0:
+        np.testing.assert_allclose(e, 0.0, atol=1e-12)
+      pooled[lam].append(e)
+  for lam, es in pooled.items():
+    # A response's errors share its return: its mean is the independent unit.
+    e = np.array([x.mean() for x in es])
+    assert abs(e.mean()) < 3 * e.std() / np.sqrt(e.size) + 1e-12, (lam, e.mean())
+  # λ = 1 leaves each token's whole return: its spread grows as λ rises.
+  assert np.concatenate(pooled[1.0]).std() > np.concatenate(pooled[0.8]).std() > 0
+  vstar, reward, cuts = synthetic(np.random.default_rng(8), 4, 3, 0.7)
+  nxt = np.array([*vstar, reward][1:])[cuts]
+  e, nu = vb.token_errors(np.full(12, 0.4), reward, cuts, vstar[cuts], [0.01] * 4, nxt,
+                          [0.02] * 4, 1.0)
+  np.testing.assert_allclose(e, (reward - 0.4) - (nxt - vstar[cuts]), atol=1e-12)
+  np.testing.assert_allclose(nu, 0.03)
+  with pytest.raises(ValueError, match="cuts"):
+    vb.token_errors(np.zeros(5), 1.0, [1, 3], [0, 0], [0, 0], [0, 0], [0, 0], 0.5)
+
+
 def test_lambda_table_on_a_perfect_and_a_noisy_critic():
   """With V = V*, λ = 0 has zero error: the optimum of every bucket; with i.i.d. per-token
   critic noise, λ = 0's error is that noise at the step's two ends."""
@@ -165,23 +196,32 @@ def test_lambda_table_on_a_perfect_and_a_noisy_critic():
   perfect, noisy = [], []
   for n in [2] * 300 + [12] * 300:
     vstar, reward, cuts = synthetic(rng, n, 4, 0.9)
-    base = {"reward": reward, "cuts": cuts, "vstar": vstar[cuts], "noise": np.zeros(n)}
+    nxt = [*vstar, reward][1:]
+    base = {"reward": reward, "cuts": cuts, "vstar": vstar[cuts], "noise": np.zeros(n),
+            "vnext": np.array(nxt)[cuts], "noise_next": np.zeros(n)}
     perfect.append({**base, "values_T": vstar})
     noisy.append({**base, "values_T": vstar + rng.normal(0, 0.2, vstar.size)})
   settings = {"λ=0.95": ("fixed", 0.95), "α=0.05": ("adaptive", 0.05)}
   buckets = (("short", 1, 10), ("long", 11, 100))
-  table = vb.lambda_table(perfect, settings, buckets)
-  for name in ("short", "long"):
-    assert table[name]["responses"] == 300 and table[name]["optimal_lambda"] == 0.0
-    assert abs(table[name]["optimal_mse"]) < 1e-20
-    assert set(table[name]["settings"]) == set(settings)
-  assert table["long"]["mean_length"] == 48.0
+  for estimator in ("token", "step"):
+    table = vb.lambda_table(perfect, settings, buckets, estimator=estimator)
+    for name in ("short", "long"):
+      assert table[name]["responses"] == 300 and table[name]["optimal_lambda"] == 0.0
+      assert abs(table[name]["optimal_mse"]) < 1e-20
+      assert set(table[name]["settings"]) == set(settings)
+    assert table["long"]["mean_length"] == 48.0
   # Per-token noise of sd σ: at λ = 0 a step's credit telescopes to V(c_{k+1}) − V(c_k), two
   # noise terms (one for the last step, whose end is the reward): MSE = σ²·(2K − 1)/K.
-  table = vb.lambda_table(noisy, settings, buckets)
+  table = vb.lambda_table(noisy, settings, buckets, estimator="step")
   for name, k in (("short", 2), ("long", 12)):
     td = table[name]["mse_by_lambda"][0.0]
     assert abs(td / (0.04 * (2 * k - 1) / k) - 1) < 0.1, (name, td)
+  # The token estimator at λ = 0: δ_c's error is the noise at c and at c + 1: MSE = 2σ².
+  table = vb.lambda_table(noisy, settings, buckets)
+  for name in ("short", "long"):
+    assert abs(table[name]["mse_by_lambda"][0.0] / (2 * 0.04) - 1) < 0.1, name
+  with pytest.raises(ValueError, match="estimator"):
+    vb.lambda_table(noisy, settings, buckets, estimator="steps")
   assert vb.lambda_table([], settings, buckets)["short"] == {"responses": 0,
                                                               "mean_length": None}
 
