@@ -9,17 +9,18 @@ value of a response's first token is an easy feature for a critic (≈ 0.1 after
 chain's success rate after `A`).
 
   python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --seeds=0,1,2 \\
-      --workdir=/tmp/cog                              # the table (ABLATION_ROWS), ~100 min
+      --jobs=2 --workdir=/tmp/cog                     # the table (ABLATION_ROWS)
   python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --seeds=3,4,5 \\
-      --workdir=/tmp/cog                              # fresh seeds, the same shared SFT start
+      --jobs=2 --workdir=/tmp/cog                     # fresh seeds, the same shared SFT start
   python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --smoke --seeds=0,1 \\
       --workdir=/tmp/cog_smoke                        # every stage at a few steps (SMOKE)
-  python -m benchmarks.value_bias --config=configs/chain_or_guess.py --out=/tmp/vb_cog
+  python benchmarks/value_bias.py --config=configs/chain_or_guess.py --buckets=15,80 \\
+      --sft_workdir=<W>/shared/stage-sft-<key>/band --out=/tmp/vb_cog   # the mechanism suite
 
 Run status (2026-12-02): the pilot and the mechanism suite have run
 (docs/value_mechanisms.md §5); the 3-seed table waited on two preconditions, both decided
-in the log below (session 14) before any row. The settings and criteria below were fixed before any of them; the precondition
-log says what changed since, and why.
+in the log below (session 14) before any row. The settings and criteria below were fixed
+before any of them; the precondition log says what changed since, and why.
 
 Settings, fixed in advance (the paper's values, or its dimensionless equivalents):
 - α = 0.05 (κ = l·(1 − λ) = 20 at every length, as in the paper).

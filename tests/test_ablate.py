@@ -746,3 +746,22 @@ def _with(cfg, steps):
   import dataclasses  # pylint: disable=import-outside-toplevel
   return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=steps),
                              model=dataclasses.replace(cfg.model, init_from="/sft"))
+
+
+def test_stages_only_runs_the_stages_and_no_row_then_the_table_reuses_them(
+    tmp_path, monkeypatch):
+  """--stages_only (a pilot): every stage the rows start from, no row and no table; the
+  table's command in the same workdir then runs only the rows."""
+  _fake_runs(monkeypatch)
+  rows = ablate.parse_rows("vapo,no_value_pretrain")
+  ablate.ablate(TINY, rows, [0], str(tmp_path), {}, stages_only=True)
+  runs = ablate.plan(ablate.config_loader(TINY, {}), rows, [0], str(tmp_path))
+  assert {r.kind for r in runs if _ran(r)} == {"stage"}
+  assert all(_ran(r) for r in runs if r.kind == "stage")
+  assert not (tmp_path / "ablation.md").exists()
+  stage_times = {r.directory: _ran(r) for r in runs if r.kind == "stage"}
+  ablate.ablate(TINY, rows, [0], str(tmp_path), {})
+  assert all(_ran(r) for r in runs if r.kind == "row")
+  assert {d: _ran(by) for d, by in ((r.directory, r) for r in runs if r.kind == "stage")} == (
+      stage_times)
+  assert (tmp_path / "ablation.md").exists()

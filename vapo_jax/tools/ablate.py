@@ -533,7 +533,7 @@ COMPILE_CACHE = "jax_cache"  # W/jax_cache: the runs' shared jax compilation cac
 def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
            user: dict[str, Any], *, rerun_crashed: bool = False, command_text: str = "",
            smoke: bool = False, same_group: bool = False, jobs: int = 1,
-           compile_cache: bool = True) -> list[dict]:
+           compile_cache: bool = True, stages_only: bool = False) -> list[dict]:
   """Runs (or resumes) the plan and writes the reports; returns the row summaries.
 
   smoke: the config file's SMOKE overrides under the user's, and its SMOKE_BAND (every
@@ -544,6 +544,8 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
   so the results are too (each run's numbers depend on its config alone).
   compile_cache: the runs share jax's persistent compilation cache in W/jax_cache (unless
   JAX_COMPILATION_CACHE_DIR is set): a row compiles the same programs as the one before.
+  stages_only: run only the stages the rows start from (a pilot: the shared SFT start, its
+  band check, value pretraining), no row; the table's command then reuses them.
   """
   if jobs < 1:
     raise ValueError(f"--jobs={jobs}: need >= 1")
@@ -560,6 +562,8 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
               band=getattr(module, band_name, None), band_name=band_name)
   header = {"config": config_path, "seeds": list(seeds), "command": command_text}
   by_dir = {r.directory: r for r in runs}
+  if stages_only:
+    runs = [r for r in runs if r.kind == "stage"]
 
   def done(run):
     status = read_status(run)
@@ -644,6 +648,11 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
           f"{report.hms(eta)}", flush=True)
     if run.kind == "row":
       write_reports(workdir, runs, rows, header)
+  if stages_only:  # (no table: one written by the rows' command stays as it is)
+    report.keep_metrics(workdir, runs)
+    print(f"[ablate] stages only: kept their metrics in {os.path.join(workdir, METRICS_DIR)}",
+          flush=True)
+    return []
   summaries = write_reports(workdir, runs, rows, header)
   print(f"[ablate] wrote {os.path.join(workdir, 'ablation.md')}", flush=True)
   return summaries
@@ -665,6 +674,9 @@ def define_flags() -> None:
                        "one core busy); a run starts when the stages it needs have finished.")
   flags.DEFINE_bool("compile_cache", True, "Share jax's persistent compilation cache between "
                     "the runs (W/jax_cache, unless JAX_COMPILATION_CACHE_DIR is set).")
+  flags.DEFINE_bool("stages_only", False, "Run only the stages the rows start from (shared "
+                    "SFT, its band check, reward model, value pretraining), no row: a pilot "
+                    "that the table's command, in the same workdir, then reuses.")
   flags.DEFINE_bool("same_group", False, "Keep every run in the tool's process group, so "
                     "that kill -STOP/-CONT -PGID of the tool pauses and resumes its run too "
                     "(default: each run in its own session; Ctrl-C reaches only the tool).")
@@ -687,7 +699,7 @@ def main(argv):
     raise app.UsageError(str(e)) from e
   ablate(path, rows, seeds, f.workdir, user,
          rerun_crashed=f.rerun_crashed, smoke=f.smoke, same_group=f.same_group,
-         jobs=f.jobs, compile_cache=f.compile_cache,
+         jobs=f.jobs, compile_cache=f.compile_cache, stages_only=f.stages_only,
          command_text=" ".join(["python -m vapo_jax.tools.ablate", *sys.argv[1:]]))
 
 
