@@ -96,6 +96,11 @@ Precondition log (changes made from preconditions only, never from a row's resul
   both starts measured, where the plateau rule stopped at 12 on noise near the Bernoulli
   floor. The suite is re-run on the selected start (`--budgets=64,128`) to confirm (b)
   there before any row is read.
+- 2026-12-02 (session 14), the selection ran (`benchmarks/results/ablation-chain_or_guess-
+  2026-12-02/selection/`): the 1000-step checkpoint measured exactly as session 13's (long
+  18.3%, short 56.1%, guess 14.2%: the same machine type gives the same SFT); 1020–1180
+  were refused (long 14.5–23.7%, or guess 10.3–21.3%); **1200 was accepted** (long 29.3%,
+  short 78.5%, guess 15.5%, final loss 0.033). Every row starts from it.
 Rows this toy cannot test, and why (review §4.3): Clip-Higher (entropy collapse over
 thousands of updates; here 160), token-level loss (repetition in very long responses), group
 sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive-example NLL
