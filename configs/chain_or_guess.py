@@ -101,6 +101,11 @@ Precondition log (changes made from preconditions only, never from a row's resul
   18.3%, short 56.1%, guess 14.2%: the same machine type gives the same SFT); 1020–1180
   were refused (long 14.5–23.7%, or guess 10.3–21.3%); **1200 was accepted** (long 29.3%,
   short 78.5%, guess 15.5%, final loss 0.033). Every row starts from it.
+- 2026-12-02 (session 14), the suite on the selected start (`benchmarks/results/value-bias-
+  chain_or_guess-2026-12-02/selected-start/`), read before any row: the RM's M1 profile is
+  negative early, rising late (−0.41 … −0.26): met; value pretraining's branch calibration
+  is met at 128 steps (guess gap −0.035, chain +0.003; at 64: −0.005, +0.035): decision (b)
+  stands. No setting changed.
 Rows this toy cannot test, and why (review §4.3): Clip-Higher (entropy collapse over
 thousands of updates; here 160), token-level loss (repetition in very long responses), group
 sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive-example NLL
