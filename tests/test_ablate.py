@@ -732,6 +732,11 @@ def test_selection_takes_the_first_accepted_checkpoint_and_resumes(tmp_path, mon
   # A rerun measures nothing again and keeps the selection.
   again = sft_band.select(cfg, band, str(tmp_path))
   assert measured == [1000, 1020, 1040] and again["selected_step"] == 1040
+  # A rerun under another band judges the logged metrics again (measuring nothing).
+  narrower = {**band, "bounds": {"guess_rate": (0.12, 0.14)}}
+  (tmp_path / "checkpoints" / "1040").rmdir()
+  again = sft_band.select(cfg, narrower, str(tmp_path))
+  assert measured == [1000, 1020, 1040, 1060] and again["selected_step"] == 1060
   # No candidate inside: refused, with the range and the last checkpoint's failure.
   measured.clear()
   refused = sft_band.select(cfg, {**band, "bounds": {"guess_rate": (0.0, 0.1)}},

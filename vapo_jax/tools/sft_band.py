@@ -179,6 +179,9 @@ def select(cfg, band: dict, workdir: str) -> dict:
   if os.path.exists(log_path):
     with open(log_path, encoding="utf-8") as f:
       done = {r["step"]: r for r in map(json.loads, f) if r.get("step") in steps}
+    for r in done.values():  # (judged by this band: the logged metrics are what was measured)
+      r["failures"] = check_band(r["metrics"], band["bounds"])
+      r["accepted"] = not r["failures"]
   chosen = next((s for s in steps if s in done and not done[s]["failures"]), None)
   todo = [s for s in steps if s not in done]
   if chosen is not None:  # a rerun: measure it again only if its policy was not saved
