@@ -129,6 +129,18 @@ def length_adaptive_lambda(length: int, alpha: float) -> float:
   return float(min(1.0, max(0.0, 1.0 - 1.0 / (alpha * length))))
 
 
+def _advantages(values_T, reward: float, cuts: Sequence[int], lam: float):
+  """(GAE advantages of a response with its reward on the last token, the checked cuts)."""
+  v = np.asarray(values_T, np.float64)
+  l = v.size
+  cuts = list(cuts)
+  if not cuts or cuts[0] != 0 or any(b <= a for a, b in zip(cuts, cuts[1:])) or cuts[-1] >= l:
+    raise ValueError(f"cuts must rise from 0 below the length {l}, got {cuts}")
+  rewards = np.zeros(l)
+  rewards[-1] = reward
+  return gae(rewards, v, lam), cuts
+
+
 def step_errors(values_T, reward: float, cuts: Sequence[int], vstar_cuts, noise_cuts,
                 lam: float) -> tuple[np.ndarray, np.ndarray]:
   """M2 for one response: (e_k, ν(c_k) + ν(c_{k+1})) for each step k.
@@ -140,14 +152,8 @@ def step_errors(values_T, reward: float, cuts: Sequence[int], vstar_cuts, noise_
     vstar_cuts, noise_cuts: V̂*(c_k) and ν(c_k) at the cuts.
     lam: the policy's λ for this response.
   """
-  v = np.asarray(values_T, np.float64)
-  l = v.size
-  cuts = list(cuts)
-  if not cuts or cuts[0] != 0 or any(b <= a for a, b in zip(cuts, cuts[1:])) or cuts[-1] >= l:
-    raise ValueError(f"cuts must rise from 0 below the length {l}, got {cuts}")
-  rewards = np.zeros(l)
-  rewards[-1] = reward
-  adv = gae(rewards, v, lam)
+  adv, cuts = _advantages(values_T, reward, cuts, lam)
+  l = adv.size
   bounds = [*cuts, l]
   vstar = [*np.asarray(vstar_cuts, np.float64), float(reward)]
   noise = [*np.asarray(noise_cuts, np.float64), 0.0]
@@ -169,14 +175,7 @@ def token_errors(values_T, reward: float, cuts: Sequence[int], vstar_cuts, noise
       c_k + 1 = l).
     lam: the policy's λ for this response.
   """
-  v = np.asarray(values_T, np.float64)
-  l = v.size
-  cuts = list(cuts)
-  if not cuts or cuts[0] != 0 or any(b <= a for a, b in zip(cuts, cuts[1:])) or cuts[-1] >= l:
-    raise ValueError(f"cuts must rise from 0 below the length {l}, got {cuts}")
-  rewards = np.zeros(l)
-  rewards[-1] = reward
-  adv = gae(rewards, v, lam)
+  adv, cuts = _advantages(values_T, reward, cuts, lam)
   now, nxt = np.asarray(vstar_cuts, np.float64), np.asarray(vnext_cuts, np.float64)
   errors = adv[cuts] - (nxt - now)
   return errors, np.asarray(noise_cuts, np.float64) + np.asarray(noise_next_cuts, np.float64)
