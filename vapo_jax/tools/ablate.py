@@ -217,13 +217,10 @@ def selection_settings(band: dict | None, sft_steps: int) -> dict[str, Any]:
   candidate step, all of them kept ({} without a rule)."""
   if not band or "select" not in band:
     return {}
-  sel = band["select"]
-  first, every = int(sel["first"]), int(sel["every"])
-  if every < 1 or first % every or not 1 <= first <= sft_steps:
-    raise ValueError(f"SFT_BAND select {sel}: need every >= 1, first a multiple of every, "
-                     f"and 1 <= first <= sft.steps = {sft_steps}")
-  return {"checkpoint.every": every,
-          "checkpoint.keep": (sft_steps - first) // every + 2, "checkpoint.keep_best": False}
+  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
+  steps = sft_band.candidate_steps(band["select"], sft_steps)  # (checks the rule)
+  return {"checkpoint.every": int(band["select"]["every"]),
+          "checkpoint.keep": len(steps) + 1, "checkpoint.keep_best": False}
 
 
 def shares_sft(cfg: dict) -> bool:

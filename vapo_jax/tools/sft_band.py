@@ -108,9 +108,10 @@ def candidate_steps(select: dict, last: int) -> list[int]:
   """The SFT steps a selection checks, in order: first, first + every, ..., up to `last`
   (the SFT run's sft.steps, which is always a candidate)."""
   first, every = int(select["first"]), int(select["every"])
-  if every < 1 or not 1 <= first <= last:
-    raise ValueError(f"SFT_BAND select {select}: need every >= 1 and 1 <= first <= "
-                     f"sft.steps = {last}")
+  # (first a multiple of every: the SFT run saves its checkpoints at multiples of every)
+  if every < 1 or first % every or not 1 <= first <= last:
+    raise ValueError(f"SFT_BAND select {select}: need every >= 1, first a multiple of every, "
+                     f"and 1 <= first <= sft.steps = {last}")
   return sorted(set(range(first, last + 1, every)) | {last})
 
 
