@@ -234,6 +234,19 @@ def _fake_run(tmp_path, name, seed, curve, entropy, state="finished"):
   return run
 
 
+def test_a_run_record_keeps_the_per_kind_scores_apart_from_avg_at_k(tmp_path):
+  run = ablate.Run("vapo", "row", 0, str(tmp_path / "r"), "vapo", ())
+  os.makedirs(run.directory)
+  with open(os.path.join(run.directory, "metrics.jsonl"), "w") as f:
+    for step, avg in ((0, 0.2), (40, 0.5)):  # the per-kind keys first: k must still be 4
+      f.write(json.dumps({"stage": "eval", "step": step, "avg@4/long": avg - 0.1,
+                          "avg@4/short": avg + 0.1, "avg@4": avg, "pass@4": 0.9}) + "\n")
+  from vapo_jax.tools import ablation_report  # pylint: disable=import-outside-toplevel
+  rec = ablation_report.run_record(run, {"state": "finished"})
+  assert (rec["k"], rec["avg"], rec["curve"]) == (4, 0.5, [(0, 0.2), (40, 0.5)])
+  assert math.isclose(rec["avg/long"], 0.4) and math.isclose(rec["avg/short"], 0.6)
+
+
 def test_reports_from_the_runs_files(tmp_path):
   runs = [
       _fake_run(tmp_path, "vapo", 0, [(0, .1), (10, .6), (20, .5)], 1.0),
@@ -605,6 +618,12 @@ def test_smoke_command_shares_one_sft_start_checked_by_the_band(tmp_path):
   last = [r for r in _records(vp) if r["stage"] == "value_pretrain"][-1]
   assert last["value_pretrain/stopped_by"] == "cap" and "value/s0_minus_return" in last
   assert (w / "metrics" / "seed3" / "no_decoupled_gae_vp.jsonl").exists()
+  # chain_or_guess's held-out score per kind of chain (the long-chain half is a criterion's).
+  row_eval = [r for r in _records(w / "seed3" / "no_decoupled_gae_vp") if r["stage"] == "eval"]
+  assert {"avg@1/short", "avg@1/long"} <= set(row_eval[-1]), row_eval[-1]
+  (rec,) = [r for r in map(json.loads, (w / "ablation.jsonl").read_text().splitlines())
+            if r.get("kind") == "run" and r["row"] == "no_decoupled_gae_vp"]
+  assert rec["k"] == 1 and "avg/long" in rec and "avg/short" in rec
   assert (w / "metrics" / "shared" / sft.name / "band.json").exists()
   md = (w / "ablation.md").read_text()
   assert "| no_decoupled_gae_vp (without decoupled GAE, value pretraining coupled too) |" in md

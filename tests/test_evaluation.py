@@ -35,6 +35,17 @@ def test_k_is_the_number_of_samples():
   assert one == pytest.approx({"avg@1": 2 / 5, "pass@1": 2 / 5})
 
 
+def test_avg_at_k_per_kind_by_hand():
+  kinds = ["long", "short", "long", "short", "long"]
+  out = evaluation.kind_metrics(SCORES, kinds)
+  assert out == pytest.approx({"avg@4/long": (4 + 1 + 1) / 12, "avg@4/short": (0 + 2) / 8})
+  # The kinds' shares, weighted by their problems, give back the overall avg@k.
+  assert (3 * out["avg@4/long"] + 2 * out["avg@4/short"]) / 5 == pytest.approx(
+      evaluation.accuracy_metrics(SCORES)["avg@4"])
+  with pytest.raises(ValueError, match="4 kinds for 5 problems"):
+    evaluation.kind_metrics(SCORES, kinds[:4])
+
+
 @pytest.mark.parametrize("bad", [np.ones(4), np.ones((3, 0)), np.ones((0, 4))],
                          ids=["1-d", "no-samples", "no-problems"])
 def test_malformed_score_matrix_raises(bad):

@@ -291,6 +291,19 @@ def test_the_preregistered_criteria_read_mechanically():
   assert got["no_value_pretrain"]["verdict"] == "reproduced"
   assert got["no_decoupled_gae_vp"]["verdict"] == "not run"  # the row is missing
   assert got["no_decoupled_gae"]["verdict"] == "not reproduced"  # seed 1 has Δ > 0
+  # no_length_adaptive is judged on the long-chain half: worse there in every seed, although
+  # better overall in seed 2; "not run" on a table that never logged the half.
+  records += [run("no_length_adaptive", s, a) for s, a in ((0, 0.45), (1, 0.48), (2, 0.55))]
+  got = {r["row"]: r for r in cog_criteria.verdicts(records)}
+  assert got["no_length_adaptive"]["verdict"] == "not run"
+  for r, long in zip(records[:3] + records[-3:], (0.4, 0.3, 0.35, 0.3, 0.29, 0.34)):
+    r["avg/long"] = long
+  got = {r["row"]: r for r in cog_criteria.verdicts(records)}
+  assert got["no_length_adaptive"]["verdict"] == "reproduced", got["no_length_adaptive"]
+  assert "long-chain half Δ seed 0: -10.0" in got["no_length_adaptive"]["evidence"]
+  records[-1]["avg/long"] = 0.36
+  got = {r["row"]: r for r in cog_criteria.verdicts(records)}
+  assert got["no_length_adaptive"]["verdict"] == "not reproduced"
   records[0]["guess_rate"] = 0.2  # VAPO's own guess rate too high in one seed
   ppo = cog_criteria.verdicts(records)[0]
   assert ppo["verdict"] == "not reproduced"

@@ -60,15 +60,34 @@ def accuracy_metrics(scores_Nxk: np.ndarray, threshold: float = 1.0) -> dict[str
   return {f"avg@{k}": float(correct.mean()), f"pass@{k}": float(correct.any(axis=1).mean())}
 
 
+def kind_metrics(scores_Nxk: np.ndarray, kinds, threshold: float = 1.0) -> dict[str, float]:
+  """avg@k per kind of problem: `avg@k/<kind>` = mean correct share over that kind's rows.
+
+  Args:
+    scores_Nxk: [problems, k] scores; kinds: the kind of each problem (length problems).
+  """
+  scores_Nxk = np.asarray(scores_Nxk)
+  if len(kinds) != scores_Nxk.shape[0]:
+    raise ValueError(f"{len(kinds)} kinds for {scores_Nxk.shape[0]} problems")
+  kinds = np.asarray(kinds)
+  correct, k = scores_Nxk >= threshold, scores_Nxk.shape[1]
+  return {f"avg@{k}/{kind}": float(correct[kinds == kind].mean())
+          for kind in sorted(set(kinds.tolist()))}
+
+
 def evaluate(sampled, greedy, params, examples, text, scorer, key, *, batch_prompts: int,
-             threshold: float = 1.0, short_tokens: int = 0) -> dict[str, float]:
+             threshold: float = 1.0, short_tokens: int = 0,
+             kind_of=None) -> dict[str, float]:
   """avg@k / pass@k with the sampling sampler, accuracy with the greedy one; with
-  short_tokens > 0 also short_frac, the share of samples of at most that many tokens."""
+  short_tokens > 0 also short_frac, the share of samples of at most that many tokens; with
+  kind_of (example -> its kind, e.g. `data.chain_mix.kind_of`) also avg@k per kind."""
   out = {}
   if sampled is not None:
     scores, lengths, truncated, _ = sample_and_score(sampled, params, examples, text, scorer,
                                                      key, batch_prompts)
     out.update(accuracy_metrics(scores, threshold))
+    if kind_of is not None:
+      out.update(kind_metrics(scores, [kind_of(ex) for ex in examples], threshold))
     out["response_length"] = float(lengths.mean())
     out["truncated_frac"] = float(truncated.mean())
     if short_tokens > 0:

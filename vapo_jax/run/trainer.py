@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vapo_jax import critic as critic_lib
+from vapo_jax import data as data_lib
 from vapo_jax.data import PromptIterator
 from vapo_jax.run import checkpoint as run_checkpoint
 from vapo_jax.run import control as run_control
@@ -264,7 +265,10 @@ class Trainer:
                                examples, p.text, p.eval_scorer, jax.random.key(cfg.seed + 7),
                                batch_prompts=cfg.eval.batch_prompts,
                                threshold=cfg.eval.correct_threshold,
-                               short_tokens=cfg.eval.short_response_tokens)
+                               short_tokens=cfg.eval.short_response_tokens,
+                               kind_of=(data_lib.chain_mix.kind_of
+                                        if cfg.data.synthetic_task == "chain_or_guess"
+                                        and cfg.data.source == "synthetic" else None))
 
   def rl(self) -> dict[str, Any]:
     """VAPO RL (or the preset's variant) for rl.steps steps (continuing a resumed run)."""

@@ -10,6 +10,7 @@ label, paper), so this module needs nothing of `tools.ablate`.
 import json
 import math
 import os
+import re
 import shutil
 from typing import Sequence
 
@@ -77,8 +78,8 @@ def run_record(run, status: dict | None) -> dict:
   records = metrics_lib.read_jsonl(path)
   evals = {r["step"]: r for r in records if r.get("stage") == "eval"}
   rls = [r for r in records if r.get("stage") == "rl"]
-  first = next((key for key in evals.get(min(evals, default=0), {}) if key.startswith("avg@")),
-               None)
+  first = next((key for key in evals.get(min(evals, default=0), {})
+                if re.fullmatch(r"avg@\d+", key)), None)
   if first is not None:
     k = first.split("@")[1]
     rec["k"] = int(k)
@@ -90,6 +91,9 @@ def run_record(run, status: dict | None) -> dict:
     rec["pass"] = _num(last.get(f"pass@{k}"))
     rec["response_length"] = _num(last.get("response_length"))
     rec["greedy_accuracy"] = _num(last.get("greedy_accuracy"))
+    for key in last:  # avg@k per kind of problem (`evaluation.kind_metrics`), if logged
+      if key.startswith(f"avg@{k}/"):
+        rec[f"avg/{key.split('/', 1)[1]}"] = _num(last[key])
     if "short_frac" in last:
       rec["guess_rate"] = _num(last["short_frac"])
   if rls:
