@@ -237,6 +237,29 @@ def test_decode_replicas_split_the_work_and_the_pool_and_sample_the_same(ckpt):
     ecfg(slots=6, replicas=4)
 
 
+def test_a_cpu_mesh_waits_for_each_insert_and_one_device_does_not(ckpt, monkeypatch):
+  """On a CPU mesh of several devices every insert of a burst of admissions is waited on
+  before the next one (`Engine._paced`: unpaced, XLA's CPU client deadlocked resumed runs on
+  1 x 4 and 2 x 2 devices); evicted responses are inserted again and waited on again. One
+  device and no mesh dispatch without waiting."""
+  _, graphdef, state, mcfg = ckpt
+  waits = []
+  real = jax.block_until_ready
+  monkeypatch.setattr(jax, "block_until_ready", lambda x: (waits.append(1), real(x))[1])
+  cfg = _sampled_cfg(eos=(40, 7, 22))
+  mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+  train = jax.device_put(state, sharding.state_shardings(state, mesh))
+  eng = continuous.Engine(graphdef, mcfg, cfg, ecfg(slots=8, kv_tokens=4 * 4 * 7, replicas=4),
+                          mesh=mesh)
+  out = eng(train, PROMPTS, jax.random.key(5))
+  inserts = len(out.lengths_B) + eng.last_stats["evictions"]
+  assert eng.last_stats["evictions"] > 0 and len(waits) == inserts, (len(waits), inserts)
+  waits.clear()
+  one = continuous.Engine(graphdef, mcfg, cfg, ecfg(slots=8))
+  one(state, PROMPTS, jax.random.key(5))
+  assert waits == []
+
+
 def test_clear_errors(ckpt):
   _, graphdef, _, mcfg = ckpt
   with pytest.raises(ValueError, match="kv_tokens"):
