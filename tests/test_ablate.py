@@ -220,15 +220,17 @@ def test_init_from_takes_the_policy_of_another_runs_newest_checkpoint(tmp_path):
 # --------------------------------------------------------------------------- reports
 
 
-def _fake_run(tmp_path, name, seed, curve, entropy, state="finished"):
+def _fake_run(tmp_path, name, seed, curve, entropy, state="finished", kinds=None):
   run = ablate.Run(name, "row", seed, str(tmp_path / f"seed{seed}" / name), name, ())
   os.makedirs(run.directory)
   with open(os.path.join(run.directory, "metrics.jsonl"), "w") as f:
     for step, avg in curve:
       if step:
         f.write(json.dumps({"stage": "rl", "step": step, "entropy": entropy + step}) + "\n")
+      per_kind = {f"avg@4/{kind}": avg + off for kind, off in (kinds or {}).items()}
       f.write(json.dumps({"stage": "eval", "step": step, "avg@4": avg, "pass@4": avg + 0.2,
-                          "response_length": 100 + step, "greedy_accuracy": avg}) + "\n")
+                          "response_length": 100 + step, "greedy_accuracy": avg,
+                          **per_kind}) + "\n")
   with open(os.path.join(run.directory, ablate.STATUS), "w") as f:
     json.dump({"state": state, "wall_s": 60.0}, f)
   return run
@@ -245,6 +247,23 @@ def test_a_run_record_keeps_the_per_kind_scores_apart_from_avg_at_k(tmp_path):
   rec = ablation_report.run_record(run, {"state": "finished"})
   assert (rec["k"], rec["avg"], rec["curve"]) == (4, 0.5, [(0, 0.2), (40, 0.5)])
   assert math.isclose(rec["avg/long"], 0.4) and math.isclose(rec["avg/short"], 0.6)
+
+
+def test_the_report_pairs_each_kind_of_problem_with_vapo(tmp_path):
+  runs = [_fake_run(tmp_path, "vapo", s, [(0, .1), (20, a)], 1.0, kinds={"long": -.1})
+          for s, a in ((0, .5), (1, .6))]
+  runs += [_fake_run(tmp_path, "no_length_adaptive", s, [(0, .1), (20, a)], 1.0,
+                     kinds={"long": off}) for s, a, off in ((0, .5, -.2), (1, .7, -.2))]
+  vapo, nla = ablate.write_reports(str(tmp_path), runs,
+                                   ablate.parse_rows("vapo,no_length_adaptive"),
+                                   {"config": "c.py", "seeds": [0, 1], "command": "x"})
+  assert math.isclose(vapo["avg/long"], 0.45) and math.isclose(nla["avg/long"], 0.4)
+  # Long half per seed: 0.3 vs 0.4 and 0.5 vs 0.5, so Δ -0.1 and 0 (overall: 0 and +0.1).
+  assert math.isclose(nla["avg/long_minus_vapo"], -0.05)
+  assert math.isclose(nla["avg_minus_vapo"], 0.05)
+  md = (tmp_path / "ablation.md").read_text()
+  assert "| row | long | Δ long |" in md, md
+  assert "| no_length_adaptive | 40.0 ± 127.1 | -5.0 ± 63.5 |" in md, md
 
 
 def test_reports_from_the_runs_files(tmp_path):

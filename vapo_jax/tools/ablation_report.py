@@ -109,13 +109,21 @@ def _num(v) -> float:
     return math.nan
 
 
+def kind_keys(records: Sequence[dict]) -> list[str]:
+  """The per-kind held-out scores the runs logged ("avg/long", ...), sorted."""
+  return sorted({k for r in records for k in r if k.startswith("avg/")})
+
+
 def row_summary(row, records: Sequence[dict], target: float | None,
-                vapo_by_seed: dict[int, float] | None = None) -> dict:
+                vapo_by_seed: dict[int, float] | None = None,
+                vapo_kinds: dict[int, dict] | None = None) -> dict:
   """A row's figures over its seeds (finished runs; crashed ones are counted).
 
   `vapo_by_seed` (seed -> VAPO's final avg@k) gives the paired difference: per seed, this
   row's final avg@k minus VAPO's from the same shared stages (so the seeds' different SFT
   starts cancel), then mean and 95% t-interval over the seeds both finished.
+  `vapo_kinds` (seed -> VAPO's run record) gives the same per kind of problem
+  (`avg/<kind>_minus_vapo`) where the runs logged one (`evaluation.kind_metrics`).
   """
   done = [r for r in records if r["state"] == "finished" and "avg" in r]
   out = {"kind": "row", "row": row.name, "label": row.label, "paper": row.paper,
@@ -130,6 +138,13 @@ def row_summary(row, records: Sequence[dict], target: float | None,
     out["avg_minus_vapo"], out["avg_minus_vapo_ci95"] = (
         mean_interval(diffs) if diffs else (math.nan, None))
     out["paired_seeds"] = len(diffs)
+  for key in kind_keys(done):
+    mean, half = mean_interval([r[key] for r in done if key in r and not math.isnan(r[key])])
+    out[key], out[f"{key}_ci95"] = mean, half
+    diffs = [r[key] - vapo_kinds[r["seed"]][key] for r in done
+             if key in r and key in vapo_kinds.get(r["seed"], {})] if vapo_kinds else []
+    if diffs:
+      out[f"{key}_minus_vapo"], out[f"{key}_minus_vapo_ci95"] = mean_interval(diffs)
   if target is not None:
     steps = [first_step_reaching(r["curve"], target) for r in done]
     reached = [s for s in steps if s is not None]
@@ -144,9 +159,12 @@ def summarize(runs: Sequence, rows: Sequence) -> tuple[list[dict], list[dict]]:
   by_row = {row.name: [r for r in records if r["row"] == row.name] for row in rows}
   vapo_by_seed = {r["seed"]: r["avg"] for r in by_row.get("vapo", [])
                   if r["state"] == "finished" and "avg" in r}
+  vapo_kinds = {r["seed"]: r for r in by_row.get("vapo", [])
+                if r["state"] == "finished" and "avg" in r}
   vapo = list(vapo_by_seed.values())
   target = sum(vapo) / len(vapo) if vapo else None
-  return records, [row_summary(row, by_row[row.name], target, vapo_by_seed) for row in rows]
+  return records, [row_summary(row, by_row[row.name], target, vapo_by_seed, vapo_kinds)
+                   for row in rows]
 
 
 def _fmt(mean: float, half: float | None, digits: int = 3, scale: float = 1.0) -> str:
@@ -154,6 +172,10 @@ def _fmt(mean: float, half: float | None, digits: int = 3, scale: float = 1.0) -
     return "—"
   text = f"{mean * scale:.{digits}f}"
   return text + (f" ± {half * scale:.{digits}f}" if half is not None else "")
+
+
+def _pct(summary: dict, key: str) -> str:
+  return _fmt(summary.get(key, math.nan), summary.get(f"{key}_ci95"), 1, 100)
 
 
 def markdown(summaries: Sequence[dict], records: Sequence[dict], header: dict) -> str:
@@ -189,6 +211,17 @@ def markdown(summaries: Sequence[dict], records: Sequence[dict], header: dict) -
         f"{_fmt(s['guess_rate'], s['guess_rate_ci95'], 1, 100)} | "
         f"{_fmt(s['entropy'], s['entropy_ci95'], 3)} | {steps} | "
         f"{s['crashed']}/{s['seeds']} | {s['finished']}/{s['seeds']} |")
+  kinds = kind_keys(summaries)
+  kinds = [k for k in kinds if not k.endswith(("_ci95", "_minus_vapo"))]
+  if kinds:
+    names = [k.split("/", 1)[1] for k in kinds]
+    lines += ["", f"Held-out avg@{k} % by kind of problem (`avg@{k}/<kind>`), and the paired "
+              "Δ vs VAPO on each kind, points:", "",
+              "| row | " + " | ".join(f"{n} | Δ {n}" for n in names) + " |",
+              "|---|" + "---|---|" * len(names)]
+    for s in summaries:
+      cells = [f"{_pct(s, key)} | {_pct(s, f'{key}_minus_vapo')}" for key in kinds]
+      lines.append(f"| {s['row']} | " + " | ".join(cells) + " |")
   walls = [r["wall_s"] for r in records if r.get("wall_s")]
   lines += ["", f"Wall time of the row runs: {hms(sum(walls))} "
             f"(stage runs: {hms(header['stage_wall_s'])})."]
