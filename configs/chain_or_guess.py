@@ -17,10 +17,10 @@ chain's success rate after `A`).
   python benchmarks/value_bias.py --config=configs/chain_or_guess.py --buckets=15,80 \\
       --sft_workdir=<W>/shared/stage-sft-<key>/band --out=/tmp/vb_cog   # the mechanism suite
 
-Run status (2026-12-02): the pilot and the mechanism suite have run
-(docs/value_mechanisms.md §5); the 3-seed table waited on two preconditions, both decided
-in the log below (session 14) before any row. The settings and criteria below were fixed
-before any of them; the precondition log says what changed since, and why.
+Run status (2026-12-03): the pilot, the mechanism suite, the 3-seed table (seeds 0, 1, 2)
+and the same command on fresh seeds 3, 4, 5 (with no_length_adaptive) have run
+(docs/value_mechanisms.md §5.5–5.6); no row reproduces. The settings and criteria below were
+fixed before any of them; the precondition log says what changed since, and why.
 
 Settings, fixed in advance (the paper's values, or its dimensionless equivalents):
 - α = 0.05 (κ = l·(1 − λ) = 20 at every length, as in the paper).
@@ -106,6 +106,10 @@ Precondition log (changes made from preconditions only, never from a row's resul
   negative early, rising late (−0.41 … −0.26): met; value pretraining's branch calibration
   is met at 128 steps (guess gap −0.035, chain +0.003; at 64: −0.005, +0.035): decision (b)
   stands. No setting changed.
+- 2026-12-02 (session 15), a measurement, not a setting: the held-out evaluation now logs
+  avg@k per kind of chain (`avg@4/long`, `avg@4/short`), so that the no_length_adaptive
+  criterion's "long-chain half" is read as registered; it landed before the fresh-seed
+  table's first row started (seeds 0–2 never logged it: their row did not run).
 Rows this toy cannot test, and why (review §4.3): Clip-Higher (entropy collapse over
 thousands of updates; here 160), token-level loss (repetition in very long responses), group
 sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive-example NLL
