@@ -101,7 +101,8 @@ class DataSection:
   chat_template: bool = False  # wrap the template in the tokenizer's chat template
   max_prompt_tokens: int = 64
   # arithmetic (data.synthetic) | chain (data.chain, long CoT) | chain_or_guess
-  # (data.chain_mix: short and long chains, and direct guesses among the SFT targets)
+  # (data.chain_mix: short and long chains, and direct guesses among the SFT targets) |
+  # word (data.word_problems: English word problems of min..max_steps operations)
   synthetic_task: str = "arithmetic"
   synthetic_min_steps: int = 2
   synthetic_max_steps: int = 3
@@ -533,8 +534,9 @@ def validate(cfg: Config) -> None:
          f"a divisor of model.num_heads={m.num_heads}")
   need(d.source in ("synthetic", "jsonl", "parquet", "tfds", "hf"), "data.source", d.source,
        "synthetic, jsonl, parquet, tfds or hf")
-  need(d.synthetic_task in ("arithmetic", "chain", "chain_or_guess"), "data.synthetic_task",
-       d.synthetic_task, '"arithmetic", "chain" or "chain_or_guess"')
+  need(d.synthetic_task in ("arithmetic", "chain", "chain_or_guess", "word"),
+       "data.synthetic_task", d.synthetic_task,
+       '"arithmetic", "chain", "chain_or_guess" or "word"')
   need(d.seed >= -1, "data.seed", d.seed, ">= 0, or -1 (the run's seed)")
   need(m.init_seed >= -1, "model.init_seed", m.init_seed, ">= 0, or -1 (the run's seed)")
   need(0 <= d.synthetic_short_fraction <= 1 and 0 <= d.synthetic_guess_fraction < 1,

@@ -6,6 +6,7 @@ Imports no model or trainer code and no jax.
 from vapo_jax.data import chain
 from vapo_jax.data import chain_mix
 from vapo_jax.data import synthetic
+from vapo_jax.data import word_problems
 from vapo_jax.data.iterator import PromptIterator
 from vapo_jax.data.sources import DataError
 from vapo_jax.data.sources import Example
@@ -39,4 +40,5 @@ __all__ = [
     "chain",
     "chain_mix",
     "synthetic",
+    "word_problems",
 ]

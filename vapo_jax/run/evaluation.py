@@ -49,6 +49,18 @@ def sample_and_score(sampler, params, examples, text, scorer, key, batch_prompts
           responses)
 
 
+def boxed_frac(responses) -> float:
+  """Share of responses (this host's; summed over hosts) that contain a `\\boxed{`.
+
+  The format rate beside lenient accuracy: learning to box an answer is not learning to
+  solve, so the two are reported apart."""
+  counts = np.array([sum("\\boxed{" in r for r in responses), len(responses)], np.int64)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    counts = np.asarray(multihost_utils.process_allgather(counts)).reshape(-1, 2).sum(0)
+  return float(counts[0] / max(int(counts[1]), 1))
+
+
 def accuracy_metrics(scores_Nxk: np.ndarray, threshold: float = 1.0) -> dict[str, float]:
   """avg@k and pass@k from a [problems, k] score matrix (k = every sample of a problem)."""
   scores_Nxk = np.asarray(scores_Nxk)
@@ -78,14 +90,16 @@ def kind_metrics(scores_Nxk: np.ndarray, kinds, threshold: float = 1.0) -> dict[
 def evaluate(sampled, greedy, params, examples, text, scorer, key, *, batch_prompts: int,
              threshold: float = 1.0, short_tokens: int = 0,
              kind_of=None) -> dict[str, float]:
-  """avg@k / pass@k with the sampling sampler, accuracy with the greedy one; with
+  """avg@k / pass@k with the sampling sampler (and boxed_frac, the share of its samples with a
+  `\\boxed{}`), accuracy with the greedy one; with
   short_tokens > 0 also short_frac, the share of samples of at most that many tokens; with
   kind_of (example -> its kind, e.g. `data.chain_mix.kind_of`) also avg@k per kind."""
   out = {}
   if sampled is not None:
-    scores, lengths, truncated, _ = sample_and_score(sampled, params, examples, text, scorer,
-                                                     key, batch_prompts)
+    scores, lengths, truncated, responses = sample_and_score(sampled, params, examples, text,
+                                                             scorer, key, batch_prompts)
     out.update(accuracy_metrics(scores, threshold))
+    out["boxed_frac"] = boxed_frac(responses)
     if kind_of is not None:
       out.update(kind_metrics(scores, [kind_of(ex) for ex in examples], threshold))
     out["response_length"] = float(lengths.mean())

@@ -58,6 +58,12 @@ def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
     spec = mix_spec(d)
     train = data_lib.chain_mix.chain_or_guess(d.num_train, "train", cfg.data_seed, spec)
     test = data_lib.chain_mix.chain_or_guess(d.num_eval, "test", cfg.data_seed, spec)
+  elif d.source == "synthetic" and d.synthetic_task == "word":
+    spec = data_lib.word_problems.WordSpec(
+        min_ops=d.synthetic_min_steps, max_ops=d.synthetic_max_steps,
+        max_operand=d.synthetic_max_operand, ops=d.synthetic_ops)
+    train = data_lib.word_problems.word_problems(d.num_train, "train", cfg.data_seed, spec)
+    test = data_lib.word_problems.word_problems(d.num_eval, "test", cfg.data_seed, spec)
   elif d.source == "synthetic":
     task = {"arithmetic": (data_lib.synthetic.ArithmeticSpec, data_lib.synthetic.arithmetic),
             "chain": (data_lib.chain.ChainSpec, data_lib.chain.chains)}[d.synthetic_task]
