@@ -35,6 +35,7 @@ import numpy as np
 from vapo_jax import distributed as dist
 from vapo_jax.rewards.scorer import BatchScores
 from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import behaviour
 from vapo_jax.rl import dapo
 from vapo_jax.rl import length_stats
 from vapo_jax.rl import reward as reward_lib
@@ -115,7 +116,9 @@ class Experience:
     resp_mask = rollout.response_mask_BxR
     if keep_B is not None:
       resp_mask = resp_mask * keep_B[:, None]
-    rewards_B, on_device = scores_B, {}
+    # The sampler's log-probs against the recomputed ones (rl/behaviour.py), every step.
+    rewards_B, on_device = scores_B, behaviour.gap_metrics(old_logp, rollout.logp_BxR,
+                                                           resp_mask)
     if self.overlong is not None:
       penalty_B = dapo.overlong_penalty(rollout.lengths_B, *self.overlong)
       rewards_B = scores_B + penalty_B
