@@ -244,3 +244,39 @@ def test_library_errors(tmp_path, monkeypatch):
     gguf_convert.locate(str(tmp_path / "none.gguf"))
   assert gguf_convert.is_spec("a/b.GGUF") and gguf_convert.is_spec(SPEC)
   assert not gguf_convert.is_spec("Qwen/Qwen2.5-0.5B")
+
+
+def test_missing_packages_say_what_to_install(tmp_path, monkeypatch):
+  require("gguf")
+  ok = _tiny_gguf(str(tmp_path / "ok.gguf"), "llama")
+  with monkeypatch.context() as m:
+    m.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
+    with pytest.raises(ImportError, match="pip install gguf"):
+      gguf_convert.inspect(ok)
+  real = importlib.util.find_spec
+  with monkeypatch.context() as m:
+    m.setattr(gguf_convert.importlib.util, "find_spec",
+              lambda name: None if name == "accelerate" else real(name))
+    with pytest.raises(ImportError, match="pip install accelerate"):
+      gguf_convert.convert(ok, str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_conversion_leaves_no_cache_entry(tmp_path, monkeypatch):
+  """The directory appears only whole: a conversion that dies leaves nothing to mistake for it."""
+  require("gguf")
+  ok = _tiny_gguf(str(tmp_path / "ok.gguf"), "llama")
+
+  class Dies:
+    @staticmethod
+    def from_pretrained(*args, **kwargs):
+      del args, kwargs
+      raise RuntimeError("killed mid-way")
+
+  fake = type("T", (), {"AutoModelForCausalLM": Dies, "AutoTokenizer": Dies})
+  torch = type("Torch", (), {"float32": "float32"})
+  monkeypatch.setattr(gguf_convert, "_import_transformers", lambda: (torch, fake))
+  root = tmp_path / "cache"
+  with pytest.raises(RuntimeError, match="killed"):
+    gguf_convert.cached(ok, cache_dir=str(root))
+  assert os.listdir(root) == []  # neither the entry nor its temporary directory
