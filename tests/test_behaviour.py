@@ -1,0 +1,52 @@
+"""rl.behaviour: the sampler/trainer log-prob gap and its two corrections, against numpy."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vapo_jax.rl import behaviour
+
+
+def _case():
+  # Two responses of 4 and 2 tokens; r = π_old / π_b by hand: 1, 2, 0.25, e^0.1 | 3, 1.
+  old = np.log(np.array([[0.5, 0.4, 0.05, 0.3], [0.9, 0.2, 0.0 + 1e-3, 0.7]]))
+  ratio = np.array([[1.0, 2.0, 0.25, np.exp(0.1)], [3.0, 1.0, 7.0, 5.0]])
+  beh = old - np.log(ratio)
+  mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.float32)
+  return old.astype(np.float32), beh.astype(np.float32), mask, ratio
+
+
+def test_gap_metrics_by_hand():
+  old, beh, mask, ratio = _case()
+  got = {k: float(v) for k, v in behaviour.gap_metrics(old, beh, mask).items()}
+  r = ratio[mask > 0]
+  assert got["rollout/logp_gap_abs"] == pytest.approx(np.mean(np.abs(np.log(r))), rel=1e-5)
+  assert got["rollout/logp_gap_k3"] == pytest.approx(np.mean(r - 1 - np.log(r)), rel=1e-5)
+  assert got["rollout/ratio_outside_frac"] == pytest.approx(2 / 6)  # 0.25 and 3
+
+
+def test_corrections_by_hand():
+  old, beh, mask, _ = _case()
+  tis = np.asarray(behaviour.correction_weights(old, beh, mask, mode="tis", cap=2.5))
+  np.testing.assert_allclose(tis, [[1, 2, 0.25, np.exp(0.1)], [2.5, 1, 0, 0]], rtol=1e-5)
+  masked = np.asarray(behaviour.correction_weights(old, beh, mask, mode="mask",
+                                                   band=(0.5, 2.0)))
+  np.testing.assert_array_equal(masked, [[1, 1, 0, 1], [0, 1, 0, 0]])
+  np.testing.assert_array_equal(
+      np.asarray(behaviour.correction_weights(old, beh, mask, mode="none")), mask)
+
+
+@pytest.mark.parametrize("mode", behaviour.CORRECTIONS)
+def test_no_gap_is_a_no_op(mode):
+  old = jnp.log(jnp.linspace(0.05, 0.95, 12, dtype=jnp.float32)).reshape(3, 4)
+  mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], jnp.float32)
+  np.testing.assert_array_equal(
+      np.asarray(behaviour.correction_weights(old, old, mask, mode=mode)), np.asarray(mask))
+  gap = behaviour.gap_metrics(old, old, mask)
+  assert all(float(v) == 0.0 for v in gap.values())
+
+
+def test_unknown_mode():
+  with pytest.raises(ValueError, match="correction mode"):
+    behaviour.correction_weights(jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.ones((1, 1)),
+                                 mode="clip")
