@@ -68,6 +68,10 @@ def get_config(preset: str = "vapo"):
   c.rl.responses_per_prompt = 8
   c.rl.num_minibatches = 2
   c.rl.ppo_epochs = 1
+  # 8 rows of 256 tokens per micro-batch (packed: 2,048 tokens): the whole 32-response
+  # mini-batch at once peaked above 19 GB (the logits over a 49k vocabulary and 30 layers'
+  # activations) and was killed on a 24 GB machine.
+  c.rl.micro_batch_size = 8
   # Responses here are ~60-120 tokens: α = 0.05 would give λ_policy ≈ 0.8 at 100 tokens;
   # the paper's value is kept (it is a length scale, and these lengths are in its range).
   c.rl.alpha = 0.05
