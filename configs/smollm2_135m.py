@@ -13,10 +13,10 @@ The run: no SFT (the instruct model is the start), the critic from the same weig
 zero value head, value pretraining, then VAPO RL. LoRA on the policy and on the critic (the
 base stays frozen in float32, the fast dtype on a CPU). The task (`data.word_problems`): 1-2
 operations on numbers up to 12 in several phrasings, a disjoint held-out split, the prompt
-through the chat template asking for the answer in `\\boxed{}`. The training reward is the
-strict math checker (a marked final answer); the evaluation scores leniently (any final
-answer: the headline) and reports `boxed_frac`, the format rate, beside it, so learning the
-format alone is not counted as learning to solve.
+through the chat template asking for the answer in `\\boxed{}`. Training and evaluation
+score leniently (any final answer: the headline), and the evaluation reports `boxed_frac`,
+the format rate, beside it: the format is not rewarded, and learning it alone would not
+count as learning to solve.
 
 Sizes were chosen to fit 2 hours on 2 cores; the README has the measured run.
 """
@@ -51,9 +51,12 @@ def get_config(preset: str = "vapo"):
   c.sampling.max_new_tokens = 128
   c.sampling.temperature = 0.7
 
-  c.reward.mode = "strict"
+  # The training reward scores any final answer (lenient): the base model boxes ~3% of its
+  # answers, so a strict reward is nearly always 0 (value pretraining measured 1.6-4.7% strict
+  # accuracy); the format is then not rewarded, and boxed_frac shows whether it moved.
+  c.reward.mode = "lenient"
 
-  c.optim.policy_lr = 5e-5
+  c.optim.policy_lr = 1e-4
   c.optim.critic_lr = 2e-4
   c.optim.warmup_steps = 2
   c.optim.weight_decay = 0.0
