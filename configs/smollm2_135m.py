@@ -48,7 +48,7 @@ def get_config(preset: str = "vapo"):
   c.data.num_train = 4096
   c.data.num_eval = 128
 
-  c.sampling.max_new_tokens = 128
+  c.sampling.max_new_tokens = 112
   c.sampling.temperature = 0.7
 
   # The training reward scores any final answer (lenient): the base model boxes ~3% of its
@@ -62,12 +62,12 @@ def get_config(preset: str = "vapo"):
   c.optim.weight_decay = 0.0
 
   c.value_pretrain.enabled = True
-  c.value_pretrain.max_steps = 4
+  c.value_pretrain.max_steps = 3
   c.value_pretrain.min_steps = 2
   c.value_pretrain.stop_explained_variance = 0.3
 
   c.rl.steps = 20
-  c.rl.prompts_per_step = 8
+  c.rl.prompts_per_step = 6
   c.rl.responses_per_prompt = 8
   c.rl.num_minibatches = 2
   c.rl.ppo_epochs = 1
