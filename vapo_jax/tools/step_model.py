@@ -31,7 +31,7 @@ per decode step max(FLOPs / (peak · MFU), bytes / (BW · bw_eff)) + collectives
 
 Today (`--train=padded --rollout=static`): every train row is P + R tokens; the rollout is
 B / (prompts_per_call · n) sampler calls, each a prefill of P-token prompts and the windowed
-while loops of `sampler.engine._generate` (`ops.decode_windows`), which stop at the call's
+while loops of `sampler.static._generate` (`ops.decode_windows`), which stop at the call's
 longest row (steps t = 1 .. max ℓ − 1); each step reads the weight shards in place
 (`--decode_weights=stationary`: the TPU compile shows no weight gather in the loop, and XLA
 hoists the fp32 -> bf16 casts out of it, so (N − untied embedding) · 2 / chips bytes,
