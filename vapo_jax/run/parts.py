@@ -42,7 +42,7 @@ from vapo_jax.sampler import continuous
 from vapo_jax.sampler import kv_pool
 from vapo_jax.sampler import ops
 from vapo_jax.sampler import static
-from vapo_jax.sampler import types as sampler_types
+from vapo_jax.sampler import types as types_lib
 
 
 def rules_of(cfg) -> shd.Rules:
@@ -65,7 +65,6 @@ def build_mesh(cfg):
                        "every device (set one size to -1)")
     devices = jax.devices()[:need]
   return shd.make_mesh(*sizes, devices=devices)
-
 
 
 def build_policy(cfg, mesh, rules, text: Text):
@@ -432,9 +431,9 @@ def take_fn(mesh, batch_axes_):
 class Samplers:
   """The run's samplers: engines (`continuous.Engine`), or with sampling.engine="static"
   static samplers (`static.Sampler`)."""
-  rollout: sampler_types.RolloutSampler  # n = responses_per_prompt
-  eval: sampler_types.RolloutSampler     # n = eval.samples_per_problem
-  greedy: sampler_types.RolloutSampler   # n = 1, argmax
+  rollout: types_lib.RolloutSampler  # n = responses_per_prompt
+  eval: types_lib.RolloutSampler     # n = eval.samples_per_problem
+  greedy: types_lib.RolloutSampler   # n = 1, argmax
 
 
 def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text, *,
