@@ -237,6 +237,7 @@ def test_lowerable_gives_the_programs_and_cache_a_call_runs():
                        stop_token_ids=(3,))
   mesh = sharding.make_mesh(data=2, fsdp=4, tensor=1)
   _, state, sampler = make(cfg, mesh=mesh)
+  state = jax.device_put(state, NamedSharding(mesh, P()))  # as the run's parameters are
   assert isinstance(sampler, types.RolloutSampler) and not sampler.continuous
   low = sampler.lowerable(state, 8)
   assert low["generate"] is sampler._generate
