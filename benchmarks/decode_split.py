@@ -63,7 +63,8 @@ def _measure(a, load):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from vapo_jax.models import ModelConfig, Transformer  # pylint: disable=g-import-not-at-top
-  from vapo_jax.sampler import engine  # pylint: disable=g-import-not-at-top
+  from vapo_jax.sampler import ops  # pylint: disable=g-import-not-at-top
+  from vapo_jax.sampler import static  # pylint: disable=g-import-not-at-top
   from vapo_jax.sampler.ops import SamplingConfig  # pylint: disable=g-import-not-at-top
 
   mc = ModelConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
@@ -71,7 +72,7 @@ def _measure(a, load):
                    qkv_bias=True, tie_word_embeddings=True, rms_norm_eps=1e-6)
   gd, st = nnx.split(Transformer(mc, rngs=nnx.Rngs(0)))
   prompts = np.random.RandomState(0).randint(1, a.vocab, (a.rows // a.n, a.prompt)).tolist()
-  head = engine.last_logits
+  head = ops.last_logits
 
   def twice(model, h):  # the head once more, kept alive by a negligible term
     return head(model, h) + 1e-30 * head(model, h * 1.0001)
@@ -79,8 +80,8 @@ def _measure(a, load):
   def sampler(new, head_fn):
     cfg = SamplingConfig(max_new_tokens=new, temperature=1.0, top_p=1.0, top_k=0,
                          max_prompt_len=a.prompt, pad_id=0, n_per_prompt=a.n)
-    engine.last_logits = head_fn  # read when the sampler's jit traces
-    s = engine.Sampler.for_transformer(gd, mc, cfg)
+    ops.last_logits = head_fn  # read when the sampler's jit traces
+    s = static.Sampler.for_transformer(gd, mc, cfg)
     key = [0]
 
     def call():
@@ -89,7 +90,7 @@ def _measure(a, load):
       jax.block_until_ready(s(st, prompts, jax.random.key(key[0])))
       return time.perf_counter() - t
     call()
-    engine.last_logits = head
+    ops.last_logits = head
     return call
 
   d, f, dh = a.hidden, a.intermediate, a.hidden // a.heads

@@ -8,7 +8,7 @@ exactly l tokens, through the full forward pass at every step (the forcing is a 
 on the real logits: the model's work is unchanged). Lengths are drawn per response from
 a lognormal (median --median, sigma --sigma), clipped to [1, cap].
 
-  static:     `engine.Sampler`, --batch rows per call (the trainer's prompts_per_call),
+  static:     `static.Sampler`, --batch rows per call (the trainer's prompts_per_call),
               each call decoding until its longest row stops (cap R);
   continuous: `continuous.Engine` with --slots decode slots over all responses.
 
@@ -99,7 +99,7 @@ def run(preset: str, p: dict, args, load: quiet.Load):
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from vapo_jax.models import hf_io  # pylint: disable=g-import-not-at-top
   from vapo_jax.sampler import continuous  # pylint: disable=g-import-not-at-top
-  from vapo_jax.sampler import engine as sampler_lib  # pylint: disable=g-import-not-at-top
+  from vapo_jax.sampler import static as static_lib  # pylint: disable=g-import-not-at-top
   from vapo_jax.sampler.ops import SamplingConfig  # pylint: disable=g-import-not-at-top
 
   torch.manual_seed(0)
@@ -124,7 +124,7 @@ def run(preset: str, p: dict, args, load: quiet.Load):
   cfg = SamplingConfig(max_new_tokens=cap, temperature=1.0, stop_token_ids=(stop,),
                        pad_id=0, n_per_prompt=n, max_prompt_len=p["prompt"],
                        prompt_buckets=(p["prompt"],))
-  static = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
+  static = static_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
   eng = continuous.Engine(graphdef, model_cfg, cfg, continuous.EngineConfig(
       slots=p["slots"], page_size=16, chunk_steps=args.chunk,
       kv_tokens=p["slots"] * (p["prompt"] + cap)))

@@ -372,7 +372,7 @@ def cmd_sample(a) -> int:
   from flax import nnx  # pylint: disable=import-outside-toplevel
   import quiet  # pylint: disable=import-outside-toplevel
   from vapo_jax.models import hf_io  # pylint: disable=import-outside-toplevel
-  from vapo_jax.sampler import engine as sampler_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.sampler import static as static_lib  # pylint: disable=import-outside-toplevel
   from vapo_jax.sampler.ops import SamplingConfig  # pylint: disable=import-outside-toplevel
 
   if a.dry:
@@ -417,7 +417,7 @@ def cmd_sample(a) -> int:
     prompts = np.random.RandomState(0).randint(1, p["vocab"], (w["prompts"], P))
     cfg = SamplingConfig(max_new_tokens=R, temperature=1.0, top_p=1.0, top_k=0,
                          max_prompt_len=P, pad_id=0, n_per_prompt=n)
-    sampler = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
+    sampler = static_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
     prompt_list = prompts.tolist()
     t0 = time.perf_counter()
     jax.block_until_ready(sampler(state, prompt_list, jax.random.key(0)))

@@ -138,7 +138,7 @@ def run(preset: str, p: dict, args, load: quiet.Load):
   import transformers  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from vapo_jax.sampler import engine as sampler_lib  # pylint: disable=g-import-not-at-top
+  from vapo_jax.sampler import static as static_lib  # pylint: disable=g-import-not-at-top
   from vapo_jax.models import hf_io  # pylint: disable=g-import-not-at-top
   from vapo_jax.sampler.ops import SamplingConfig  # pylint: disable=g-import-not-at-top
 
@@ -165,7 +165,7 @@ def run(preset: str, p: dict, args, load: quiet.Load):
   graphdef, state = nnx.split(model)
   cfg = SamplingConfig(max_new_tokens=R, temperature=1.0, top_p=1.0, top_k=0,
                        max_prompt_len=P, pad_id=0, n_per_prompt=n)
-  sampler = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
+  sampler = static_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
   prompt_list = prompts.tolist()
   t = time.perf_counter()
   jax.block_until_ready(sampler(state, prompt_list, jax.random.key(0)))

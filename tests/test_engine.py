@@ -15,9 +15,10 @@ from vapo_jax import sharding  # noqa: E402
 from vapo_jax.models import hf_io  # noqa: E402
 from vapo_jax.sampler import continuous  # noqa: E402
 from vapo_jax.sampler import decode_weights  # noqa: E402
-from vapo_jax.sampler import engine as sampler_lib  # noqa: E402
+from vapo_jax.sampler import static as static_lib  # noqa: E402
 from vapo_jax.sampler import paged  # noqa: E402
 from vapo_jax.sampler import slots as slots_lib  # noqa: E402
+from vapo_jax.sampler import types  # noqa: E402
 from vapo_jax.sampler.ops import SamplingConfig  # noqa: E402
 import test_sampler_hf as hf  # noqa: E402
 import tiny_hf  # noqa: E402
@@ -60,9 +61,10 @@ def test_greedy_equals_static_sampler_and_transformers(any_ckpt):
   eos = (int(free[0, 3]), int(free[2, 6]))
   want = hf.hf_greedy(hf_model, PROMPTS, eos)
   cfg = hf.greedy_cfg(eos, n=2)
-  static = np_tree(sampler_lib.Sampler.for_transformer(graphdef, mcfg, cfg)(
+  static = np_tree(static_lib.Sampler.for_transformer(graphdef, mcfg, cfg)(
       state, PROMPTS, jax.random.key(0)))
   eng = continuous.Engine(graphdef, mcfg, cfg, ecfg())
+  assert isinstance(eng, types.RolloutSampler) and eng.continuous
   out = np_tree(eng(state, PROMPTS, jax.random.key(0)))
   for f in ("prompt_BxP", "prompt_mask_BxP", "response_BxR", "response_mask_BxR",
             "lengths_B", "truncated_B", "group_ids_B"):

@@ -23,7 +23,7 @@ from vapo_jax.models.config import LORA_TARGETS, tiny_config
 from vapo_jax.rl import forward
 from vapo_jax.run import checkpoint_store
 from vapo_jax.run import trainer as trainer_lib
-from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import static as static_lib
 from vapo_jax.sampler import types
 from vapo_jax.sampler.ops import SamplingConfig
 from test_checkpoint import Recorder, assert_bitwise_equal, compile_cache, run_to_end, small  # noqa: F401,E501
@@ -137,7 +137,7 @@ def test_sampler_logprobs_equal_the_train_steps():
   cfg = SamplingConfig(max_new_tokens=8, temperature=0.7, top_k=20, top_p=0.9,
                        stop_token_ids=(1, 2), pad_id=0, n_per_prompt=3, max_prompt_len=16)
   graphdef, state = nnx.split(model)
-  sampler = sampler_lib.Sampler.for_transformer(graphdef, model.cfg, cfg)
+  sampler = static_lib.Sampler.for_transformer(graphdef, model.cfg, cfg)
   out = sampler(state, [[5, 17, 33, 2, 7], [3, 14], [9]], jax.random.key(1))
   tokens_BxL, mask_BxL = types.rollout_tokens(out)
   # What the policy step scores the rollout with: forward.policy_logprobs on the params.

@@ -51,12 +51,6 @@ def test_group_relative_advantages_with_unequal_groups(normalize_std, ddof):
     np.testing.assert_allclose(got[ids == g], want, rtol=1e-5, atol=1e-6, err_msg=f"group {g}")
 
 
-def test_the_old_name_in_losses_still_works_with_a_warning():
-  with pytest.warns(DeprecationWarning, match="moved to vapo_jax.rl.advantages"):
-    old = losses.group_relative_advantages
-  assert old is advantages.group_relative_advantages
-
-
 # ------------------------------------------------------------------- the tables, by name
 
 

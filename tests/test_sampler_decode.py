@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import toy_lm
-from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import static as static_lib
 from vapo_jax.sampler import ops
 from vapo_jax.models import layers
 from vapo_jax.sampler.ops import SamplingConfig
@@ -88,7 +88,7 @@ def test_windowed_loop_equals_one_window(n):
     cfg = SamplingConfig(max_new_tokens=9, temperature=0.9, stop_token_ids=(5,),
                          n_per_prompt=2, max_prompt_len=8,
                          decode_windows=windows)
-    out = sampler_lib.Sampler(graphdef, init, cfg)(state, prompts,
+    out = static_lib.Sampler(graphdef, init, cfg)(state, prompts,
                                                    jax.random.key(3))
     return jax.tree.map(np.asarray, out)
 
@@ -137,9 +137,9 @@ def test_last_logits_equals_model_logits(tied):
   cfg = tiny_config(remat=False, tie_word_embeddings=tied)
   model = transformer.Transformer(cfg, rngs=nnx.Rngs(0))
   hidden = jax.random.normal(jax.random.key(1), (3, cfg.hidden_size))
-  got = sampler_lib.last_logits(model, hidden)
+  got = ops.last_logits(model, hidden)
   np.testing.assert_allclose(got, model.logits(hidden), rtol=1e-5, atol=1e-5)
-  jaxpr = str(jax.make_jaxpr(lambda h: sampler_lib.last_logits(model, h))(hidden))
+  jaxpr = str(jax.make_jaxpr(lambda h: ops.last_logits(model, h))(hidden))
   vocab_major = "optimization_barrier" in jaxpr
   assert vocab_major == (tied and jax.default_backend() == "cpu")
 

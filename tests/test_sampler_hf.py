@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from vapo_jax.sampler import types as rollout_lib  # noqa: E402
-from vapo_jax.sampler import engine as sampler_lib  # noqa: E402
+from vapo_jax.sampler import static as static_lib  # noqa: E402
 from vapo_jax import sharding  # noqa: E402
 from vapo_jax.models import hf_io  # noqa: E402
 from vapo_jax.models import transformer  # noqa: E402
@@ -63,7 +63,7 @@ def test_greedy_equals_transformers_generate(ckpt):
   want = hf_greedy(hf_model, PROMPTS, eos)
   model, model_cfg = hf_io.from_pretrained(path)
   graphdef, state = nnx.split(model)
-  sampler = sampler_lib.Sampler.for_transformer(graphdef, model_cfg,
+  sampler = static_lib.Sampler.for_transformer(graphdef, model_cfg,
                                                 greedy_cfg(eos, n=2))
   out = jax.tree.map(np.asarray, sampler(state, PROMPTS, jax.random.key(0)))
   assert out.prompt_BxP.shape[1] == 16
@@ -96,7 +96,7 @@ def test_sampled_logprobs_equal_teacher_forced(ckpt):
   cfg = SamplingConfig(max_new_tokens=R, temperature=0.7, top_k=20, top_p=0.9,
                        stop_token_ids=(1, 2), pad_id=PAD, n_per_prompt=3,
                        max_prompt_len=16)
-  sampler = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
+  sampler = static_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
   out = sampler(state, PROMPTS, jax.random.key(1))
   np.testing.assert_allclose(
       np.asarray(out.logp_BxR), _teacher_forced(model, out, 0.7), atol=5e-5)
@@ -115,12 +115,12 @@ def test_sharded_model_on_eight_devices_equals_one(ckpt):
                        pad_id=PAD, n_per_prompt=2, max_prompt_len=16)
   model, model_cfg = hf_io.from_pretrained(path)
   graphdef, state = nnx.split(model)
-  one = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
+  one = static_lib.Sampler.for_transformer(graphdef, model_cfg, cfg)
   want = jax.tree.map(np.asarray, one(state, PROMPTS, jax.random.key(2)))
   mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
   model, model_cfg = hf_io.from_pretrained(path, mesh=mesh)
   graphdef, state = nnx.split(model)
-  many = sampler_lib.Sampler.for_transformer(graphdef, model_cfg, cfg,
+  many = static_lib.Sampler.for_transformer(graphdef, model_cfg, cfg,
                                              mesh=mesh)
   got = many(state, PROMPTS, jax.random.key(2))
   assert len(got.response_BxR.sharding.device_set) == 8

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vapo_jax import config as config_lib
 from vapo_jax import sharding as shd
-from vapo_jax.tools import archs, hlo_stats, lengths, step_model, tpu_specs
+from vapo_jax.tools import archs, hlo_stats, lengths, step_counts, step_model, tpu_specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,18 +68,18 @@ def one_trip():
 
 def test_flops_equal_xla_cost_analysis_of_single_trip_programs(one_trip):
   cfg, mcfg, plan, xla = one_trip
-  a = step_model.Arch.of(mcfg)
+  a = step_counts.Arch.of(mcfg)
   b, p, r = plan.shapes["rows"], plan.shapes["prompt_len"], plan.shapes["response_len"]
   t = p + r
-  assert a.uses_blocked(t, t) and step_model.query_groups(t, a.block) == [(0, 128)]
-  fwd = step_model.forward_flops(a, b, t, step_model.padded_head_positions(r))
-  crit = step_model.forward_flops(a, b, t, t, critic=True)
-  fac = step_model.train_factors(True)
+  assert a.uses_blocked(t, t) and step_counts.query_groups(t, a.block) == [(0, 128)]
+  fwd = step_counts.forward_flops(a, b, t, step_counts.padded_head_positions(r))
+  crit = step_counts.forward_flops(a, b, t, t, critic=True)
+  fac = step_counts.train_factors(True)
   ours = {"logprobs": sum(fwd.values()), "values": sum(crit.values()),
           # The remat recompute's MLP down projection is dead code (its output is unused).
           "policy_step": sum(fac[k] * v for k, v in fwd.items()) - b * t * a.down,
           "critic_step": sum(fac[k] * v for k, v in crit.items()) - b * t * a.down,
-          "decode_step": step_model.decode_step_flops(a, b, plan.shapes["cache_len"])}
+          "decode_step": step_counts.decode_step_flops(a, b, plan.shapes["cache_len"])}
   for name, want in ours.items():
     assert xla[name] == pytest.approx(want, rel=0.02), (name, xla[name], want)
   # compile_check's cross-check counts the same, per chip of a slice of 8 chips.
@@ -91,18 +91,18 @@ def test_flops_equal_xla_cost_analysis_of_single_trip_programs(one_trip):
 
 def test_attention_pairs_of_the_kernels():
   from vapo_jax.models import attention  # pylint: disable=import-outside-toplevel
-  a = step_model.Arch(2, 8, 8, 2, 1, 4, 16, 1.0, 1.0, 512, "blocked", True)
-  assert step_model.query_groups(21504, 512) == attention._query_groups(21504, 512)
+  a = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1.0, 1.0, 512, "blocked", True)
+  assert step_counts.query_groups(21504, 512) == attention._query_groups(21504, 512)
   # 42 key blocks in 8 groups: the pairs are ~0.56 T^2, as the kernel's docstring says.
-  assert step_model.attention_pairs(a, 21504) / 21504**2 == pytest.approx(0.56, abs=0.01)
-  d = step_model.Arch(2, 8, 8, 2, 1, 4, 16, 1.0, 1.0, 512, "dense", True)
+  assert step_counts.attention_pairs(a, 21504) / 21504**2 == pytest.approx(0.56, abs=0.01)
+  d = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1.0, 1.0, 512, "dense", True)
   assert attention.causal_query_blocks(256) == 4
   # Four blocks of 64 queries see 64, 128, 192, 256 keys.
-  assert step_model.attention_pairs(d, 256) == 64 * (64 + 128 + 192 + 256)
+  assert step_counts.attention_pairs(d, 256) == 64 * (64 + 128 + 192 + 256)
 
 
 def _hand_setup(**knobs):
-  arch = step_model.Arch(2, 8, 8, 2, 1, 4, 16, 1000.0, 900.0, 512, "blocked", False,
+  arch = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1000.0, 900.0, 512, "blocked", False,
                          untied=False)
   return step_model.Setup(arch, chips=4, tensor=4, peak=1e30, bw=1e9, hbm=1e12, ici=1e9,
                           rows=2, n=1, prompt_len=4, max_new=8, per_call=2,
@@ -142,8 +142,8 @@ def test_static_rollout_runs_each_call_to_its_longest_row():
   prog = step_model.static_rollout(st, np.array([5, 2]))
   # Loop steps t = 1 .. max ℓ - 1 = 4, each over the 11-slot window for both rows.
   assert "4 decode steps" in prog.note
-  fl = 4 * step_model.decode_step_flops(st.arch, 2, 11) / st.chips
-  pre = sum(step_model.forward_flops(st.arch, 2, 4, 1).values()) / st.chips
+  fl = 4 * step_counts.decode_step_flops(st.arch, 2, 11) / st.chips
+  pre = sum(step_counts.forward_flops(st.arch, 2, 4, 1).values()) / st.chips
   assert prog.flops == pytest.approx(fl + pre)
 
 
@@ -330,7 +330,7 @@ def _brute_force_engine(st, resp, prompts, floor):
 @pytest.mark.parametrize("floor", [True, False])
 def test_engine_simulation_equals_step_by_step(floor):
   rng = np.random.default_rng(0)
-  arch = step_model.Arch(4, 64, 128, 4, 2, 16, 100, 5e5, 4e5, 512, "blocked", True)
+  arch = step_counts.Arch(4, 64, 128, 4, 2, 16, 100, 5e5, 4e5, 512, "blocked", True)
   for trial in range(3):
     # A KV budget of ~150 tokens: admissions wait for finishes; compute sometimes
     # binds (peak low enough that n · FLOPs per token beats the bytes at high concurrency).

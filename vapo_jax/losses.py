@@ -324,17 +324,3 @@ def _check_mode(mode: str) -> None:
   if mode not in MODES:
     raise ValueError(f"loss aggregation mode must be one of {MODES}, got {mode!r}")
 
-
-def __getattr__(name: str):
-  """`losses.group_relative_advantages` moved to `vapo_jax.rl.advantages` (an advantage
-  estimator, not a loss); the old name keeps working, with a DeprecationWarning, for the
-  projects that import it from here. The import happens only on that use, so this module
-  still imports nothing but jax."""
-  if name == "group_relative_advantages":
-    import warnings  # pylint: disable=import-outside-toplevel
-    from vapo_jax.rl import advantages  # pylint: disable=import-outside-toplevel
-    warnings.warn("vapo_jax.losses.group_relative_advantages moved to "
-                  "vapo_jax.rl.advantages.group_relative_advantages", DeprecationWarning,
-                  stacklevel=2)
-    return advantages.group_relative_advantages
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

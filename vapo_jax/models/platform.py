@@ -1,7 +1,7 @@
 """The backend a program is traced for: the default backend, unless overridden.
 
 A few kernels have a CPU-specific form (see `layers.decode_attention` and
-`sampler.last_logits`). Tracing picks it from `target()`, which is
+`sampler.ops.last_logits`). Tracing picks it from `target()`, which is
 `jax.default_backend()` except inside `targeting(name)`: an ahead-of-time
 compile for another platform from this machine (the TPU compile check on a
 CPU host) sets the target so the program is the one that platform would run.

@@ -47,7 +47,7 @@ from vapo_jax.sampler import types as types_lib
 class Experience:
   """The parts of steps 1–3 (built by `run.parts.experience`).
 
-  sampler: the rollout sampler (n responses per prompt).
+  sampler: the rollout sampler (n responses per prompt; `sampler.types.RolloutSampler`).
   text: prompt_ids(problem) -> token ids, decode(ids) -> text.
   scorer: the reward checker (`rewards.RewardScorer`).
   logprobs: jitted (params, tokens_BxL, mask_BxL, *, prompt_len, temperature) ->
@@ -61,7 +61,7 @@ class Experience:
   dynamic_rounds: extra sampling rounds dynamic sampling may draw per step (-1: off).
   group_size: responses per prompt (the groups dynamic sampling keeps or drops).
   """
-  sampler: Any
+  sampler: types_lib.RolloutSampler
   text: Any
   scorer: Any
   logprobs: Callable

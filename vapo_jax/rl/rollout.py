@@ -24,25 +24,25 @@ from vapo_jax.sampler import ops
 from vapo_jax.sampler import types
 
 
-def row_sharding(sampler) -> NamedSharding | None:
+def row_sharding(sampler: types.RolloutSampler) -> NamedSharding | None:
   """How the sampler splits rows: over its mesh's batch axes (None without a mesh)."""
   if sampler.mesh is None:
     return None
   return NamedSharding(sampler.mesh, PartitionSpec(sampler.batch_axes or None))
 
 
-def sample(sampler, params, prompt_ids: Callable[[int], Sequence[int]], num_prompts: int,
-           key: jax.Array, *, prompts_per_call: int = 0) -> types.Rollout:
+def sample(sampler: types.RolloutSampler, params, prompt_ids: Callable[[int], Sequence[int]],
+           num_prompts: int, key: jax.Array, *, prompts_per_call: int = 0) -> types.Rollout:
   """Samples `sampler.cfg.n_per_prompt` responses for each of the global prompts.
 
   prompt_ids(i) -> token ids of global prompt i; it is called only for this host's rows.
   Prompts are left-padded to the sampler's largest bucket, one static P on every host.
   prompts_per_call > 0 samples that many prompts per sampler call (call c with key
-  fold_in(key, c)) and joins the calls' rollouts in prompt order. A continuous engine
+  fold_in(key, c)) and joins the calls' rollouts in prompt order. The rollout engine
   (`sampler.continuous`) ignores prompts_per_call: it samples all prompts in one call, with
   per-response keys (response b: fold_in(key, b)).
   """
-  if getattr(sampler, "continuous", False):
+  if sampler.continuous:
     # The rollout engine takes the whole step at once (its slots bound the memory, not
     # the prompt count), every host the same prompts; rows come back sharded as below.
     # Prompts are left-padded to the largest bucket: one static P for the train steps.
@@ -65,7 +65,8 @@ def sample(sampler, params, prompt_ids: Callable[[int], Sequence[int]], num_prom
   return join(parts)
 
 
-def _sample_once(sampler, params, prompt_ids, num_prompts: int, key) -> types.Rollout:
+def _sample_once(sampler: types.RolloutSampler, params, prompt_ids, num_prompts: int,
+                 key) -> types.Rollout:
   sh = row_sharding(sampler)
   if sh is None:
     return sampler(params, [prompt_ids(i) for i in range(num_prompts)], key)
@@ -75,4 +76,4 @@ def _sample_once(sampler, params, prompt_ids, num_prompts: int, key) -> types.Ro
                                       sampler.cfg.pad_id)
   tokens_g = dist.global_array(tokens, rows, (num_prompts, p), sh)
   mask_g = dist.global_array(mask, rows, (num_prompts, p), sh)
-  return sampler.generate_padded(params, tokens_g, mask_g, key)
+  return sampler.generate_padded(params, tokens_g, mask_g, key)  # the static sampler's

@@ -15,9 +15,11 @@ import numpy as np
 from vapo_jax import distributed as dist
 from vapo_jax.rl import reward as reward_lib
 from vapo_jax.rl import rollout as rollout_lib
+from vapo_jax.sampler import types
 
 
-def sample_and_score(sampler, params, examples, text, scorer, key, batch_prompts: int):
+def sample_and_score(sampler: types.RolloutSampler, params, examples, text, scorer, key,
+                     batch_prompts: int):
   """Samples `sampler.cfg.n_per_prompt` responses per example and scores them.
 
   Returns:
@@ -25,7 +27,7 @@ def sample_and_score(sampler, params, examples, text, scorer, key, batch_prompts
     the decoded responses of this host's rows, in row order).
   """
   n = sampler.cfg.n_per_prompt
-  if getattr(sampler, "continuous", False):  # one engine call: its slots bound the memory
+  if sampler.continuous:  # one engine call: its slots bound the memory
     batch_prompts = len(examples)
   scores, lengths, truncated, responses = [], [], [], []
   for start in range(0, len(examples), batch_prompts):
@@ -87,9 +89,9 @@ def kind_metrics(scores_Nxk: np.ndarray, kinds, threshold: float = 1.0) -> dict[
           for kind in sorted(set(kinds.tolist()))}
 
 
-def evaluate(sampled, greedy, params, examples, text, scorer, key, *, batch_prompts: int,
-             threshold: float = 1.0, short_tokens: int = 0,
-             kind_of=None) -> dict[str, float]:
+def evaluate(sampled: types.RolloutSampler, greedy: types.RolloutSampler, params, examples,
+             text, scorer, key, *, batch_prompts: int, threshold: float = 1.0,
+             short_tokens: int = 0, kind_of=None) -> dict[str, float]:
   """avg@k / pass@k with the sampling sampler (and boxed_frac, the share of its samples with a
   `\\boxed{}`), accuracy with the greedy one; with
   short_tokens > 0 also short_frac, the share of samples of at most that many tokens; with

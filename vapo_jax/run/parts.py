@@ -39,9 +39,10 @@ from vapo_jax.run import inputs
 from vapo_jax.run import memory as run_memory
 from vapo_jax.run.inputs import Text
 from vapo_jax.sampler import continuous
-from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax.sampler import kv_pool
 from vapo_jax.sampler import ops
+from vapo_jax.sampler import static
+from vapo_jax.sampler import types as types_lib
 
 
 def rules_of(cfg) -> shd.Rules:
@@ -64,9 +65,6 @@ def build_mesh(cfg):
                        "every device (set one size to -1)")
     devices = jax.devices()[:need]
   return shd.make_mesh(*sizes, devices=devices)
-
-
-batch_axes = shd.batch_axes
 
 
 def build_policy(cfg, mesh, rules, text: Text):
@@ -210,12 +208,12 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
       return cache
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, kv_sharding), cache)
 
-  return sampler_lib.Sampler(graphdef, init_cache, scfg, mesh=mesh, rules=rules)
+  return static.Sampler(graphdef, init_cache, scfg, mesh=mesh, rules=rules)
 
 
 def device_count_check(cfg, mesh, rules) -> None:
   """The rollout batch must split evenly over the batch shards of the mesh."""
-  axes = batch_axes(mesh, rules)
+  axes = shd.batch_axes(mesh, rules)
   shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
   for what, rows in (("rl.prompts_per_step", cfg.prompts_per_step),
                      ("eval.batch_prompts", cfg.eval.batch_prompts),
@@ -288,7 +286,7 @@ def sft_warmup(cfg: config_lib.Config) -> int:
 
 
 def _compile(step_fn, state, mesh, rules):
-  return train_state.compile_step(step_fn, state, mesh, batch_axes(mesh, rules), rules)
+  return train_state.compile_step(step_fn, state, mesh, shd.batch_axes(mesh, rules), rules)
 
 
 def sft_step(cfg, graphdef, tx, state, mesh, rules):
@@ -359,7 +357,7 @@ def pack_spec(cfg, mesh, rules, rows_per_micro: int) -> packing.PackSpec:
   """Rows of rl.packing_row_tokens (default P + R) and a token budget per device of
   rl.packing_tokens_per_device (default: what a padded micro-batch of `rows_per_micro`
   rows puts on each device)."""
-  axes = batch_axes(mesh, rules)
+  axes = shd.batch_axes(mesh, rules)
   shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
   return packing.spec_for(cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens,
                           rows_per_micro, shards, cfg.rl.packing_row_tokens,
@@ -392,7 +390,7 @@ def packed_step(cfg, name, graphdef, tx, state, mesh, rules) -> Callable:
         }[name]()
   return packed_lib.packed_learner_step(name, _compile(fn, state, mesh, rules),
                                         pass_spec(cfg, name, mesh, rules), mesh,
-                                        batch_axes(mesh, rules))
+                                        shd.batch_axes(mesh, rules))
 
 
 def logprobs_fn(cfg, graphdef, mesh, rules, packed: bool = False):
@@ -402,7 +400,7 @@ def logprobs_fn(cfg, graphdef, mesh, rules, packed: bool = False):
   if packed:
     return packed_lib.packed_forward(
         "logprobs", functools.partial(packed_lib.policy_logprobs, graphdef),
-        pass_spec(cfg, "logprobs", mesh, rules), mesh, batch_axes(mesh, rules), rules,
+        pass_spec(cfg, "logprobs", mesh, rules), mesh, shd.batch_axes(mesh, rules), rules,
         static=("temperature",))
   return jax.jit(forward.in_micro_batches(functools.partial(forward.policy_logprobs, graphdef),
                                           rows_of(cfg).forward_chunks, mesh, rules),
@@ -415,7 +413,7 @@ def values_fn(cfg, graphdef, mesh, rules, packed: bool = False):
   if packed:
     return packed_lib.packed_forward(
         "values", functools.partial(packed_lib.critic_values, graphdef),
-        pass_spec(cfg, "values", mesh, rules), mesh, batch_axes(mesh, rules), rules)
+        pass_spec(cfg, "values", mesh, rules), mesh, shd.batch_axes(mesh, rules), rules)
   return jax.jit(forward.in_micro_batches(functools.partial(forward.critic_values, graphdef),
                                           rows_of(cfg).forward_chunks, mesh, rules),
                  static_argnames=("prompt_len",))
@@ -431,9 +429,11 @@ def take_fn(mesh, batch_axes_):
 
 @dataclasses.dataclass(frozen=True)
 class Samplers:
-  rollout: sampler_lib.Sampler  # n = responses_per_prompt
-  eval: sampler_lib.Sampler     # n = eval.samples_per_problem
-  greedy: sampler_lib.Sampler   # n = 1, argmax
+  """The run's samplers: engines (`continuous.Engine`), or with sampling.engine="static"
+  static samplers (`static.Sampler`)."""
+  rollout: types_lib.RolloutSampler  # n = responses_per_prompt
+  eval: types_lib.RolloutSampler     # n = eval.samples_per_problem
+  greedy: types_lib.RolloutSampler   # n = 1, argmax
 
 
 def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text, *,
@@ -506,7 +506,7 @@ def build(cfg: config_lib.Config) -> RunParts:
   scorer = RewardScorer(fn_for_mode(cfg.reward.fn, cfg.reward.mode),
                         num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s)
   built = samplers(cfg, graphdef, mcfg, mesh, rules, text)
-  axes = batch_axes(mesh, rules)
+  axes = shd.batch_axes(mesh, rules)
   return RunParts(
       mesh=mesh, rules=rules, batch_axes=axes, text=text, train_examples=train,
       eval_examples=held_out, data_stats=stats, graphdef=graphdef, policy_params=params,

@@ -25,7 +25,8 @@ rows may round a matmul differently from another S).
 
 Weights: the engine decodes from `decode_weights.decode_copy` of the parameters it is given
 (LoRA merged, cast to `EngineConfig.decode_dtype`, FSDP dropped from the weights), made once
-per call; it never reads the training copy. The output is the static sampler's `Rollout`.
+per call; it never reads the training copy. The output is a `types.Rollout`, as the static
+sampler's (`sampler.static`).
 """
 
 from __future__ import annotations
@@ -46,13 +47,10 @@ from vapo_jax import sharding as shd
 from vapo_jax.models import paged_attention as pa
 from vapo_jax.models import transformer
 from vapo_jax.sampler import decode_weights
-from vapo_jax.sampler import engine as static_engine
 from vapo_jax.sampler import ops
 from vapo_jax.sampler import paged
 from vapo_jax.sampler import slots as slots_lib
 from vapo_jax.sampler import types
-
-Rollout = types.Rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +144,7 @@ def prefill(graphdef, params, tokens_1xP, plen):
   cache = transformer.init_cache(model, 1, p)
   hidden, cache = model(tokens_1xP, pos, mask, cache=cache, cache_index=0)
   last = jax.lax.dynamic_index_in_dim(hidden[0], plen - 1, axis=0, keepdims=True)
-  return cache, static_engine.last_logits(model, last)
+  return cache, ops.last_logits(model, last)
 
 
 def insert(cfg: ops.SamplingConfig, pages, cache, logits_1xV, table_M, plen, slot,
@@ -201,7 +199,7 @@ def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
         st["tok_S"], st["pos_S"], pages, table_SxM=table, lens_S=lens,
         pages_per_block=ecfg.pages_per_block, kernel=ecfg.kernel, mesh=mesh,
         head_axis=head_axis, batch_axes=batch_axes)
-    logits = static_engine.last_logits(model, hidden)
+    logits = ops.last_logits(model, hidden)
     keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(st["keys_S"], impl=impl),
                                         st["t_S"])
     new, lp = _sample_rows(keys, logits, cfg)
@@ -293,7 +291,7 @@ def _replicate_outputs(fn, mesh, which: tuple[int, ...]):
 
 
 class Engine:
-  """Continuous-batching rollout engine; a drop-in for `engine.Sampler` in the trainer.
+  """Continuous-batching rollout engine: the package's rollout sampler (`types.RolloutSampler`).
 
   Usage:
     eng = Engine(graphdef, model_cfg, SamplingConfig(...), EngineConfig(...), mesh=mesh)
@@ -489,7 +487,7 @@ class Engine:
   # -- host loop
   def __call__(self, params, prompts: Sequence[Sequence[int]], key: jax.Array, *,
                prompt_len: int | None = None, order: Sequence[int] | None = None
-               ) -> Rollout:
+               ) -> types.Rollout:
     """n responses per prompt; the Rollout's prompts are left-padded to `prompt_len`
     (default: the bucket of the longest prompt). `order` permutes the admission order of
     the B responses (tests; the output does not depend on it)."""
@@ -600,7 +598,7 @@ class Engine:
         "prefills": float(n_prefill), "evictions": float(sched.evictions)}
     return rollout
 
-  def _assemble(self, prompts, out_tok, out_lp, prompt_len) -> Rollout:
+  def _assemble(self, prompts, out_tok, out_lp, prompt_len) -> types.Rollout:
     cfg = self.cfg
     n, r = cfg.n_per_prompt, cfg.max_new_tokens
     p = prompt_len or ops.prompt_bucket(max(len(x) for x in prompts), cfg)
@@ -616,7 +614,7 @@ class Engine:
       logp[i, :len(lp)] = lp
       lengths[i] = len(tk)
       trunc[i] = tk[-1] not in stops
-    out = Rollout(
+    out = types.Rollout(
         prompt_BxP=np.repeat(prompt_BxP, n, axis=0),
         prompt_mask_BxP=np.repeat(mask_BxP, n, axis=0),
         response_BxR=resp,

@@ -1,7 +1,7 @@
 """Sampling options and per-step sampling math: temperature, top-k/p, greedy.
 
-Pure jax; no model, no flax. The sampler (`vapo_jax.sampler.engine`) calls
-`sample_step` once per generated token.
+Pure jax; no flax. Both samplers (`sampler.static`, `sampler.continuous`) call
+`last_logits` on the model's last hidden state and `sample_step` once per generated token.
 
 Conventions, with logits `z_BxV` of the full (padded) embedding vocabulary:
 
@@ -32,6 +32,8 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+
+from vapo_jax.models import platform
 
 _NEG_INF = -jnp.inf
 
@@ -177,6 +179,32 @@ def decode_windows(prompt_len: int, cfg: SamplingConfig
   bounds = [1 + (steps * i) // n for i in range(n + 1)]
   return tuple((a, b, prompt_len + b - 1)
                for a, b in zip(bounds[:-1], bounds[1:]) if b > a)
+
+
+def last_logits(model, hidden_BxD: jax.Array) -> jax.Array:
+  """float32 logits [B, V] of one position per row: `model.logits(hidden)`.
+
+  On CPU, for a model with a tied head (`head_weight()` is the [V, D]
+  embedding, transposed), the product is computed vocab-major, logits_VxB =
+  E h^T, then transposed: for a decode batch (B ~ 16) XLA CPU's kernel for
+  that orientation runs the 32k x 512 head ~1.5x faster than the batch-major
+  one (8.2 vs 13.0 ms, B=16, V=32768, D=512, 2 cores). The optimization
+  barrier keeps XLA from folding the transpose back into the dot. Same
+  operands and accumulation dtype as `Transformer.logits`, so only the
+  summation order may differ. An untied `lm_head` is stored [D, V]; the
+  vocab-major product over that layout runs 7x slower than the plain one (48
+  vs 6.5 ms, same shapes), so it keeps `model.logits`.
+  """
+  head = getattr(model, "head_weight", None)
+  cfg = getattr(model, "cfg", None)
+  dt = getattr(cfg, "dtype", None)
+  if (head is None or dt is None or platform.target() != "cpu"
+      or not getattr(cfg, "tie_word_embeddings", False)):
+    return model.logits(hidden_BxD)
+  logits_VxB = jax.lax.dot_general(
+      head().astype(dt), hidden_BxD.astype(dt), (((0,), (1,)), ((), ())),
+      preferred_element_type=jnp.float32)
+  return jax.lax.optimization_barrier(logits_VxB).T
 
 
 def mask_padded_vocab(logits_BxV: jax.Array,

@@ -1,4 +1,4 @@
-"""The rollout batch the sampler hands to the trainer, and helpers around it.
+"""The rollout batch a sampler hands to the trainer, helpers around it, and what a sampler is.
 
 Pure jax + numpy; no model. Shapes: B = rows = prompts * n, P = padded prompt
 length (a bucket), R = max_new_tokens (static), L = P + R.
@@ -7,11 +7,13 @@ length (a bucket), R = max_new_tokens (static), L = P + R.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from vapo_jax.sampler import ops
 
 
 @jax.tree_util.register_dataclass
@@ -96,3 +98,35 @@ def response_lists(rollout: Rollout) -> list[list[int]]:
       response_BxR[b, :lengths_B[b]].tolist()
       for b in range(response_BxR.shape[0])
   ]
+
+
+@runtime_checkable
+class RolloutSampler(Protocol):
+  """What the trainer (`rl.rollout`, `rl.experience`) and the evaluation (`run.evaluation`)
+  call on a sampler: `run.parts.Samplers` holds three of them.
+
+  Two implementations: the rollout engine (`continuous.Engine`, sampling.engine="continuous",
+  the default) and the static sampler (`static.Sampler`, sampling.engine="static": the
+  tests' oracle and the benchmarks' comparison).
+
+  Attributes:
+    cfg: its sampling settings (n_per_prompt responses per prompt, max_prompt_len, pad_id,
+      the prompt buckets).
+    mesh: the mesh its rows are split over (None: one device), over `batch_axes`.
+    continuous: True for the engine: one call takes all of a step's prompts (its slots
+      bound the memory) and left-pads them to `prompt_len=`, and its `last_stats` are the
+      rollout metrics. False for the static sampler: calls of sampling.prompts_per_call
+      prompts; on a multi-process mesh each host feeds its rows of the prompts, left-padded
+      to the largest bucket, through `generate_padded(params, prompt_BxP, mask_BxP, key)`.
+  """
+
+  cfg: ops.SamplingConfig
+  mesh: Any
+  batch_axes: tuple[str, ...]
+  continuous: bool
+
+  def __call__(self, params, prompts: Sequence[Sequence[int]], key: jax.Array) -> Rollout:
+    """cfg.n_per_prompt responses to each prompt (token ids); row b answers prompt b // n."""
+
+  def clear_cache(self) -> None:
+    """Frees its KV memory (before the train steps: it is allocated again on the next call)."""

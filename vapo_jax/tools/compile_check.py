@@ -26,7 +26,7 @@ bytes per chip and whether resident + pool + its programs fit (FITS / DOES NOT F
 
 With `--lengths=SPEC` it also prints `tools.step_model`'s analytic step time and floor at those
 lengths (the honest figure: every loop counted, collectives, decode windows and early exit),
-with the decode loop's collectives per step read from the compiled `Sampler._generate`
+with the decode loop's collectives per step read from the compiled `static.Sampler._generate`
 (`tools.decode_hlo`, at `--decode_hlo_layers` layers, extrapolated to the model's depth).
 `--no_compile` skips every compile (no libtpu needed) and prints only the analytic model.
 

@@ -3,7 +3,7 @@
   python -m vapo_jax.tools.decode_hlo --config=configs/qwen32b.py --topology=v5p-128 \
       --layers=2,4 [--arch=qwen2.5-32b]
 
-Lowers `Sampler._generate` (the jitted prefill + windowed `while_loop`s that
+Lowers `static.Sampler._generate` (the jitted prefill + windowed `while_loop`s that
 `rl.rollout.sample` runs, not a copy of it) for one sampler call's rows, with the policy's
 parameters as `jax.ShapeDtypeStruct`s in the config's shardings (fp32 master weights: what the
 rollout passes it today) and the KV cache as its donated argument. On a TPU topology (libtpu, no
@@ -24,10 +24,6 @@ import os
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
 
 from vapo_jax.tools import hlo_stats  # noqa: E402
 
@@ -71,7 +67,8 @@ def compile_generate(cfg, mcfg, mesh, *, target: str | None = None) -> DecodeHLO
   from vapo_jax.models import platform, transformer  # pylint: disable=import-outside-toplevel
   from vapo_jax.run import inputs, parts  # pylint: disable=import-outside-toplevel
   from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
-  # This measures the static sampler's loop (`Sampler._generate`), whatever the run's engine.
+  # This measures the static sampler's loop (`static.Sampler._generate`), whatever the
+  # run's engine.
   cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, engine="static"))
   rules = parts.rules_of(cfg)
   graphdef, params = programs.abstract_model(
@@ -84,15 +81,8 @@ def compile_generate(cfg, mcfg, mesh, *, target: str | None = None) -> DecodeHLO
     sampler = parts.samplers(cfg, graphdef, mcfg, mesh, rules, text).rollout
     bp = cfg.sampling.prompts_per_call or cfg.prompts_per_step
     rows = bp * sampler.cfg.n_per_prompt
-    cache = programs._abstract_cache(sampler, rows)  # pylint: disable=protected-access
-    p = cfg.data.max_prompt_tokens
-    rows_sh = NamedSharding(mesh, jax.sharding.PartitionSpec(sampler.batch_axes or None))
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    args = (params, jax.ShapeDtypeStruct((bp, p), jnp.int32, sharding=rows_sh),
-            jax.ShapeDtypeStruct((bp, p), jnp.float32, sharding=rows_sh), cache,
-            jax.ShapeDtypeStruct(key.shape, key.dtype,
-                                 sharding=NamedSharding(mesh, jax.sharding.PartitionSpec())))
-    hlo = sampler._generate.lower(*args).compile().as_text()  # pylint: disable=protected-access
+    low = sampler.lowerable(params, bp)  # `static.Sampler.lowerable`: its own programs
+    hlo = low["generate"].lower(*low["generate_args"]).compile().as_text()
   loops = hlo_stats.while_bodies(hlo)
   step = max(loops, key=lambda lp: lp.collectives.total, default=None)
   return DecodeHLO(mcfg.num_layers, rows, loops, hlo_stats.invariant_gathers(hlo),

@@ -21,7 +21,8 @@ programs (`continuous.Engine.lowerable`, exactly what a rollout runs):
   eval_insert, eval_decode_chunk   the same for the evaluation engine (k samples per problem;
                 its prefill is the rollout's program)
 
-With the static sampler (sampling.engine = "static", the test oracle):
+With the static sampler (sampling.engine = "static", the test oracle), its own jitted
+programs (`static.Sampler.lowerable`):
 
   prefill       the sampler's prefill of one call's prompts into its KV cache
   decode_step   one token of the sampler's decode loop for one call's rows
@@ -59,9 +60,7 @@ from vapo_jax.rl import packed as packed_lib
 from vapo_jax.rl import train_state
 from vapo_jax.run import inputs, parts
 from vapo_jax.run import memory as run_memory
-from vapo_jax.sampler import engine as sampler_lib
 from vapo_jax.sampler import kv_pool
-from vapo_jax.sampler import ops
 
 TRAIN = ("policy_step", "critic_step", "logprobs", "values")
 STATIC = ("prefill", "decode_step", "eval_decode_step")
@@ -146,10 +145,9 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   packed shapes the step estimate counts (default: every sequence at full length).
   """
   rules = parts.rules_of(cfg)
-  batch_axes = parts.batch_axes(mesh, rules)
+  batch_axes = shd.batch_axes(mesh, rules)
   parts.device_count_check(cfg, mesh, rules)
   rows_sh = batch_lib.batch_sharding(mesh, batch_axes)
-  rep = NamedSharding(mesh, PartitionSpec())
   graphdef, params = abstract_model(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
   c_graphdef, c_params = abstract_model(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, rules)
   p_tx, c_tx = parts.optimizer(cfg, "policy"), parts.optimizer(cfg, "critic")
@@ -189,8 +187,6 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
                          kv_tokens=kv_tokens)
   samplers = {"rollout": (built.rollout, per_call), "eval": (built.eval, cfg.eval.batch_prompts),
               "greedy": (built.greedy, cfg.eval.batch_prompts)}
-  if not engine:
-    caches = {k: _abstract_cache(s, bp * s.cfg.n_per_prompt) for k, (s, bp) in samplers.items()}
 
   progs = []
   micro, chunks = rows.micro_batches, rows.forward_chunks
@@ -217,25 +213,23 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
     fn = parts.values_fn(cfg, c_graphdef, mesh, rules)
     progs.append(Program("values", fn, (c_params, tokens, mask), {"prompt_len": p_len},
                          per_device_bytes(c_params) + in_rollout, trips=chunks))
-  sampler, bp = samplers["rollout"]
   if engine:
     return _engine_plan(cfg, names, progs, resident, shapes, rollout_parts, params,
                         {k: v for k, (v, _) in samplers.items()})
-  # The sampler's parameters are the policy state's; its cache is its own argument.
-  resident_in = per_device_bytes(params)
-  if "prefill" in names:
-    progs.append(_prefill(sampler, graphdef, params, caches["rollout"], bp, p_len, rows_sh,
-                          resident_in))
-  if "decode_step" in names:
-    progs.append(_decode("decode_step", sampler, graphdef, params, caches["rollout"], bp * n,
-                         rows_sh, rep, resident_in))
-  if "eval_decode_step" in names:
-    ev, ebp = samplers["eval"]
-    progs.append(_decode("eval_decode_step", ev, graphdef, params, caches["eval"],
-                         ebp * ev.cfg.n_per_prompt, rows_sh, rep, resident_in))
+  # The static samplers' own programs (`static.Sampler.lowerable`): the parameters are the
+  # policy state's; a sampler's cache is its own (donated) argument.
+  low = {k: s.lowerable(params, bp) for k, (s, bp) in samplers.items()}
+  for name, key in (("prefill", "rollout"), ("decode_step", "rollout"),
+                    ("eval_decode_step", "eval")):
+    if name in names:
+      own = name.removeprefix("eval_")
+      progs.append(Program(name, low[key][own], low[key][own + "_args"], {},
+                           per_device_bytes(params)))
   shapes.update({"prompts_per_call": per_call, "sampler_rows": per_call * n,
-                 "cache_len": sampler.cfg.total_cache_len})
-  shapes.update({f"kv_cache_{k}_per_chip": per_device_bytes(v) for k, v in caches.items()})
+                 "cache_len": samplers["rollout"][0].cfg.total_cache_len})
+  # generate's arguments: (parameters, prompts, prompt mask, cache, key).
+  shapes.update({f"kv_cache_{k}_per_chip": per_device_bytes(v["generate_args"][3])
+                 for k, v in low.items()})
   return Plan(progs, resident, shapes)
 
 # --------------------------------------------------------------------- packed train side
@@ -359,60 +353,3 @@ def _engine_programs(engine, params, prefix: str, pool_part: str, names
       continue  # the evaluation engine's copy and prefill are the rollout's programs
     out.append(Program(full, low[name], low[name + "_args"], {}, res_in, res, trips))
   return out, pool_b
-
-
-def _abstract_cache(sampler, rows: int):
-  """The sampler's persistent [rows, S] KV cache, with the sharding the sampler gives it.
-
-  The layout is read from compiling the sampler's own allocation for one row per batch
-  shard (the full cache may be too large to compile), then applied to `rows` rows.
-  """
-  s = sampler.cfg.total_cache_len
-  alloc = lambda r: sampler.constrain(sampler.init_cache(r, s), None)  # noqa: E731
-  shardings = jax.jit(lambda: alloc(sampler.batch_shards)).lower().compile().output_shardings
-  # On a one-chip mesh nothing constrains the cache: the compile above placed it on the
-  # host's default (CPU) device; it belongs on the mesh, replicated.
-  devices = set(sampler.mesh.devices.flat)
-  shardings = jax.tree.map(lambda sh: sh if set(sh.device_set) <= devices
-                           else NamedSharding(sampler.mesh, PartitionSpec()), shardings)
-  shapes = jax.eval_shape(lambda: alloc(rows))
-  return jax.tree.map(lambda a, sh: _sds(a.shape, a.dtype, sh), shapes, shardings)
-
-
-def _prefill(sampler, graphdef, params, cache, bp, p_len, rows_sh, resident_in) -> Program:
-  """Steps 1–2 of the sampler: prefill Bp prompts, repeat n times into the donated cache."""
-  n, axes = sampler.cfg.n_per_prompt, sampler.cache_leaf_axes
-
-  def prefill(state, prompt_BxP, mask_BxP, cache):
-    model = nnx.merge(graphdef, state)
-    m = mask_BxP.astype(jnp.int32)
-    positions = jnp.maximum(jnp.cumsum(m, axis=1) - 1, 0)
-    hidden, small = model(prompt_BxP, positions, m, cache=sampler.init_cache(bp, p_len),
-                          cache_index=0)
-    logits = model.logits(hidden[:, -1])
-    cache = sampler.constrain(sampler_lib.write_prefill(cache, small, n, axes), None)
-    return sampler.constrain(jnp.repeat(logits, n, axis=0), 0), cache
-
-  fn = jax.jit(prefill, donate_argnums=(3,))
-  args = (params, _sds((bp, p_len), jnp.int32, rows_sh), _sds((bp, p_len), jnp.float32, rows_sh),
-          cache)
-  return Program("prefill", fn, args, {}, resident_in)
-
-
-def _decode(name, sampler, graphdef, params, cache, b, rows_sh, rep, resident_in) -> Program:
-  """One iteration of the sampler's decode loop: feed one token per row, draw the next."""
-  s = sampler.cfg.total_cache_len
-
-  def decode(state, tok_B, positions_B, kv_mask_BxS, cache, slot, key):
-    model = nnx.merge(graphdef, state)
-    hidden, cache = model(tok_B[:, None], positions_B[:, None], kv_mask_BxS, cache=cache,
-                          cache_index=slot)
-    new_B, logp_B = ops.sample_step(key, model.logits(hidden[:, -1]), sampler.cfg)
-    return sampler.constrain(new_B, 0), sampler.constrain(logp_B, 0), cache
-
-  fn = jax.jit(decode, donate_argnums=(4,))
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  args = (params, _sds((b,), jnp.int32, rows_sh), _sds((b,), jnp.int32, rows_sh),
-          _sds((b, s), jnp.int32, rows_sh), cache, _sds((), jnp.int32, rep),
-          _sds(key.shape, key.dtype, rep))
-  return Program(name, fn, args, {}, resident_in)

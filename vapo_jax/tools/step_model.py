@@ -31,7 +31,7 @@ per decode step max(FLOPs / (peak · MFU), bytes / (BW · bw_eff)) + collectives
 
 Today (`--train=padded --rollout=static`): every train row is P + R tokens; the rollout is
 B / (prompts_per_call · n) sampler calls, each a prefill of P-token prompts and the windowed
-while loops of `sampler.engine._generate` (`ops.decode_windows`), which stop at the call's
+while loops of `sampler.static._generate` (`ops.decode_windows`), which stop at the call's
 longest row (steps t = 1 .. max ℓ − 1); each step reads the weight shards in place
 (`--decode_weights=stationary`: the TPU compile shows no weight gather in the loop, and XLA
 hoists the fp32 -> bf16 casts out of it, so (N − untied embedding) · 2 / chips bytes,
@@ -65,9 +65,7 @@ import types
 
 import numpy as np
 
-from vapo_jax.tools.step_counts import (  # noqa: F401  (re-exported: the model's arithmetic)
-    Arch, attention_pairs, decode_step_flops, forward_flops, packed_pairs,
-    padded_head_positions, query_groups, train_factors)
+from vapo_jax.tools import step_counts
 
 GB = 1e9
 
@@ -98,7 +96,7 @@ class Knobs:
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-  arch: Arch
+  arch: step_counts.Arch
   chips: int
   tensor: int
   peak: float                 # bf16 FLOP/s per chip
@@ -145,8 +143,8 @@ class Setup:
     shards = max(1, s.chips // max(1, cfg.mesh.tensor))
     spec = lambda per_micro: packing.spec_for(  # noqa: E731
         p + r, per_micro, shards, cfg.rl.packing_row_tokens, cfg.rl.packing_tokens_per_device)
-    st = cls(Arch.of(mcfg), s.chips, cfg.mesh.tensor, s.gen.bf16_flops, s.gen.hbm_bandwidth,
-             s.gen.hbm_bytes, s.gen.ici_bandwidth, rows, n, p, r,
+    st = cls(step_counts.Arch.of(mcfg), s.chips, cfg.mesh.tensor, s.gen.bf16_flops,
+             s.gen.hbm_bandwidth, s.gen.hbm_bytes, s.gen.ici_bandwidth, rows, n, p, r,
              per_call, wins, cfg.rl.ppo_epochs, cfg.uses_critic,
              np.dtype(mcfg.param_dtype).itemsize, eval_rows,
              ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
@@ -238,8 +236,8 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
   """rows_t: [(count, T, pairs per row, head positions per row)]."""
   a, k = st.arch, st.knobs
   mfu = k.mfu_ceiling if floor else k.mfu
-  fac = train_factors(a.remat and not floor) if train else {"matmul": 1.0, "attention": 1.0,
-                                                            "head": 1.0}
+  fac = (step_counts.train_factors(a.remat and not floor) if train
+         else {"matmul": 1.0, "attention": 1.0, "head": 1.0})
   if floor and train:
     fac = {"matmul": 3.0, "attention": 3.5, "head": 3.0}
   tokens = sum(c * t for c, t, _, _ in rows_t)
@@ -275,8 +273,8 @@ def packed_groups(st: Setup, spec, prompts: np.ndarray, resp: np.ndarray, calls:
     n, k, t = plan.shape
     segs = packing.row_segments(plan)
     for mk in range(k):
-      pairs = packed_pairs(st.arch, [segs.get((mk, r), []) for r in range(n)], t)
-      out.append((n, t, pairs / n, padded_head_positions(t)))
+      pairs = step_counts.packed_pairs(st.arch, [segs.get((mk, r), []) for r in range(n)], t)
+      out.append((n, t, pairs / n, step_counts.padded_head_positions(t)))
   return out
 
 
@@ -292,8 +290,8 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
     groups = packed_groups(st, st.pack_forward, prompts, resp)
     steps = packed_groups(st, st.pack_steps, prompts, resp, max(1, st.minibatches))
   else:
-    pr = attention_pairs(a, t_row, t_row, causal=True)
-    groups = [(st.rows, t_row, pr, padded_head_positions(st.max_new))]
+    pr = step_counts.attention_pairs(a, t_row, t_row, causal=True)
+    groups = [(st.rows, t_row, pr, step_counts.padded_head_positions(st.max_new))]
   if floor or k.train != "packed":
     steps = groups
   progs = [_train_program(st, "logprobs", groups, False, False, floor)]
@@ -335,7 +333,7 @@ def static_rollout(st: Setup, resp: np.ndarray, name: str = "rollout",
     lmax = int(resp[ci * b:(ci + 1) * b].max())
     # Prefill of the call's prompts (P padded slots), causal, one head position each.
     bp = max(1, b // n)
-    pf = forward_flops(a, bp, st.prompt_len, 1)
+    pf = step_counts.forward_flops(a, bp, st.prompt_len, 1)
     pf_flops = sum(pf.values()) / st.chips
     terms["prefill"] += pf_flops / (st.peak * k.mfu) + b * st.prompt_len * kvb / st.chips / eff_bw
     prog.flops += pf_flops
@@ -350,7 +348,7 @@ def static_rollout(st: Setup, resp: np.ndarray, name: str = "rollout",
       kv = b * w * kvb / st.chips
       logits = 4.0 * b * a.vocab * 4 / st.tensor
       byts = w_bytes + gathered + kv + logits
-      fl = decode_step_flops(a, b, w) / st.chips
+      fl = step_counts.decode_step_flops(a, b, w) / st.chips
       t_mem, t_cmp = byts / eff_bw, fl / (st.peak * k.mfu)
       if t_mem >= t_cmp:
         terms["decode weights"] += steps * (w_bytes + gathered) / eff_bw
@@ -548,12 +546,12 @@ def program_flops(st: Setup, name: str, engine: bool = False) -> float:
   standalone decode steps attend the whole cache of P + R slots). engine: the rollout
   engine's programs (its prefill: one prompt, on every tensor group: FLOPs / tensor)."""
   if engine and name == "prefill":
-    return sum(forward_flops(st.arch, 1, st.prompt_len, 1).values()) / st.tensor
+    return sum(step_counts.forward_flops(st.arch, 1, st.prompt_len, 1).values()) / st.tensor
   a = st.arch
   t = st.prompt_len + st.max_new
-  fwd = forward_flops(a, 1, t, padded_head_positions(st.max_new))
-  crit = forward_flops(a, 1, t, t, critic=True)
-  fac = train_factors(a.remat)
+  fwd = step_counts.forward_flops(a, 1, t, step_counts.padded_head_positions(st.max_new))
+  crit = step_counts.forward_flops(a, 1, t, t, critic=True)
+  fac = step_counts.train_factors(a.remat)
   mb = st.rows // max(1, st.minibatches)
   down = a.down if a.remat else 0.0
   per_row = {
@@ -561,9 +559,9 @@ def program_flops(st: Setup, name: str, engine: bool = False) -> float:
       "critic_step": mb * (sum(fac[k] * v for k, v in crit.items()) - t * down),
       "logprobs": st.rows * sum(fwd.values()),
       "values": st.rows * sum(crit.values()),
-      "prefill": sum(forward_flops(a, st.per_call, st.prompt_len, 1).values()),
-      "decode_step": decode_step_flops(a, st.per_call * st.n, t),
-      "eval_decode_step": decode_step_flops(a, st.eval_per_call, t),
+      "prefill": sum(step_counts.forward_flops(a, st.per_call, st.prompt_len, 1).values()),
+      "decode_step": step_counts.decode_step_flops(a, st.per_call * st.n, t),
+      "eval_decode_step": step_counts.decode_step_flops(a, st.eval_per_call, t),
   }
   if name not in per_row:
     raise ValueError(f"no analytic count for program {name!r}; known: {sorted(per_row)}")

@@ -1,4 +1,8 @@
-"""KV-cache rollouts: one prefill per prompt, a compiled decode loop, groups.
+"""The static sampler: one prefill per prompt, a compiled decode loop per call, groups.
+
+The package's rollout sampler is the engine (`sampler.continuous`); this one runs with
+sampling.engine="static" and is the engine's oracle in the tests and its comparison in the
+benchmarks.
 
 Model contract (`vapo_jax.models.transformer.Transformer`, or any nnx.Module
 like it):
@@ -49,10 +53,8 @@ import numpy as np
 from vapo_jax.sampler import types
 from vapo_jax.sampler import ops
 from vapo_jax import sharding as shd
-from vapo_jax.models import platform
 from vapo_jax.models import transformer
 
-Rollout = types.Rollout
 InitCacheFn = Callable[[int, int], Any]
 
 
@@ -107,55 +109,30 @@ def _write_window(cache: Any, window: Any) -> Any:
       cache, window)
 
 
-def last_logits(model, hidden_BxD: jax.Array) -> jax.Array:
-  """float32 logits [B, V] of one position per row: `model.logits(hidden)`.
+def _apply(graphdef, state, tokens_BxT, positions_BxT, kv_mask_BxS, cache, cache_index):
+  """One model call: (float32 logits [B, V] of each row's last position, cache)."""
+  model = nnx.merge(graphdef, state)
+  hidden, cache = model(tokens_BxT, positions_BxT, kv_mask_BxS, cache=cache,
+                        cache_index=cache_index)
+  return ops.last_logits(model, hidden[:, -1]), cache
 
-  On CPU, for a model with a tied head (`head_weight()` is the [V, D]
-  embedding, transposed), the product is computed vocab-major, logits_VxB =
-  E h^T, then transposed: for a decode batch (B ~ 16) XLA CPU's kernel for
-  that orientation runs the 32k x 512 head ~1.5x faster than the batch-major
-  one (8.2 vs 13.0 ms, B=16, V=32768, D=512, 2 cores). The optimization
-  barrier keeps XLA from folding the transpose back into the dot. Same
-  operands and accumulation dtype as `Transformer.logits`, so only the
-  summation order may differ. An untied `lm_head` is stored [D, V]; the
-  vocab-major product over that layout runs 7x slower than the plain one (48
-  vs 6.5 ms, same shapes), so it keeps `model.logits`.
+
+def _prefill(graphdef, init_cache: InitCacheFn, cfg: ops.SamplingConfig, axes,
+             constrain: Callable[[Any, int | None], Any], state, prompt_BxP, prompt_mask_BxP,
+             cache):
+  """Steps 1-2 (see module): prefill Bp prompts once, repeat each n times into `cache`.
+
+  Returns (logits_BxV at each row's last prompt slot, prompt_len_B, kv_mask_BxS int32: 1 on
+  the real prompt slots, cache), B = Bp n rows.
   """
-  head = getattr(model, "head_weight", None)
-  cfg = getattr(model, "cfg", None)
-  dt = getattr(cfg, "dtype", None)
-  if (head is None or dt is None or platform.target() != "cpu"
-      or not getattr(cfg, "tie_word_embeddings", False)):
-    return model.logits(hidden_BxD)
-  logits_VxB = jax.lax.dot_general(
-      head().astype(dt), hidden_BxD.astype(dt), (((0,), (1,)), ((), ())),
-      preferred_element_type=jnp.float32)
-  return jax.lax.optimization_barrier(logits_VxB).T
-
-
-def _generate(graphdef, init_cache: InitCacheFn, cfg: ops.SamplingConfig,
-              axes, constrain: Callable[[Any, int | None], Any], state,
-              prompt_BxP, prompt_mask_BxP, cache, key) -> tuple[Rollout, Any]:
-  """The compiled body: prefill, group repeat, decode loop (see module)."""
   bp, p = prompt_BxP.shape
-  n, r = cfg.n_per_prompt, cfg.max_new_tokens
+  n = cfg.n_per_prompt
   b, s = bp * n, jax.tree.leaves(cache)[0].shape[axes[0][1]]
-  stop_S = jnp.asarray(cfg.stop_token_ids or (-1,), jnp.int32)
-
-  def model_apply(tokens_BxT, positions_BxT, kv_mask_BxS, cache, cache_index):
-    model = nnx.merge(graphdef, state)
-    hidden, cache = model(tokens_BxT, positions_BxT, kv_mask_BxS, cache=cache,
-                          cache_index=cache_index)
-    return last_logits(model, hidden[:, -1]), cache
-
-  def is_stop(tokens_B):
-    return jnp.any(tokens_B[:, None] == stop_S[None, :], axis=-1)
-
   # 1. Prefill, once per prompt.
   mask_BpxP = prompt_mask_BxP.astype(jnp.int32)
   positions_BpxP = jnp.maximum(jnp.cumsum(mask_BpxP, axis=1) - 1, 0)
-  logits_BpxV, small = model_apply(prompt_BxP, positions_BpxP, mask_BpxP,
-                                   init_cache(bp, p), 0)
+  logits_BpxV, small = _apply(graphdef, state, prompt_BxP, positions_BpxP, mask_BpxP,
+                              init_cache(bp, p), 0)
   # 2. Group repeat into the persistent cache.
   cache = constrain(write_prefill(cache, small, n, axes), None)
   logits_BxV = constrain(jnp.repeat(logits_BpxV, n, axis=0), 0)
@@ -165,6 +142,36 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: ops.SamplingConfig,
                                              jnp.repeat(mask_BpxP, n, axis=0),
                                              (0, 0))
   kv_mask_BxS = constrain(kv_mask_BxS, 0)
+  return logits_BxV, prompt_len_B, kv_mask_BxS, cache
+
+
+def _decode_step(graphdef, cfg: ops.SamplingConfig, constrain: Callable[[Any, int | None], Any],
+                 state, tok_B, positions_B, kv_mask_BxS, cache, slot, key_t):
+  """One token of every row: feed tok_B at cache `slot`, draw the next with key_t.
+
+  Returns (new_B int32, logp_B float32, cache), rows batch-sharded; the loop body masks
+  finished rows.
+  """
+  logits_BxV, cache = _apply(graphdef, state, tok_B[:, None], positions_B[:, None],
+                             kv_mask_BxS, cache, slot)
+  new_B, lp_B = ops.sample_step(key_t, logits_BxV, cfg)
+  return constrain(new_B, 0), constrain(lp_B, 0), cache
+
+
+def _generate(graphdef, init_cache: InitCacheFn, cfg: ops.SamplingConfig,
+              axes, constrain: Callable[[Any, int | None], Any], state,
+              prompt_BxP, prompt_mask_BxP, cache, key) -> tuple[types.Rollout, Any]:
+  """The compiled body: prefill, group repeat, decode loop (see module)."""
+  bp, p = prompt_BxP.shape
+  n, r = cfg.n_per_prompt, cfg.max_new_tokens
+  b = bp * n
+  stop_S = jnp.asarray(cfg.stop_token_ids or (-1,), jnp.int32)
+
+  def is_stop(tokens_B):
+    return jnp.any(tokens_B[:, None] == stop_S[None, :], axis=-1)
+
+  logits_BxV, prompt_len_B, kv_mask_BxS, cache = _prefill(
+      graphdef, init_cache, cfg, axes, constrain, state, prompt_BxP, prompt_mask_BxP, cache)
 
   # 3. Token 0 from the prefill logits, then the loop.
   tok_B, logp_B = ops.sample_step(
@@ -181,11 +188,9 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: ops.SamplingConfig,
     kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS,
                                                jnp.ones((b, 1), jnp.int32),
                                                (0, slot))
-    positions_Bx1 = (prompt_len_B + t - 1)[:, None]
-    logits_BxV, cache = model_apply(tok_B[:, None], positions_Bx1, kv_mask_BxS,
-                                    cache, slot)
-    new_B, lp_B = ops.sample_step(
-        jax.random.fold_in(key, t), logits_BxV, cfg)
+    new_B, lp_B, cache = _decode_step(graphdef, cfg, constrain, state, tok_B,
+                                      prompt_len_B + t - 1, kv_mask_BxS, cache, slot,
+                                      jax.random.fold_in(key, t))
     new_B = jnp.where(done_B, cfg.pad_id, new_B)
     lp_B = jnp.where(done_B, 0.0, lp_B)
     response_BxR = jax.lax.dynamic_update_slice(response_BxR, new_B[:, None],
@@ -214,7 +219,7 @@ def _generate(graphdef, init_cache: InitCacheFn, cfg: ops.SamplingConfig,
 
   real_BxR = jnp.arange(r)[None, :] < lengths_B[:, None]
   response_mask_BxR = real_BxR.astype(jnp.float32)
-  out = Rollout(
+  out = types.Rollout(
       prompt_BxP=jnp.repeat(prompt_BxP, n, axis=0),
       prompt_mask_BxP=jnp.repeat(
           prompt_mask_BxP.astype(jnp.float32), n, axis=0),
@@ -244,7 +249,13 @@ class Sampler:
 
   Holds one donated KV cache per row count and reuses it across calls. Shapes
   compiled: one per (number of prompts, prompt bucket).
+
+  A `types.RolloutSampler` (sampling.engine="static"); the package's rollout sampler is the
+  engine (`continuous.Engine`), and this one is the tests' oracle and the benchmarks'
+  comparison.
   """
+
+  continuous = False  # calls of sampling.prompts_per_call prompts (`types.RolloutSampler`)
 
   def __init__(self, graphdef, init_cache: InitCacheFn,
                cfg: ops.SamplingConfig, *,
@@ -252,6 +263,7 @@ class Sampler:
                rules: shd.Rules = shd.DEFAULT_RULES):
     self.cfg = cfg
     self.mesh = mesh
+    self.graphdef = graphdef
     self.init_cache = init_cache
     self.cache_leaf_axes = cache_axes(init_cache)
     self.batch_axes = shd.batch_axes(mesh, rules) if mesh is not None else ()
@@ -298,6 +310,63 @@ class Sampler:
                                            NamedSharding(self.mesh, P(*spec))))
     return jax.tree.unflatten(treedef, out)
 
+  def abstract_cache(self, rows: int):
+    """The persistent [rows, S] KV cache as ShapeDtypeStructs, sharded as the sampler puts it.
+
+    The layout is read from compiling the sampler's own allocation for one row per batch
+    shard (the full cache may be too large to compile), then applied to `rows` rows.
+    """
+    s = self.cfg.total_cache_len
+    alloc = lambda r: self.constrain(self.init_cache(r, s), None)  # noqa: E731
+    shapes = jax.eval_shape(lambda: alloc(rows))
+    if self.mesh is None:
+      return shapes
+    shardings = jax.jit(lambda: alloc(self.batch_shards)).lower().compile().output_shardings
+    # On a one-chip mesh nothing constrains the cache: the compile above placed it on the
+    # host's default (CPU) device; it belongs on the mesh, replicated.
+    devices = set(self.mesh.devices.flat)
+    shardings = jax.tree.map(lambda sh: sh if set(sh.device_set) <= devices
+                             else NamedSharding(self.mesh, P()), shardings)
+    return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                        shapes, shardings)
+
+  def lowerable(self, state, prompts: int) -> dict[str, Any]:
+    """The sampler's own jitted programs and example args, for an AOT compile check.
+
+    state: the model's parameters (concrete or ShapeDtypeStructs with shardings); prompts:
+    Bp, the prompts of one call (at the largest prompt bucket P; B = Bp n rows, S cache
+    slots). Returns {"generate", "prefill", "decode_step"} -> jitted function, and
+    "<name>_args" -> a tuple of ShapeDtypeStructs such that
+    `out[name].lower(*out[name + "_args"]).compile()` builds
+      generate     a whole call, as `__call__` runs it (`_generate`);
+      prefill      its steps 1-2 (`_prefill`): Bp prompts prefilled into the [B, S] cache;
+      decode_step  one step of its decode loop (`_decode_step`) over the whole cache.
+    The cache argument is donated, as in a call.
+    """
+    cfg = self.cfg
+    bp, p = prompts, ops.prompt_bucket(cfg.max_prompt_len, cfg)
+    b, s = bp * cfg.n_per_prompt, cfg.total_cache_len
+    rows = NamedSharding(self.mesh, P(self.batch_axes or None)) if self.mesh else None
+    rep = NamedSharding(self.mesh, P()) if self.mesh else None
+
+    def sds(shape, dtype, sharding):
+      return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+    state = jax.tree.map(lambda x: sds(x.shape, x.dtype, getattr(x, "sharding", None)), state)
+    cache = self.abstract_cache(b)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    key = sds(key.shape, key.dtype, rep)
+    prompt = (sds((bp, p), jnp.int32, rows), sds((bp, p), jnp.float32, rows))
+    pre = jax.jit(functools.partial(_prefill, self.graphdef, self.init_cache, cfg,
+                                    self.cache_leaf_axes, self.constrain), donate_argnums=(3,))
+    step = jax.jit(functools.partial(_decode_step, self.graphdef, cfg, self.constrain),
+                   donate_argnums=(4,))
+    step_args = (state, sds((b,), jnp.int32, rows), sds((b,), jnp.int32, rows),
+                 sds((b, s), jnp.int32, rows), cache, sds((), jnp.int32, rep), key)
+    return {"generate": self._generate, "generate_args": (state, *prompt, cache, key),
+            "prefill": pre, "prefill_args": (state, *prompt, cache),
+            "decode_step": step, "decode_step_args": step_args}
+
   def _cache_for(self, rows: int, state):
     """The persistent [rows, S] cache, allocated batch-sharded on first use.
 
@@ -336,7 +405,7 @@ class Sampler:
     return types.left_pad(prompts, p, cfg.pad_id)
 
   def __call__(self, state, prompts: Sequence[Sequence[int]],
-               key: jax.Array) -> Rollout:
+               key: jax.Array) -> types.Rollout:
     """Samples n responses for each prompt (lists of token ids, any lengths)."""
     if not prompts:
       raise ValueError("no prompts given")
@@ -344,7 +413,7 @@ class Sampler:
     return self.generate_padded(state, prompt_BxP, mask_BxP, key)
 
   def generate_padded(self, state, prompt_BxP, prompt_mask_BxP,
-                      key: jax.Array) -> Rollout:
+                      key: jax.Array) -> types.Rollout:
     """Like __call__ for prompts already left-padded to a static length P.
 
     The prompts are host arrays (the same on every host), or global jax.Arrays

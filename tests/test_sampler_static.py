@@ -12,7 +12,7 @@ import pytest
 
 import toy_lm
 from vapo_jax.sampler import types
-from vapo_jax.sampler import engine as sampler_lib
+from vapo_jax.sampler import static as static_lib
 from vapo_jax import sharding
 from vapo_jax.sampler.ops import SamplingConfig
 
@@ -24,7 +24,7 @@ def make(cfg, mesh=None, seed=0, scale=0.5):
   model = toy_lm.ToyLM(V, D, 64, nnx.Rngs(seed), scale=scale)
   graphdef, state = nnx.split(model)
   init = functools.partial(toy_lm.init_cache, dim=D)
-  return model, state, sampler_lib.Sampler(graphdef, init, cfg, mesh=mesh)
+  return model, state, static_lib.Sampler(graphdef, init, cfg, mesh=mesh)
 
 
 def as_np(rollout):
@@ -90,14 +90,14 @@ def test_prefill_runs_once_per_prompt_and_loop_stops_early():
   cfg = SamplingConfig(max_new_tokens=20, greedy=True, n_per_prompt=4,
                        max_prompt_len=8, min_prompt_bucket=8)
   init = functools.partial(toy_lm.init_cache, dim=D)
-  sampler = sampler_lib.Sampler(graphdef, init, cfg)
+  sampler = static_lib.Sampler(graphdef, init, cfg)
   first = as_np(sampler(state, [[1, 2]], jax.random.key(0)))
   stop = int(first.response_BxR[0, 1])
   calls.clear()
   cfg = SamplingConfig(max_new_tokens=20, greedy=True, n_per_prompt=4,
                        max_prompt_len=8, min_prompt_bucket=8,
                        stop_token_ids=(stop,))
-  sampler = sampler_lib.Sampler(graphdef, init, cfg)
+  sampler = static_lib.Sampler(graphdef, init, cfg)
   out = as_np(sampler(state, [[1, 2]], jax.random.key(0)))
   jax.effects_barrier()
   assert calls[0] == (1, 8)  # prefill: 1 prompt row, not n = 4
@@ -203,7 +203,7 @@ def test_clear_errors():
     sampler.generate_padded(state, np.ones((2, 4), np.int32), right_padded,
                             jax.random.key(0))
   with pytest.raises(ValueError, match="leaf 0 has shapes"):
-    sampler_lib.Sampler(None, lambda b, s: {"k": jnp.zeros((b, b))}, cfg)
+    static_lib.Sampler(None, lambda b, s: {"k": jnp.zeros((b, b))}, cfg)
 
 
 @pytest.mark.parametrize("data,fsdp", [(8, 1), (2, 4)])
@@ -227,3 +227,25 @@ def test_eight_devices_equal_one(data, fsdp):
   with pytest.raises(ValueError,
                      match="cannot be split over the 8 batch shards"):
     many(state, PROMPTS, jax.random.key(4))
+
+
+def test_lowerable_gives_the_programs_and_cache_a_call_runs():
+  # The compile check lowers these (`tools.programs`); they must be the sampler's own:
+  # `generate` is the jitted call itself, and the abstract cache has the real cache's
+  # shapes and shardings.
+  cfg = SamplingConfig(max_new_tokens=4, n_per_prompt=2, max_prompt_len=8,
+                       stop_token_ids=(3,))
+  mesh = sharding.make_mesh(data=2, fsdp=4, tensor=1)
+  _, state, sampler = make(cfg, mesh=mesh)
+  state = jax.device_put(state, NamedSharding(mesh, P()))  # as the run's parameters are
+  assert isinstance(sampler, types.RolloutSampler) and not sampler.continuous
+  low = sampler.lowerable(state, 8)
+  assert low["generate"] is sampler._generate
+  for name in ("generate", "prefill", "decode_step"):
+    low[name].lower(*low[name + "_args"]).compile()
+  sampler(state, PROMPTS * 2, jax.random.key(0))
+  real = jax.tree.leaves(sampler._caches[16])
+  want = jax.tree.leaves(low["generate_args"][3])
+  assert [(x.shape, x.dtype) for x in real] == [(x.shape, x.dtype) for x in want]
+  for x, w in zip(real, want):
+    assert x.sharding.is_equivalent_to(w.sharding, x.ndim), (x.sharding, w.sharding)
