@@ -5,7 +5,7 @@
 
 The train side is what `Trainer.experience` and the PPO loop run on the device after the
 rollout: old log-probs and values over the rollout batch, then for each mini-batch one policy
-and one critic update (`rl.update`, padded [B, P + R] rows; `rl.packed`, the same batch
+and one critic update (`rl.update`, padded [B, P + R] rows; `rl.layout.Packed`, the same batch
 packed into rows of P + R slots with segment ids, `vapo_jax.packing`; the planner's host
 time is counted on the packed side). Model, batch and mini-batch sizes are the config's
 (configs/longcot.py by default); the response lengths come from a mix:
@@ -43,10 +43,10 @@ from vapo_jax import sharding as shd  # noqa: E402
 from vapo_jax.models import Transformer, init_sharded, tiny_config  # noqa: E402
 from vapo_jax.rl import batch as batch_lib  # noqa: E402
 from vapo_jax.rl import forward  # noqa: E402
-from vapo_jax.rl import packed as packed_lib  # noqa: E402
+from vapo_jax.rl import layout as layout_lib  # noqa: E402
 from vapo_jax.rl import train_state  # noqa: E402
 from vapo_jax.rl import update  # noqa: E402
-from vapo_jax.run import parts  # noqa: E402
+from vapo_jax.run import learners
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import quiet  # noqa: E402  load recording, interleaved rounds, LOADED marking
@@ -107,9 +107,9 @@ def make_batch(p, r, prompt, resp, vocab, rng):
 def build(cfg, a, mcfg, mesh, batch, p):
   """The two sides: (name, run() -> (seconds of one train side, first-update metrics))."""
   axes = shd.batch_axes(mesh)
-  rows = parts.rows_of(cfg)
-  hp = parts.policy_hparams(cfg, rows.micro_batches)
-  chp = parts.critic_hparams(cfg, rows.micro_batches)
+  rows = learners.rows_of(cfg)
+  hp = learners.policy_hparams(cfg)
+  chp = learners.critic_hparams(cfg)
   policy = init_sharded(lambda r: Transformer(mcfg, rngs=r), mesh, seed=1)
   critic = init_sharded(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, seed=2)
   (pg, pp), (cg, cp) = (nnx.split(m) for m in (policy, critic))
@@ -124,24 +124,23 @@ def build(cfg, a, mcfg, mesh, batch, p):
   seq = batch["tokens_BxL"].shape[1]
   budget = mb_rows // rows.micro_batches * seq // shards
   spec = packing.PackSpec.from_budget(budget, min(budget, a.row_factor * seq), shards)
-  pl, rl = packed_lib.lengths(dev.mask_BxL, p)
+  pl, rl = layout_lib.lengths(dev.mask_BxL, p)
 
-  under = functools.partial(shd.traced_under, mesh=mesh)
-  pad_lp = jax.jit(forward.in_micro_batches(functools.partial(forward.policy_logprobs, pg),
-                                            rows.forward_chunks, mesh),
-                   static_argnames=("prompt_len", "temperature"))
-  pad_v = jax.jit(forward.in_micro_batches(functools.partial(forward.critic_values, cg),
-                                           rows.forward_chunks, mesh),
-                  static_argnames=("prompt_len",))
+  # The same steps and forwards (written once) on the two row layouts.
+  fwd_pad = layout_lib.Padded(rows.forward_chunks)
+  pad, pak = layout_lib.Padded(rows.micro_batches), layout_lib.Packed(spec)
+  pad_lp = fwd_pad.forward("logprobs", functools.partial(forward.policy_logprobs, pg), mesh,
+                           axes, static=("temperature",))
+  pad_v = fwd_pad.forward("values", functools.partial(forward.critic_values, cg), mesh, axes)
   compile_ = functools.partial(train_state.compile_step, mesh=mesh, batch_axes=axes)
-  pad_ps = compile_(functools.partial(update.policy_step, pg, tx, hp), pstate)
-  pad_cs = compile_(functools.partial(update.critic_step, cg, tx, chp), cstate)
-  pak_lp = jax.jit(under(lambda prm, t, m, plan: packed_lib.policy_logprobs(
-      pg, prm, t, m, plan, p, temperature=hp.temperature)))
-  pak_v = jax.jit(under(lambda prm, t, m, plan: packed_lib.critic_values(cg, prm, t, m, plan,
-                                                                         p)))
-  pak_ps = compile_(functools.partial(packed_lib.policy_step, pg, tx, hp), pstate)
-  pak_cs = compile_(functools.partial(packed_lib.critic_step, cg, tx, chp), cstate)
+  pad_ps = compile_(functools.partial(update.policy_step, pg, tx, hp, pad), pstate)
+  pad_cs = compile_(functools.partial(update.critic_step, cg, tx, chp, pad), cstate)
+  pak_lp = pak.forward("logprobs", functools.partial(forward.policy_logprobs, pg), mesh, axes,
+                       static=("temperature",)).jitted
+  pak_v = pak.forward("values", functools.partial(forward.critic_values, cg), mesh,
+                      axes).jitted
+  pak_ps = compile_(functools.partial(update.policy_step, pg, tx, hp, pak), pstate)
+  pak_cs = compile_(functools.partial(update.critic_step, cg, tx, chp, pak), cstate)
   minibatches = [np.arange(k * mb_rows, (k + 1) * mb_rows)
                  for k in range(cfg.rl.num_minibatches)]
   effs = {"padded": float(batch["mask_BxL"].sum()) / batch["mask_BxL"].size}
@@ -166,14 +165,15 @@ def build(cfg, a, mcfg, mesh, batch, p):
 
   def packed():
     t0 = time.perf_counter()
-    arrays, plan = packed_lib.plan_arrays(pl, rl, spec, p, seq)
+    arrays, plan = layout_lib.plan_arrays(pl, rl, spec, p, seq)
     plan_dev = batch_lib.shard_batch(arrays, mesh, axes)
-    out = [pak_lp(pp, dev.tokens_BxL, dev.mask_BxL, plan_dev),
-           pak_v(cp, dev.tokens_BxL, dev.mask_BxL, plan_dev)]
+    out = [pak_lp(pp, dev.tokens_BxL, dev.mask_BxL, plan_dev, prompt_len=p,
+                  temperature=hp.temperature),
+           pak_v(cp, dev.tokens_BxL, dev.mask_BxL, plan_dev, prompt_len=p)]
     first = None
     for idx in minibatches:
-      arr, _ = packed_lib.plan_arrays(pl[idx], rl[idx], spec, p, seq)
-      mb = packed_lib.Packed(rows_of_batch(idx), batch_lib.shard_batch(arr, mesh, axes))
+      arr, _ = layout_lib.plan_arrays(pl[idx], rl[idx], spec, p, seq)
+      mb = layout_lib.PackedBatch(rows_of_batch(idx), batch_lib.shard_batch(arr, mesh, axes))
       m1, m2 = pak_ps(pstate, mb)[1], pak_cs(cstate, mb)[1]
       first = first or {**m1, **m2}
       out += [m1, m2]

@@ -11,7 +11,7 @@ FLOPs and modelled time, per row length, on a config's length mix (arithmetic, n
 For each row length T = f (P + R), f in --row_factors (rl.packing_row_tokens; the token
 budget per device stays the config's rule, `packing.spec_for`), it runs the code's own
 planner (`packing.plan`, with the PackSpecs `tools.step_model.Setup.of` builds, the same
-as `run.parts.pass_spec` on that slice) on one step's lengths and prints: the packed shape of
+as `run.learners.pass_spec` on that slice) on one step's lengths and prints: the packed shape of
 the old-log-prob / value forward, the share of real tokens in the forward and in the policy /
 critic steps, and the train side's FLOPs (matmul + LM head, attention as the kernels compute
 it: `step_counts.packed_pairs`, which skips another segment's key blocks only when no row of

@@ -1,6 +1,7 @@
 """Fingerprints of short preset runs: every metric record and every checkpoint array, hashed.
 
     PYTHONPATH=<tree> python benchmarks/preset_fingerprint.py OUT.json [--presets=vapo,ppo]
+        [--packing=off]
 
 Runs each preset of `configs/tiny.py` (vapo, ppo, grpo, dapo) shrunk to a few steps of a
 1-layer model (SFT 2 steps → [reward model 1] → [value pretraining 1] → RL 2 steps, a
@@ -9,7 +10,9 @@ records (timings dropped) and a sha256 of every array of every checkpoint left o
 reads only what both the code and the checkpoints keep across refactors (the preset names,
 config fields common to every commit since 974c554, orbax's files), so running it at two
 commits with PYTHONPATH set to each and comparing the two files (`--compare A B`) tells
-whether a change preserved behaviour bit for bit (issue 28).
+whether a change preserved behaviour bit for bit (issue 28). `--packing=off` runs every pass
+on padded rows (rl.packing = False; the presets' default is on), so both row layouts are
+fingerprinted (issue 41).
 """
 
 import argparse
@@ -48,7 +51,8 @@ SHRINK = {
 }
 
 
-def config_of(preset: str):
+def config_of(preset: str, packing: bool | None = None):
+  """The shrunk preset; packing (None: the preset's own) sets rl.packing."""
   from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   spec = importlib.util.spec_from_file_location("tiny", os.path.join(root(), "configs",
                                                                      "tiny.py"))
@@ -58,6 +62,8 @@ def config_of(preset: str):
   for section, fields in SHRINK.items():
     for k, v in fields.items():
       c[section][k] = v
+  if packing is not None:
+    c["rl"]["packing"] = packing
   return config_lib.from_config_dict(c)
 
 
@@ -95,9 +101,9 @@ def checkpoint_hashes(directory: str) -> dict[str, dict[str, str]]:
   return out
 
 
-def run(preset: str) -> dict:
+def run(preset: str, packing: bool | None = None) -> dict:
   from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
-  cfg = config_of(preset)
+  cfg = config_of(preset, packing)
   with tempfile.TemporaryDirectory() as workdir:
     t = trainer_lib.Trainer(cfg, workdir, progress=False)
     try:
@@ -112,7 +118,7 @@ def run(preset: str) -> dict:
             "checkpoints": checkpoint_hashes(os.path.join(workdir, "checkpoints"))}
 
 
-def program_hashes(presets) -> dict:
+def program_hashes(presets, packing: bool | None = None) -> dict:
   """preset -> program -> sha256 of its lowered StableHLO text (no debug locations), on the
   process's devices (8 fake CPU devices: set XLA_FLAGS before running)."""
   from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
@@ -121,7 +127,7 @@ def program_hashes(presets) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   out = {}
   for preset in presets:
-    cfg = config_of(preset)
+    cfg = config_of(preset, packing)
     m = cfg.model
     mcfg = model_config.ModelConfig(
         vocab_size=64, real_vocab_size=60, hidden_size=m.hidden_size,
@@ -185,17 +191,20 @@ def main():
   ap.add_argument("--compare", nargs=2)
   ap.add_argument("--programs", action="store_true",
                   help="hash the compile check's lowered programs instead of running")
+  ap.add_argument("--packing", choices=("on", "off"),
+                  help="set rl.packing (default: the presets' own, on)")
   args = ap.parse_args()
+  packing = None if args.packing is None else args.packing == "on"
   if args.compare:
     sys.exit(compare(*args.compare))
   sys.path.insert(0, os.path.join(root(), "tests"))  # the trainer_plugins reward
   if args.programs:
-    result = program_hashes(args.presets.split(","))
+    result = program_hashes(args.presets.split(","), packing)
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1, sort_keys=True)
     print(json.dumps(result, indent=1))
     return
-  result = {p: run(p) for p in args.presets.split(",")}
+  result = {p: run(p, packing) for p in args.presets.split(",")}
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1, sort_keys=True)
   print(f"wrote {args.out}: " + ", ".join(

@@ -15,6 +15,7 @@ from vapo_jax import config as config_lib
 from vapo_jax import losses
 from vapo_jax.rl import advantages as advantages_lib
 from vapo_jax.rl import dapo
+from vapo_jax.run import learners
 from vapo_jax.run import parts
 from vapo_jax.run import trainer as trainer_lib
 
@@ -164,7 +165,7 @@ def test_baseline_presets():
   assert dapo_cfg.rl.overlong_shaping and not dapo_cfg.rl.whiten_advantages
   assert vapo.rl.kl_coef == 0 and not vapo.rl.dynamic_sampling
   assert not vapo.rl.overlong_shaping and vapo.rl.whiten_advantages
-  assert parts.policy_hparams(grpo).kl_coef == 0.04
+  assert learners.policy_hparams(grpo).kl_coef == 0.04
 
 
 def test_qwen32b_budget_is_the_papers_5000_updates():

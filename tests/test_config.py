@@ -11,6 +11,7 @@ import pytest
 
 from vapo_jax import config as config_lib
 from vapo_jax.rl import advantages
+from vapo_jax.run import learners
 from vapo_jax.run import inputs, parts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,7 +100,8 @@ def test_critic_free_preset_needs_groups():
 def resolved(cfg):
   """Everything the trainer derives from the switches, as a flat dict."""
   out = {f"adv.{k}": v for k, v in dataclasses.asdict(parts.advantage_config(cfg)).items()}
-  out.update({f"policy.{k}": v for k, v in dataclasses.asdict(parts.policy_hparams(cfg)).items()})
+  hp = dataclasses.asdict(learners.policy_hparams(cfg))
+  out.update({f"policy.{k}": v for k, v in hp.items()})
   out["value_pretrain"] = cfg.value_pretrain.enabled and cfg.uses_critic
   out["prompts_per_step"] = cfg.prompts_per_step
   out["responses_per_prompt"] = cfg.responses_per_prompt

@@ -14,6 +14,7 @@ import pytest
 
 from vapo_jax import config as config_lib
 from vapo_jax import sharding as shd
+from vapo_jax.run import learners
 from vapo_jax.run import inputs, parts
 from vapo_jax.run import memory as run_memory
 from vapo_jax.sampler import kv_pool
@@ -95,7 +96,7 @@ def test_run_memory_counts_what_the_compile_check_counts():
   mcfg = archs.model_config(cfg)
   mesh = _mesh()
   plan = programs.build(cfg, mcfg, mesh, ("decode_chunk",))
-  got = run_memory.resident(cfg, mcfg, mesh, parts.rules_of(cfg), parts.optimizer)
+  got = run_memory.resident(cfg, mcfg, mesh, parts.rules_of(cfg), learners.optimizer)
   want = {**plan.resident_parts, "decode_copy": plan.rollout_parts["decode_copy"]}
   assert got == want and got["reference"] > 0 and got["critic_state"] > 0
   # The run and the compile check size the pool from the same memory: same engine.
@@ -106,7 +107,7 @@ def test_run_memory_counts_what_the_compile_check_counts():
                              inputs.build_text(cfg),
                              memory=run_memory.engine_memory(cfg, mcfg, mesh,
                                                              parts.rules_of(cfg),
-                                                             parts.optimizer, hbm=hbm))
+                                                             learners.optimizer, hbm=hbm))
   checked = programs.build(cfg, mcfg, mesh, ("decode_chunk",), hbm=hbm)
   assert run_built.rollout.ecfg == checked.engines["rollout"].ecfg
   assert run_built.rollout.ecfg.replicas == 2

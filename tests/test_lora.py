@@ -21,6 +21,7 @@ from vapo_jax import sharding as shd
 from vapo_jax.models import lora, transformer
 from vapo_jax.models.config import LORA_TARGETS, tiny_config
 from vapo_jax.rl import forward
+from vapo_jax.rl import layout
 from vapo_jax.run import checkpoint_store
 from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.sampler import static as static_lib
@@ -141,8 +142,8 @@ def test_sampler_logprobs_equal_the_train_steps():
   out = sampler(state, [[5, 17, 33, 2, 7], [3, 14], [9]], jax.random.key(1))
   tokens_BxL, mask_BxL = types.rollout_tokens(out)
   # What the policy step scores the rollout with: forward.policy_logprobs on the params.
-  logp, _ = forward.policy_logprobs(graphdef, state, tokens_BxL, mask_BxL, out.prompt_len,
-                                   temperature=0.7)
+  logp, _ = forward.policy_logprobs(
+      graphdef, state, layout.PaddedRows(tokens_BxL, mask_BxL, out.prompt_len), temperature=0.7)
   m = np.asarray(out.response_mask_BxR)
   assert m.sum() > 10
   np.testing.assert_allclose(np.asarray(logp) * m, np.asarray(out.logp_BxR), atol=5e-5)

@@ -20,7 +20,7 @@ from vapo_jax import sharding as shd
 from vapo_jax.models import Transformer, init_sharded, positions_from_mask, tiny_config
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import forward
-from vapo_jax.rl import packed as packed_lib
+from vapo_jax.rl import layout as layout_lib
 from vapo_jax.rl import train_state
 from vapo_jax.rl import update
 
@@ -107,10 +107,10 @@ def _batch(seed=0, vocab=40):
 
 
 def _plan(batch, spec):
-  p, r = packed_lib.lengths(jnp.asarray(batch["mask_BxL"]), P)
+  p, r = layout_lib.lengths(jnp.asarray(batch["mask_BxL"]), P)
   np.testing.assert_array_equal(p, PROMPTS)
   np.testing.assert_array_equal(r, RESPS)
-  arrays, plan = packed_lib.plan_arrays(p, r, spec, P, P + R)
+  arrays, plan = layout_lib.plan_arrays(p, r, spec, P, P + R)
   return {**batch, **arrays}, plan
 
 
@@ -146,8 +146,9 @@ CFGS = {"dense": dataclasses.replace(MODEL, attention_impl="dense"),
                                        num_layers=1)}
 HP = update.PolicyHParams(temperature=0.9, eps_low=0.2, eps_high=0.28, dual_clip=3.0,
                           loss_mode="token", nll_coef=0.1, nll_threshold=1.0,
-                          micro_batches=2, kl_coef=0.05)
-CHP = update.CriticHParams(value_clip=0.2, loss_mode="token", micro_batches=2)
+                          kl_coef=0.05)
+CHP = update.CriticHParams(value_clip=0.2, loss_mode="token")
+MODES = ("token", "seq_mean_token_mean", "seq_mean_token_sum")  # every rl.loss_mode
 
 
 def _models(cfg, mesh):
@@ -174,39 +175,40 @@ def _compare_tree(a, b, rtol):
   assert rel <= rtol, rel
 
 
-def _run(cfg, mesh, spec, which=("policy", "critic", "rm", "sft")):
+def _run(cfg, mesh, spec, which=("policy", "critic", "rm", "sft"), hp=HP):
+  """The forwards and one step of each of `which`, written once (`rl.forward`, `rl.update`),
+  on the padded layout (in 2 micro-batches) and on the packed one (`spec`)."""
   batch_axes = shd.batch_axes(mesh, shd.DEFAULT_RULES)
   host, plan = _plan(_batch(), spec)
   rb = batch_lib.shard_batch(batch_lib.RolloutBatch(
       **{k: host[k] for k in batch_lib.ROLLOUT + batch_lib.REFERENCE}), mesh, batch_axes)
-  plan_dev = batch_lib.shard_batch({k: host[k] for k in packed_lib.PLAN_KEYS}, mesh,
+  plan_dev = batch_lib.shard_batch({k: host[k] for k in layout_lib.PLAN_KEYS}, mesh,
                                    batch_axes)
+  layouts = {"padded": layout_lib.Padded(2), "packed": layout_lib.Packed(spec)}
   policy, critic = _models(cfg, mesh)
   (pg, pp), (cg, cp) = _split(policy), _split(critic)
-  under = functools.partial(shd.traced_under, mesh=mesh)
   tok, mask = rb.tokens_BxL, rb.mask_BxL
-  fwd = {
-      "padded_logp": jax.jit(under(lambda p, t, m: forward.policy_logprobs(
-          pg, p, t, m, P, temperature=HP.temperature)))(pp, tok, mask),
-      "packed_logp": jax.jit(under(lambda p, t, m, pl: packed_lib.policy_logprobs(
-          pg, p, t, m, pl, P, temperature=HP.temperature)))(pp, tok, mask, plan_dev),
-      "padded_v": jax.jit(under(lambda p, t, m: forward.critic_values(cg, p, t, m, P)))(
-          cp, tok, mask),
-      "packed_v": jax.jit(under(lambda p, t, m, pl: packed_lib.critic_values(
-          cg, p, t, m, pl, P)))(cp, tok, mask, plan_dev),
-  }
+  fwd = {}
+  for kind, layout in layouts.items():
+    logp = layout.forward("logprobs", functools.partial(forward.policy_logprobs, pg), mesh,
+                          batch_axes, static=("temperature",))
+    values = layout.forward("values", functools.partial(forward.critic_values, cg), mesh,
+                            batch_axes)
+    fwd[f"{kind}_logp"] = logp(pp, tok, mask, prompt_len=P, temperature=hp.temperature)
+    fwd[f"{kind}_v"] = values(cp, tok, mask, prompt_len=P)
   steps = {}
   tx = optax.sgd(1.0)   # params after = params before - grad: the gradient, read off exactly
-  table = {"policy": (pg, pp, (HP,), update.policy_step, packed_lib.policy_step),
-           "critic": (cg, cp, (CHP,), update.critic_step, packed_lib.critic_step),
-           "rm": (cg, cp, (CHP,), update.reward_model_step, packed_lib.reward_model_step),
-           "sft": (pg, pp, (), update.sft_step, packed_lib.sft_step)}
+  table = {"policy": (pg, pp, (hp,), update.policy_step),
+           "critic": (cg, cp, (CHP,), update.critic_step),
+           "rm": (cg, cp, (CHP,), update.reward_model_step),
+           "sft": (pg, pp, (), update.sft_step)}
   for name in which:
-    g, p, hp, pad, pak = table[name]
-    for kind, fn, arg in (("padded", pad, rb), ("packed", pak, packed_lib.Packed(rb, plan_dev))):
+    g, p, hps, fn = table[name]
+    for kind, layout in layouts.items():
       state = train_state.init_state(p, tx)
-      step = train_state.compile_step(functools.partial(fn, g, tx, *hp), state, mesh,
+      step = train_state.compile_step(functools.partial(fn, g, tx, *hps, layout), state, mesh,
                                       batch_axes)
+      arg = rb if kind == "padded" else layout_lib.PackedBatch(rb, plan_dev)
       new, metrics, skipped = step(state, arg)
       assert float(skipped) == 0
       delta = jax.tree.map(lambda a, b: a - b, state.params, new.params)
@@ -221,6 +223,19 @@ def test_packed_equals_padded_one_device(impl, which):
   fwd, steps, plan = _run(CFGS[impl], mesh, packing.PackSpec(12, 2, 1), which)
   assert plan.micro_batches > 1
   _check(fwd, steps, which)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_packed_policy_step_equals_padded_in_every_loss_mode(mode):
+  """Every rl.loss_mode with the KL and NLL terms on: the normalisers and aggregation of the
+  packed (default) path are the padded path's."""
+  hp = dataclasses.replace(HP, loss_mode=mode)
+  assert hp.kl_coef > 0 and hp.nll_coef > 0
+  mesh = shd.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  fwd, steps, plan = _run(CFGS["dense"], mesh, packing.PackSpec(12, 2, 1), ("policy",), hp)
+  assert plan.micro_batches > 1
+  _check(fwd, steps, ("policy",))
+  assert steps[("policy", "packed")][1]["kl_ref"] > 0
 
 
 def test_packed_equals_padded_on_a_2x2x2_mesh():

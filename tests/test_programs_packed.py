@@ -11,6 +11,7 @@ import pytest
 from vapo_jax import config as config_lib
 from vapo_jax import packing
 from vapo_jax import sharding as shd
+from vapo_jax.run import learners
 from vapo_jax.run import parts
 from vapo_jax.tools import archs, compile_check, tpu_specs
 
@@ -83,12 +84,12 @@ def test_packed_programs_are_the_trainers_at_the_planners_shapes(built):
   assert {n.split("[")[0] for n in names} == set(TRAIN)
   p_B, l_B = _short_lengths()
   rules = parts.rules_of(cfg)
-  spec = parts.pass_spec(cfg, "policy", mesh, rules)
+  spec = learners.pass_spec(cfg, "policy", mesh, rules)
   assert (spec.row_len, spec.rows_per_device, spec.shards) == (24, 1, 4)
   # The trips are the planner's K on the same lengths: mini-batches of 16 for the steps
   # (the mean over the two), the whole rollout for the forwards.
   mini = [packing.plan(p_B[i:i + 16], l_B[i:i + 16], spec).shape for i in (0, 16)]
-  whole = packing.plan(p_B, l_B, parts.pass_spec(cfg, "logprobs", mesh, rules)).shape
+  whole = packing.plan(p_B, l_B, learners.pass_spec(cfg, "logprobs", mesh, rules)).shape
   by_name = {p.name: p for p in plan.programs}
   for name in ("policy_step", "critic_step"):
     used = [p for p in plan.programs if p.name.startswith(name) and p.trips]
@@ -132,8 +133,8 @@ def test_step_model_packed_is_the_codes_planner_and_kernel():
   rules = parts.rules_of(cfg)
   st = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-16"),
                            step_model.Knobs(train="packed"))
-  assert st.pack_steps == parts.pass_spec(cfg, "policy", mesh, rules)
-  assert st.pack_forward == parts.pass_spec(cfg, "logprobs", mesh, rules)
+  assert st.pack_steps == learners.pass_spec(cfg, "policy", mesh, rules)
+  assert st.pack_forward == learners.pass_spec(cfg, "logprobs", mesh, rules)
   p_B, l_B = _short_lengths()
   plan = packing.plan(p_B, l_B, st.pack_forward)
   groups = step_model.packed_groups(st, st.pack_forward, p_B, l_B)

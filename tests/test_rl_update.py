@@ -23,12 +23,14 @@ import pytest
 
 from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
+from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.models import Transformer, forward_logits, init_sharded, tiny_config
 from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import layout as layout_lib
 from vapo_jax.rl import train_state
 from vapo_jax.rl import update
-from vapo_jax.run import parts
+from vapo_jax.run import learners
 
 MODEL = tiny_config(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=1,
                     num_heads=2, num_kv_heads=1, head_dim=16)
@@ -142,12 +144,20 @@ def pulled_back(fn, params, cotangent):
   return vjp(jnp.asarray(cotangent, jnp.float32))[0]
 
 
-def run_step(step_fn, hp, graphdef, params, mesh, batch):
-  """One compiled step with plain SGD(lr=1): (metrics, gradient read off the parameters)."""
+# The row layouts a step is checked on: padded rows in 1 or 2 micro-batches, and packed rows
+# (rows of P + R slots, 2 per micro-batch: the batch's 8 sequences make K = 3 micro-batches).
+LAYOUTS = {"padded": layout_lib.Padded(2), "padded1": layout_lib.Padded(1),
+           "packed": layout_lib.Packed(packing.PackSpec(P + R, 2, 1))}
+
+
+def run_step(step_fn, hp, graphdef, params, mesh, batch, layout=LAYOUTS["padded"]):
+  """One compiled step with plain SGD(lr=1) on a row layout: (metrics, gradient read off the
+  parameters)."""
   state = train_state.init_state(params, SGD)
   before = jax.device_get(state.params)
-  step = train_state.compile_step(functools.partial(step_fn, graphdef, SGD, hp), state, mesh,
-                                  shd.batch_axes(mesh))
+  axes = shd.batch_axes(mesh)
+  step = layout.step("step", train_state.compile_step(
+      functools.partial(step_fn, graphdef, SGD, hp, layout), state, mesh, axes), mesh, axes)
   batch = batch_lib.RolloutBatch(**batch)
   state, metrics, skipped = step(state, batch_lib.shard_batch(batch, mesh, shd.batch_axes(mesh)))
   metrics = dict(metrics, skipped=skipped)
@@ -178,7 +188,7 @@ def preset_config(preset):
 
 
 def preset_hparams(preset):
-  return parts.policy_hparams(preset_config(preset), micro_batches=2)
+  return learners.policy_hparams(preset_config(preset))
 
 
 # The presets' hyper-parameters as the paper and the baselines define them.
@@ -191,18 +201,23 @@ PRESET_EXPECT = {
 
 
 def mode_hparams(mode):
-  """Every aggregation mode, with dual clip, a temperature and a large NLL weight."""
+  """Every aggregation mode, with dual clip, a temperature, a large NLL weight and the KL
+  penalty."""
   return dataclasses.replace(preset_hparams("vapo"), loss_mode=mode, dual_clip=3.0,
-                             nll_coef=0.5, temperature=0.7, micro_batches=1)
+                             nll_coef=0.5, temperature=0.7, kl_coef=0.05)
 
 
 MODES = ("token", "seq_mean_token_mean", "seq_mean_token_sum")  # as documented in losses
-CASES = ([pytest.param(preset_hparams, p, id=f"preset-{p}") for p in PRESET_EXPECT]
-         + [pytest.param(mode_hparams, m, id=f"mode-{m}") for m in MODES])
+# Presets in 2 padded micro-batches; every mode in 1 padded and on packed rows (the default
+# path: a normaliser there that ignored the loss mode would fail here).
+CASES = ([pytest.param(preset_hparams, p, "padded", id=f"preset-{p}") for p in PRESET_EXPECT]
+         + [pytest.param(preset_hparams, "grpo", "packed", id="preset-grpo-packed")]
+         + [pytest.param(mode_hparams, m, lay, id=f"mode-{m}-{lay}") for m in MODES
+            for lay in ("padded1", "packed")])
 
 
-@pytest.mark.parametrize("make_hp, name", CASES)
-def test_policy_step_matches_reference(make_hp, name):
+@pytest.mark.parametrize("make_hp, name, lay", CASES)
+def test_policy_step_matches_reference(make_hp, name, lay):
   hp = make_hp(name)
   if make_hp is preset_hparams:
     for field, want in PRESET_EXPECT[name].items():
@@ -226,7 +241,8 @@ def test_policy_step_matches_reference(make_hp, name):
                             hp.temperature)[0]
 
   want_grads = pulled_back(model_logp, params, dl_dlogp)
-  metrics, grads = run_step(update.policy_step, hp, graphdef, params, mesh, batch)
+  metrics, grads = run_step(update.policy_step, hp, graphdef, params, mesh, batch,
+                            LAYOUTS[lay])
 
   np.testing.assert_allclose(metrics["pg_loss"], pg, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(metrics["nll_loss"], nll, rtol=1e-5, atol=1e-7)
@@ -267,12 +283,13 @@ def ref_values(critic, tokens, mask):
   return critic(jnp.asarray(tokens), jnp.asarray(mask, jnp.int32))[:, P - 1:-1]
 
 
-@pytest.mark.parametrize("hp", [
-    parts.critic_hparams(preset_config("vapo"), micro_batches=2),
-    parts.critic_hparams(preset_config("ppo"), micro_batches=1),
-    update.CriticHParams(value_clip=0.05, loss_mode="token", micro_batches=2),
-], ids=["vapo", "ppo", "value-clip"])
-def test_critic_step_matches_reference(hp):
+@pytest.mark.parametrize("hp, lay", [
+    (learners.critic_hparams(preset_config("vapo")), "padded"),
+    (learners.critic_hparams(preset_config("ppo")), "padded1"),
+    (update.CriticHParams(value_clip=0.05, loss_mode="token"), "padded"),
+    (update.CriticHParams(value_clip=0.05, loss_mode="token"), "packed"),
+], ids=["vapo", "ppo", "value-clip", "value-clip-packed"])
+def test_critic_step_matches_reference(hp, lay):
   mesh = one_device_mesh()
   critic = critic_model(mesh)
   graphdef, params = nnx.split(critic)
@@ -290,7 +307,8 @@ def test_critic_step_matches_reference(hp):
   want_grads = pulled_back(
       lambda p: ref_values(nnx.merge(graphdef, p), batch["tokens_BxL"], batch["mask_BxL"]),
       params, dl_dv)
-  metrics, grads = run_step(update.critic_step, hp, graphdef, params, mesh, batch)
+  metrics, grads = run_step(update.critic_step, hp, graphdef, params, mesh, batch,
+                            LAYOUTS[lay])
   np.testing.assert_allclose(metrics["value_loss"], loss, rtol=1e-5, atol=1e-7)
   assert_grads_close(grads, want_grads)
   np.testing.assert_allclose(metrics["critic_grad_norm"], tree_norm(want_grads), rtol=1e-4)

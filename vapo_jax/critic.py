@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 
 from vapo_jax import hub
-from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.models import hf_io
 from vapo_jax.models import lora
@@ -44,22 +43,23 @@ class Critic(nnx.Module):
     self.score = nnx.Param(jnp.zeros((cfg.hidden_size,), jnp.float32),
                            out_sharding=("embed",), eager_sharding=False)
 
-  def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array
-               ) -> jax.Array:
+  def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, *,
+               positions_BxT: jax.Array | None = None,
+               segment_ids_BxT: jax.Array | None = None) -> jax.Array:
     """Values of all prefixes, float32 [B, T]: out[:, i] = V(tokens[:, :i+1]).
+
+    Padded rows: positions from the mask. Packed rows (`packing`): their restarting
+    positions and segment ids (attention kept inside each segment), mask = segment ids > 0;
+    out[r, j] is then the value of slot j's segment's prefix up to j.
     """
     mask_BxT = mask_BxT.astype(jnp.int32)
-    hidden, _ = self.backbone(tokens_BxT, positions_from_mask(mask_BxT),
-                              mask_BxT)
-    return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), self.score[...])
-
-  def packed(self, tokens_NxT: jax.Array, positions_NxT: jax.Array,
-             segment_ids_NxT: jax.Array) -> jax.Array:
-    """Values at every slot of packed rows, float32 [N, T]: out[r, j] = V(segment's prefix
-    up to slot j), attention kept inside each segment (`packing`)."""
-    seg = segment_ids_NxT.astype(jnp.int32)
-    hidden, _ = self.backbone(tokens_NxT, positions_NxT.astype(jnp.int32),
-                              (seg > 0).astype(jnp.int32), segment_ids_BxT=seg)
+    positions = (positions_from_mask(mask_BxT) if positions_BxT is None
+                 else positions_BxT.astype(jnp.int32))
+    if segment_ids_BxT is None:
+      hidden, _ = self.backbone(tokens_BxT, positions, mask_BxT)
+    else:
+      hidden, _ = self.backbone(tokens_BxT, positions, mask_BxT,
+                                segment_ids_BxT=segment_ids_BxT.astype(jnp.int32))
     return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), self.score[...])
 
   @classmethod
@@ -179,21 +179,3 @@ def response_values(critic: Critic, tokens_BxL: jax.Array, mask_BxL: jax.Array,
   v = critic(tokens_BxL, mask_BxL)[:, prompt_len - 1:-1]
   return v * mask_BxL[:, prompt_len:].astype(jnp.float32)
 
-
-def _packed_all(critic: Critic, packed: dict) -> jax.Array:
-  tok, pos, seg = packed["tokens"], packed["positions"], packed["segment_ids"]
-  flat = lambda x: x.reshape((-1, tok.shape[-1]))  # noqa: E731
-  return critic.packed(flat(tok), flat(pos), flat(seg)).reshape(tok.shape)
-
-
-def packed_response_values(critic: Critic, packed: dict, slots: dict, mask_BxR: jax.Array,
-                           k=None) -> jax.Array:
-  """`response_values` from packed rows, float32 [B, R] (see
-  `policy.packed_response_logprobs` for packed, slots, k)."""
-  return packing.unpack(_packed_all(critic, packed), slots, mask_BxR, k)
-
-
-def packed_last_token_values(critic: Critic, packed: dict, slots: dict,
-                             lengths_B: jax.Array, k=None) -> jax.Array:
-  """`last_token_values` from packed rows, float32 [B]."""
-  return packing.last_token(_packed_all(critic, packed), slots, lengths_B, k)

@@ -90,7 +90,7 @@ def spec_for(seq_len: int, rows_per_micro: int, shards: int, row_tokens: int = 0
   """The PackSpec of a pass whose padded micro-batch has `rows_per_micro` rows of seq_len =
   P + R: rows of `row_tokens` (0: seq_len) and a budget of `tokens_per_device` (0: the padded
   micro-batch's tokens per device, at least one row). rl.packing_row_tokens and
-  rl.packing_tokens_per_device are the two overrides (`run.parts.pass_spec`)."""
+  rl.packing_tokens_per_device are the two overrides (`run.learners.pass_spec`)."""
   row = row_tokens or seq_len
   budget = tokens_per_device or max(row, rows_per_micro * seq_len // shards)
   return PackSpec.from_budget(budget, row, shards)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from vapo_jax import packing
 from vapo_jax.models.matmul import matmul
 from vapo_jax.models.transformer import Transformer, positions_from_mask
 
@@ -148,20 +147,3 @@ def packed_logprobs(model: Transformer, tokens_NxT: jax.Array, positions_NxT: ja
   return chunked_logprobs(hidden, targets, model.head_weight(), temperature=temperature,
                           chunk=chunk, dtype=model.cfg.dtype, vocab_size=model.real_vocab_size)
 
-
-def packed_response_logprobs(model: Transformer, packed: dict, slots: dict,
-                             mask_BxR: jax.Array, k=None, *, temperature: float = 1.0,
-                             chunk: int = 128) -> tuple[jax.Array, jax.Array]:
-  """`response_logprobs` from packed rows: (logp_BxR, entropy_BxR), response-aligned.
-
-  packed: {"tokens", "positions", "segment_ids"} of one micro-batch [n, T] (with k its
-  index; rows of other micro-batches come out 0) or of all [n, K, T] (k None, run as one
-  [n K, T] batch). mask_BxR: the response part of the padded batch's mask.
-  """
-  tok, pos, seg = packed["tokens"], packed["positions"], packed["segment_ids"]
-  shape = tok.shape
-  flat = lambda x: x.reshape((-1, shape[-1]))  # noqa: E731
-  logp, ent = packed_logprobs(model, flat(tok), flat(pos), flat(seg),
-                              temperature=temperature, chunk=chunk)
-  logp, ent = logp.reshape(shape), ent.reshape(shape)
-  return (packing.unpack(logp, slots, mask_BxR, k), packing.unpack(ent, slots, mask_BxR, k))

@@ -153,7 +153,7 @@ class Experience:
         max_new_tokens=resp_mask.shape[1],
         rows_per_call=(self.prompts_per_call or len(examples)) * self.group_size))
     # Real / computed tokens of the old-log-prob (and value) pass on packed rows (rl.packing).
-    # The value pass plans with the same PackSpec (`run.parts.pass_spec`): the same plan.
+    # The value pass plans with the same PackSpec (`run.learners.pass_spec`): the same plan.
     if getattr(self.logprobs, "last_efficiency", None) is not None:
       for name in ("forward", "logprobs") + (("values",) if values is not None else ()):
         metrics[f"perf/{name}_token_efficiency"] = self.logprobs.last_efficiency

@@ -4,9 +4,10 @@ of one trained network.
 
 A step is a pure function `(TrainState, batch) -> (TrainState, metrics, skipped)` over a
 mini-batch (`rl.update`), compiled once with `jax.jit` with input/output shardings and (off
-CPU) the state donated (`compile_step`). A mini-batch is split into micro-batches
-(`accumulate`, a `lax.scan`); micro-batch i takes rows i, i + n, i + 2n, … so that with the
-batch sharded over the mesh every device contributes to every micro-batch.
+CPU) the state donated (`compile_step`). A mini-batch's gradient is summed over its
+micro-batches (`accumulate`, a `lax.scan`), which the row layout makes (`rl.layout`: padded
+micro-batch i takes rows i, i + n, i + 2n, … so that with the batch sharded over the mesh
+every device contributes to every micro-batch; packed micro-batches come from the plan).
 """
 
 import dataclasses
@@ -41,7 +42,7 @@ class Optimizer(NamedTuple):
 @dataclasses.dataclass
 class Learner:
   """One trained network ("sft", "policy", "critic", "reward_model", …): everything a stage
-  needs to update it. Built by `run.parts.learner` from one row of `run.parts.LEARNERS`."""
+  needs to update it. Built by `run.learners.learner` from one row of `run.learners.LEARNERS`."""
   name: str
   graphdef: Any     # nnx.GraphDef of the model
   tx: Optimizer
@@ -100,21 +101,22 @@ def init_state(params, tx: optax.GradientTransformation) -> TrainState:
   return TrainState(params, opt_state, step)
 
 
-def accumulate(loss_fn: Callable, params, batch, n: int):
-  """Σ over micro-batches of (loss, grads, metrics) from loss_fn(params, micro) -> (loss, m).
+def accumulate(loss_fn: Callable, params, micro, n: int):
+  """Σ over n micro-batches of (loss, grads, metrics) from loss_fn(params, x_i) -> (loss, m).
 
-  Gradients are of `trainable(params)` only. Metrics are summed too: loss_fn returns them
-  already weighted for summation. The token-level losses are normalised by the
-  *mini-batch's* token counts, computed from the masks before the scan, so the accumulated
-  gradient equals the gradient of the whole mini-batch exactly (`losses.LossSum`).
+  micro: the n inputs x_i stacked on axis 0 (a `lax.scan` runs them one after another), or
+  with n = 1 the one input itself. What an input is belongs to the row layout (`rl.layout`:
+  a padded micro-batch's rows, or a packed micro-batch's index). Gradients are of
+  `trainable(params)` only. Metrics are summed too: loss_fn returns them already weighted
+  for summation. The token-level losses are normalised by the *mini-batch's* token counts,
+  computed from the masks before the scan, so the accumulated gradient equals the gradient
+  of the whole mini-batch exactly (`losses.LossSum`).
   """
   params, frozen = lora.split_trainable(params)
   grad_fn = jax.value_and_grad(lambda p, mb: loss_fn(lora.join(p, frozen), mb), has_aux=True)
   if n == 1:
-    (loss, metrics), grads = grad_fn(params, batch)
+    (loss, metrics), grads = grad_fn(params, micro)
     return loss, grads, metrics
-
-  micro = batch_lib.micro_split(batch, n)
 
   def body(carry, mb):
     (loss, metrics), grads = grad_fn(params, mb)

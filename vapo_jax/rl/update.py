@@ -1,12 +1,18 @@
 """Step 4 of an RL step, the update: jitted policy (VAPO eq. 5), critic, reward-model and SFT
 steps, and the PPO loop of mini-batch updates over one rollout batch (`ppo_updates`).
 
-Each step is a pure function `(TrainState, batch) -> (TrainState, metrics, skipped)` over a
-mini-batch, compiled once by `train_state.compile_step`; `skipped` is 1.0 when the update
-was dropped for a NaN/inf (`train_state.apply_update`). A mini-batch is split into
-micro-batches (`train_state.accumulate`); the token-level losses are normalised by the
-*mini-batch's* token counts, computed from the masks before the micro-batch scan, so the
+Each step is written once, over a row layout (`rl.layout`: padded rows, or packed rows with
+segment ids), bound before compiling: `partial(step, graphdef, tx, [hp,] layout)` is a pure
+function `(TrainState, rows) -> (TrainState, metrics, skipped)` over a mini-batch, compiled
+once by `train_state.compile_step`; `skipped` is 1.0 when the update was dropped for a
+NaN/inf (`train_state.apply_update`). The layout splits a mini-batch into micro-batches and
+sums their gradients (`train_state.accumulate`); the losses are normalised by the
+*mini-batch's* counts, computed from the masks before the micro-batch scan, so the
 accumulated gradient equals the gradient of the whole mini-batch exactly (`losses.LossSum`).
+
+A loss sees each micro-batch as (mb, view): mb the `RolloutBatch` its terms read, view the
+rows the model runs on (`view.logprobs`, `values`, `last_values`: [B, R] / [B] outputs) and
+which of mb's rows are its own (`view.mine`, `pick`, `valid`).
 
 Shapes: B rows (responses), P prompt columns (left-padded), R response columns, L = P + R.
 """
@@ -19,10 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vapo_jax import critic as critic_lib
 from vapo_jax import distributed
 from vapo_jax import losses
-from vapo_jax import policy as policy_lib
 from vapo_jax.rl import train_state
 from vapo_jax.rl.batch import RolloutBatch
 from vapo_jax.rl.train_state import Learner, TrainState
@@ -30,7 +34,7 @@ from vapo_jax.rl.train_state import Learner, TrainState
 
 @dataclasses.dataclass(frozen=True)
 class PolicyHParams:
-  """The policy step's settings (from the run's config: `run.parts.policy_hparams`)."""
+  """The policy step's settings (from the run's config: `run.learners.policy_hparams`)."""
   temperature: float
   eps_low: float
   eps_high: float
@@ -38,7 +42,6 @@ class PolicyHParams:
   loss_mode: str
   nll_coef: float
   nll_threshold: float
-  micro_batches: int
   kl_coef: float = 0.0    # β of GRPO's k3 KL penalty to the reference policy; 0: off
   vocab_chunk: int = 128  # not a config setting: the policy's memory bound over the vocab
   policy_loss: str = "ppo"  # a key of losses.POLICY_LOSSES
@@ -52,10 +55,9 @@ POLICY_METRICS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "approx_k
 
 @dataclasses.dataclass(frozen=True)
 class CriticHParams:
-  """The critic step's settings (from the run's config: `run.parts.critic_hparams`)."""
+  """The critic step's settings (from the run's config: `run.learners.critic_hparams`)."""
   value_clip: float | None
   loss_mode: str
-  micro_batches: int
 
 
 
@@ -71,7 +73,7 @@ def policy_objective(hp: PolicyHParams, logp, entropy, m, old_logp, advantages, 
   or None. pg_count, nll_count, tokens: the mini-batch's normalisers (from its masks, before
   the micro-batch split: `losses.LossSum`). ratio_logp / kl_logp (default logp): what the
   surrogate and the KL see, for callers whose rows outside m must hold finite stand-ins
-  (`rl.packed`); the NLL and the entropy always take logp.
+  (a packed micro-batch, `rl.layout`); the NLL and the entropy always take logp.
   """
   ratio_logp = logp if ratio_logp is None else ratio_logp
   kl_logp = logp if kl_logp is None else kl_logp
@@ -96,38 +98,45 @@ def policy_objective(hp: PolicyHParams, logp, entropy, m, old_logp, advantages, 
   return loss, metrics
 
 
-def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams,
-                state: TrainState, batch: RolloutBatch) -> tuple[TrainState, dict, jax.Array]:
+def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams, layout,
+                state: TrainState, rows) -> tuple[TrainState, dict, jax.Array]:
   """One policy update on a mini-batch: L = L_PPO (eq. 4) + μ·L_NLL (eq. 3) [+ β·L_KL].
 
   L_PPO is `losses.POLICY_LOSSES[hp.policy_loss]` ("ppo": the clipped surrogate).
 
-  batch: tokens_BxL (int32), mask_BxL, old_logp_BxR, advantages_BxR, response_mask_BxR,
-  scores_B, and ref_logp_BxR when hp.kl_coef > 0 (GRPO's k3 penalty to the reference
-  policy, `losses.kl_penalty`, aggregated and normalised like L_PPO). The prompt length is
-  L − R.
+  layout: the row layout (`rl.layout.Padded` / `Packed`); rows: what it takes (the
+  RolloutBatch / a PackedBatch of it). The batch: tokens_BxL (int32), mask_BxL,
+  old_logp_BxR, advantages_BxR, response_mask_BxR, scores_B, and ref_logp_BxR when
+  hp.kl_coef > 0 (GRPO's k3 penalty to the reference policy, `losses.kl_penalty`,
+  aggregated and normalised like L_PPO). The prompt length is L − R.
   """
+  batch = _padded(rows)
   resp_mask = batch.response_mask_BxR
-  prompt_len = batch.prompt_len
   pg_count = losses.aggregation_count(resp_mask, hp.loss_mode)
   correct = (batch.scores_B >= hp.nll_threshold).astype(jnp.float32)
   nll_count = jnp.sum(resp_mask * correct[:, None])
-  rows = jnp.asarray(resp_mask.shape[0], jnp.float32)
+  n_rows = jnp.asarray(resp_mask.shape[0], jnp.float32)
   tokens = jnp.sum(resp_mask)
 
-  def loss_fn(params, mb):
+  def loss_fn(params, mb, view):
     model = nnx.merge(graphdef, params)
-    logp, entropy = policy_lib.response_logprobs(
-        model, mb.tokens_BxL, mb.mask_BxL, prompt_len, temperature=hp.temperature,
-        chunk=hp.vocab_chunk)
-    return policy_objective(hp, logp, entropy, mb.response_mask_BxR, mb.old_logp_BxR,
-                            mb.advantages_BxR, mb.scores_B, mb.ref_logp_BxR,
-                            pg_count=pg_count, nll_count=nll_count, tokens=tokens)
+    logp, entropy = view.logprobs(model, temperature=hp.temperature, chunk=hp.vocab_chunk)
+    ref = mb.ref_logp_BxR
+    return policy_objective(
+        hp, logp, entropy, view.mine(mb.response_mask_BxR), mb.old_logp_BxR, mb.advantages_BxR,
+        mb.scores_B, ref, pg_count=pg_count, nll_count=nll_count, tokens=tokens,
+        ratio_logp=view.pick(logp, mb.old_logp_BxR),
+        kl_logp=view.pick(logp, ref) if hp.kl_coef else None)
 
-  loss, grads, metrics = train_state.accumulate(loss_fn, state.params, batch, hp.micro_batches)
+  loss, grads, metrics = layout.accumulate(loss_fn, state.params, rows)
   state, grad_norm, skipped = train_state.apply_update(tx, state, grads, loss)
-  metrics.update(policy_loss=loss, policy_grad_norm=grad_norm, rows=rows)
+  metrics.update(policy_loss=loss, policy_grad_norm=grad_norm, rows=n_rows)
   return state, metrics, skipped
+
+
+def _padded(rows) -> RolloutBatch:
+  """The padded batch of a layout's rows (a PackedBatch holds it as it is)."""
+  return getattr(rows, "batch", rows)
 
 
 # --------------------------------------------------------------------------------- critic
@@ -138,7 +147,7 @@ def critic_objective(hp: CriticHParams, values, returns, m, old_values, *, count
   """One micro-batch's share of the critic loss ½(V − R)² (clipped with hp.value_clip) and
   its clip fraction. values, returns, m (response mask), old_values: [B, R]; count, tokens:
   the mini-batch's normaliser and response tokens (before the micro-batch split). Rows
-  outside m must hold finite values (`rl.packed` passes old values there)."""
+  outside m must hold finite values (a packed micro-batch passes old values there)."""
   out = losses.value_loss(values, returns, m, old_values=old_values, clip_eps=hp.value_clip,
                           mode=hp.loss_mode)
   loss = losses.safe_divide(out.loss.total, count)
@@ -146,23 +155,23 @@ def critic_objective(hp: CriticHParams, values, returns, m, old_values, *, count
                 / jnp.maximum(tokens, 1.0)}
 
 
-def critic_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams,
-                state: TrainState, batch: RolloutBatch) -> tuple[TrainState, dict, jax.Array]:
+def critic_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams, layout,
+                state: TrainState, rows) -> tuple[TrainState, dict, jax.Array]:
   """One critic update: ½(V − R)² against the λ_critic returns (optionally clipped).
 
-  batch: tokens_BxL, mask_BxL, returns_BxR, old_values_BxR, response_mask_BxR.
+  The batch: tokens_BxL, mask_BxL, returns_BxR, old_values_BxR, response_mask_BxR (layout,
+  rows: as in `policy_step`).
   """
-  resp_mask = batch.response_mask_BxR
-  prompt_len = batch.prompt_len
+  resp_mask = _padded(rows).response_mask_BxR
   count = losses.aggregation_count(resp_mask, hp.loss_mode)
 
-  def loss_fn(params, mb):
-    critic = nnx.merge(graphdef, params)
-    values = critic_lib.response_values(critic, mb.tokens_BxL, mb.mask_BxL, prompt_len)
-    return critic_objective(hp, values, mb.returns_BxR, mb.response_mask_BxR,
-                            mb.old_values_BxR, count=count, tokens=jnp.sum(resp_mask))
+  def loss_fn(params, mb, view):
+    values = view.values(nnx.merge(graphdef, params))
+    return critic_objective(hp, view.pick(values, mb.old_values_BxR), mb.returns_BxR,
+                            view.mine(mb.response_mask_BxR), mb.old_values_BxR, count=count,
+                            tokens=jnp.sum(resp_mask))
 
-  loss, grads, metrics = train_state.accumulate(loss_fn, state.params, batch, hp.micro_batches)
+  loss, grads, metrics = layout.accumulate(loss_fn, state.params, rows)
   state, grad_norm, skipped = train_state.apply_update(tx, state, grads, loss)
   metrics.update(value_loss=loss, critic_grad_norm=grad_norm)
   return state, metrics, skipped
@@ -171,27 +180,28 @@ def critic_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams,
 # --------------------------------------------------------------------------- reward model
 
 
-def reward_model_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams, state: TrainState,
-                      batch: RolloutBatch) -> tuple[TrainState, dict, jax.Array]:
+def reward_model_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams, layout,
+                      state: TrainState, rows) -> tuple[TrainState, dict, jax.Array]:
   """One update of an outcome reward model: ½(r̂ − r)² per response (`losses.outcome_loss`).
 
   r̂ = the model's scalar at the response's last token (`critic.last_token_values`), r the
-  checker's score. batch: tokens_BxL, mask_BxL, response_mask_BxR, scores_B.
+  checker's score. The batch: tokens_BxL, mask_BxL, response_mask_BxR, scores_B (layout,
+  rows: as in `policy_step`; hp is not read).
   """
-  resp_mask = batch.response_mask_BxR
-  prompt_len = batch.prompt_len
+  del hp
+  resp_mask = _padded(rows).response_mask_BxR
   count = jnp.sum((jnp.sum(resp_mask, -1) > 0).astype(jnp.float32))
 
-  def loss_fn(params, mb):
+  def loss_fn(params, mb, view):
     model = nnx.merge(graphdef, params)
     lengths = jnp.sum(mb.response_mask_BxR, -1).astype(jnp.int32)
-    pred = critic_lib.last_token_values(model, mb.tokens_BxL, mb.mask_BxL, prompt_len,
-                                        lengths)
-    out = losses.outcome_loss(pred, mb.scores_B, lengths > 0)
+    pred = view.last_values(model, lengths)
+    valid = view.valid(lengths > 0)
+    out = losses.outcome_loss(pred, mb.scores_B, valid)
     return losses.safe_divide(out.total, count), {
-        "rm_pred_mean": losses.safe_divide(jnp.sum(jnp.where(lengths > 0, pred, 0.0)), count)}
+        "rm_pred_mean": losses.safe_divide(jnp.sum(jnp.where(valid, pred, 0.0)), count)}
 
-  loss, grads, metrics = train_state.accumulate(loss_fn, state.params, batch, hp.micro_batches)
+  loss, grads, metrics = layout.accumulate(loss_fn, state.params, rows)
   state, grad_norm, skipped = train_state.apply_update(tx, state, grads, loss)
   metrics.update(rm_loss=loss, rm_grad_norm=grad_norm)
   return state, metrics, skipped
@@ -200,22 +210,20 @@ def reward_model_step(graphdef, tx: train_state.Optimizer, hp: CriticHParams, st
 # ------------------------------------------------------------------------------------ SFT
 
 
-def sft_step(graphdef, tx: train_state.Optimizer, state: TrainState,
-             batch: RolloutBatch) -> tuple[TrainState, dict, jax.Array]:
+def sft_step(graphdef, tx: train_state.Optimizer, layout, state: TrainState,
+             rows) -> tuple[TrainState, dict, jax.Array]:
   """Supervised warm start: token-level NLL of the response (solution) tokens.
 
-  batch: tokens_BxL, mask_BxL, response_mask_BxR.
+  The batch: tokens_BxL, mask_BxL, response_mask_BxR (layout, rows: as in `policy_step`;
+  the loss is normalised by the whole batch's tokens, so any micro-batching sums to it).
   """
-  resp_mask = batch.response_mask_BxR
-  prompt_len = batch.prompt_len
+  resp_mask = _padded(rows).response_mask_BxR
 
-  def loss_fn(params, batch):
-    model = nnx.merge(graphdef, params)
-    logp, _ = policy_lib.response_logprobs(model, batch.tokens_BxL, batch.mask_BxL,
-                                           prompt_len)
-    return losses.safe_divide(-jnp.sum(logp * resp_mask), jnp.sum(resp_mask)), {}
+  def loss_fn(params, mb, view):
+    logp, _ = view.logprobs(nnx.merge(graphdef, params))  # 0 outside the view's own rows
+    return losses.safe_divide(-jnp.sum(logp * mb.response_mask_BxR), jnp.sum(resp_mask)), {}
 
-  loss, grads, _ = train_state.accumulate(loss_fn, state.params, batch, 1)
+  loss, grads, _ = layout.accumulate(loss_fn, state.params, rows)
   state, grad_norm, skipped = train_state.apply_update(tx, state, grads, loss)
   return state, {"sft_loss": loss, "sft_grad_norm": grad_norm}, skipped
 

@@ -31,10 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from vapo_jax.data import PromptIterator
+from vapo_jax.run import learners
 from vapo_jax.run import checkpoint_store
 from vapo_jax.run import control as run_control
 from vapo_jax.run import metrics as metrics_lib
-from vapo_jax.run import parts
 
 CHECKPOINTS = "checkpoints"
 
@@ -88,7 +88,7 @@ STAGE_LEARNER = {"sft": "sft", "reward_model": "reward_model", "rl": "policy", "
 # The frozen parameter trees a checkpoint may hold beside the learners' TrainStates.
 FROZEN = ("policy_params", "reference")
 # Every group a checkpoint may hold.
-GROUPS = (*parts.LEARNERS, *FROZEN)
+GROUPS = (*learners.LEARNERS, *FROZEN)
 
 
 def groups(state: RunState) -> dict[str, Any]:

@@ -87,7 +87,7 @@ def decode_copy_bytes(cfg, mcfg, graphdef, params, mesh, rules) -> int:
 
 def resident(cfg, mcfg, mesh, rules, optimizer: Callable) -> dict[str, int]:
   """The parts above, bytes per chip. optimizer(cfg, name) -> the learner's optax
-  transformation (`run.parts.optimizer`)."""
+  transformation (`run.learners.optimizer`)."""
   graphdef, params = _abstract(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
   out = {"policy_state": _state_bytes(params, optimizer(cfg, "policy")), "critic_state": 0}
   if cfg.uses_critic:

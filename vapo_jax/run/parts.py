@@ -1,11 +1,11 @@
 """The one place that builds a run's parts from a `config.Config`.
 
-Mesh, policy and critic (the tokenizer and examples: `run.inputs`); the samplers; the
-settings of each RL step (every Config → dataclass adapter); the trained networks
-(`LEARNERS`, one row each: optimizer and compiled step) and the jitted programs. The trainer
-builds its run with `build` and `learner`, and `tools/programs` (the compile check) builds
-the same programs from abstract parameters with the same functions, so the check compiles
-exactly what a run runs.
+Mesh, policy and critic (the tokenizer and examples: `run.inputs`); the samplers (and the
+engines' KV sizing); the forward passes and steps 1–3 of an RL step (`Experience`, with the
+advantage settings). The trained networks are `run.learners` (`LEARNERS`, one row each:
+optimizer and step). The trainer builds its run with `build` and `learners.learner`, and
+`tools/programs` (the compile check) builds the same programs from abstract parameters with
+the same functions, so the check compiles exactly what a run runs.
 """
 
 import dataclasses
@@ -22,7 +22,6 @@ from jax.sharding import NamedSharding
 from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
 from vapo_jax import distributed
-from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.models import config as model_config
 from vapo_jax.models import hf_io, lora, transformer
@@ -32,10 +31,8 @@ from vapo_jax.rl import advantages
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import experience as experience_lib
 from vapo_jax.rl import forward
-from vapo_jax.rl import packed as packed_lib
-from vapo_jax.rl import train_state
-from vapo_jax.rl import update
 from vapo_jax.run import inputs
+from vapo_jax.run import learners
 from vapo_jax.run import memory as run_memory
 from vapo_jax.run.inputs import Text
 from vapo_jax.sampler import continuous
@@ -181,7 +178,7 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
   if uses_engine(cfg):  # the rollout engine (docs/engine.md)
     slots = s.slots or rows or n  # 0: as many slots as the static sampler has rows
     if memory is None and not (s.kv_tokens or kv_tokens):
-      memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, optimizer)
+      memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, learners.optimizer)
     replicas = decode_replicas(mcfg, mesh, rules, slots)
     pool = kv_pool.size(slots=slots, page_size=s.page_size,
                         whole_tokens=cfg.data.max_prompt_tokens + s.max_new_tokens - 1,
@@ -224,8 +221,7 @@ def device_count_check(cfg, mesh, rules) -> None:
                        f"shards of the mesh {dict(mesh.shape)}")
 
 
-
-# ---------------------------------------------------------------- config -> step settings
+# ------------------------------------------------------------- forwards and steps 1–3
 
 
 def advantage_config(cfg: config_lib.Config) -> advantages.AdvantageConfig:
@@ -238,185 +234,19 @@ def advantage_config(cfg: config_lib.Config) -> advantages.AdvantageConfig:
       whiten=rl.whiten_advantages, gae_impl=rl.gae_impl)
 
 
-def policy_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.PolicyHParams:
-  """The policy step's settings (the config's VAPO switches resolved)."""
-  rl = cfg.rl
-  return update.PolicyHParams(
-      temperature=cfg.sampling.temperature, eps_low=rl.eps_low, eps_high=cfg.eps_high,
-      dual_clip=rl.dual_clip or None, loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
-      nll_threshold=rl.nll_threshold, micro_batches=micro_batches, kl_coef=rl.kl_coef,
-      policy_loss=rl.policy_loss)
+def logprobs_fn(cfg, graphdef, mesh, rules):
+  """(params, tokens_BxL, mask_BxL, *, prompt_len, temperature) -> old log-probs, entropy,
+  on the run's row layout."""
+  return learners.pass_layout(cfg, "logprobs", mesh, rules).forward(
+      "logprobs", functools.partial(forward.policy_logprobs, graphdef), mesh,
+      shd.batch_axes(mesh, rules), rules, static=("temperature",))
 
 
-def critic_hparams(cfg: config_lib.Config, micro_batches: int = 1) -> update.CriticHParams:
-  return update.CriticHParams(value_clip=cfg.rl.value_clip or None, loss_mode="token",
-                              micro_batches=micro_batches)
-
-
-@dataclasses.dataclass(frozen=True)
-class Rows:
-  """Row counts of one RL step."""
-  rollout: int         # B = prompts_per_step × responses_per_prompt
-  minibatch: int       # rows of one mini-batch (one optimizer update)
-  micro_batches: int   # gradient-accumulation micro-batches per mini-batch
-  forward_chunks: int  # micro-batches of the old-log-prob and value passes over B rows
-
-
-def rows_of(cfg: config_lib.Config) -> Rows:
-  rows = cfg.prompts_per_step * cfg.responses_per_prompt
-  minibatch = rows // cfg.rl.num_minibatches
-  micro = cfg.rl.micro_batch_size
-  # The old-log-prob and value passes over the whole rollout run in train-sized
-  # micro-batches: at 32B × 20k tokens the whole batch at once would not fit any pod.
-  return Rows(rows, minibatch, minibatch // micro if micro else 1, rows // micro if micro else 1)
-
-
-def ppo_loop(cfg: config_lib.Config) -> update.PPOLoop:
-  return update.PPOLoop(epochs=cfg.rl.ppo_epochs, num_minibatches=cfg.rl.num_minibatches,
-                        minibatch_rows=rows_of(cfg).minibatch, seed=cfg.seed)
-
-
-def sft_warmup(cfg: config_lib.Config) -> int:
-  return min(cfg.optim.warmup_steps, cfg.sft.steps // 10)
-
-
-# ------------------------------------------------------------------------------ programs
-# Each takes parameters or a TrainState, concrete or abstract (`jax.ShapeDtypeStruct`s with
-# shardings): only their structure and shardings are read.
-
-
-def _compile(step_fn, state, mesh, rules):
-  return train_state.compile_step(step_fn, state, mesh, shd.batch_axes(mesh, rules), rules)
-
-
-def sft_step(cfg, graphdef, tx, state, mesh, rules):
-  del cfg
-  return _compile(functools.partial(update.sft_step, graphdef, tx), state, mesh, rules)
-
-
-def policy_step(cfg, graphdef, tx, state, mesh, rules):
-  hp = policy_hparams(cfg, rows_of(cfg).micro_batches)
-  return _compile(functools.partial(update.policy_step, graphdef, tx, hp), state, mesh, rules)
-
-
-def critic_step(cfg, graphdef, tx, state, mesh, rules):
-  hp = critic_hparams(cfg, rows_of(cfg).micro_batches)
-  return _compile(functools.partial(update.critic_step, graphdef, tx, hp), state, mesh, rules)
-
-
-def reward_model_step(cfg, graphdef, tx, state, mesh, rules):
-  hp = critic_hparams(cfg, rows_of(cfg).micro_batches)
-  return _compile(functools.partial(update.reward_model_step, graphdef, tx, hp), state, mesh,
-                  rules)
-
-
-@dataclasses.dataclass(frozen=True)
-class LearnerRow:
-  """How one trained network is built: its optimizer's (rate, warm-up) from the config, and
-  its step builder (cfg, graphdef, tx, state, mesh, rules) -> compiled step."""
-  schedule: Callable[[config_lib.Config], tuple[float, int]]
-  step: Callable
-
-
-# Every network a run trains, by name: the one table (a process reward model or a second
-# critic would be one more row, plus its step function in rl.update).
-LEARNERS: dict[str, LearnerRow] = {
-    "sft": LearnerRow(lambda cfg: (cfg.optim.sft_lr, sft_warmup(cfg)), sft_step),
-    "policy": LearnerRow(lambda cfg: (cfg.optim.policy_lr, cfg.optim.warmup_steps),
-                         policy_step),
-    "critic": LearnerRow(lambda cfg: (cfg.optim.critic_lr, cfg.optim.warmup_steps),
-                         critic_step),
-    "reward_model": LearnerRow(lambda cfg: (cfg.optim.critic_lr, cfg.optim.warmup_steps),
-                               reward_model_step),
-}
-
-
-def optimizer(cfg: config_lib.Config, name: str) -> train_state.Optimizer:
-  """The AdamW of one of LEARNERS."""
-  o = cfg.optim
-  lr, warmup = LEARNERS[name].schedule(cfg)
-  return train_state.make_optimizer(lr, warmup_steps=warmup, weight_decay=o.weight_decay,
-                                    b1=o.b1, b2=o.b2, eps=o.eps, grad_clip=o.grad_clip)
-
-
-def learner(cfg, name: str, graphdef, params, mesh, rules) -> train_state.Learner:
-  """One of LEARNERS set up: its optimizer, a fresh TrainState of `params`, its compiled
-  step (with rl.packing: the packed step behind a host wrapper that plans each batch,
-  `packed_step`)."""
-  tx = optimizer(cfg, name)
-  state = train_state.init_state(params, tx)
-  step = (packed_step(cfg, name, graphdef, tx, state, mesh, rules) if cfg.rl.packing
-          else LEARNERS[name].step(cfg, graphdef, tx, state, mesh, rules))
-  return train_state.Learner(name, graphdef, tx, step, state)
-
-
-# ------------------------------------------------------------------------- sequence packing
-
-
-def pack_spec(cfg, mesh, rules, rows_per_micro: int) -> packing.PackSpec:
-  """Rows of rl.packing_row_tokens (default P + R) and a token budget per device of
-  rl.packing_tokens_per_device (default: what a padded micro-batch of `rows_per_micro`
-  rows puts on each device)."""
-  axes = shd.batch_axes(mesh, rules)
-  shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
-  return packing.spec_for(cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens,
-                          rows_per_micro, shards, cfg.rl.packing_row_tokens,
-                          cfg.rl.packing_tokens_per_device)
-
-
-def pass_spec(cfg, name: str, mesh, rules) -> packing.PackSpec:
-  """The PackSpec of one packed pass: a LEARNERS step (its padded micro-batch's rows) or
-  "logprobs" / "values" (a forward chunk's rows)."""
-  rows = rows_of(cfg)
-  per_micro = {"sft": cfg.sft.batch_size,
-               "logprobs": rows.rollout // rows.forward_chunks,
-               "values": rows.rollout // rows.forward_chunks}.get(
-                   name, rows.minibatch // max(rows.micro_batches, 1))
-  return pack_spec(cfg, mesh, rules, per_micro)
-
-
-def packed_step(cfg, name, graphdef, tx, state, mesh, rules) -> Callable:
-  """A LEARNERS step on packed rows (`rl.packed`): same losses and gradients, and
-  `perf/<name>_token_efficiency` in its metrics. `.compiled` is the jitted packed step
-  (state, rl.packed.Packed) and `.spec` its PackSpec (the compile check lowers them)."""
-  rows = rows_of(cfg)
-  fn = {"sft": lambda: functools.partial(packed_lib.sft_step, graphdef, tx),
-        "policy": lambda: functools.partial(packed_lib.policy_step, graphdef, tx,
-                                            policy_hparams(cfg, rows.micro_batches)),
-        "critic": lambda: functools.partial(packed_lib.critic_step, graphdef, tx,
-                                            critic_hparams(cfg, rows.micro_batches)),
-        "reward_model": lambda: functools.partial(packed_lib.reward_model_step, graphdef, tx,
-                                                  critic_hparams(cfg, rows.micro_batches)),
-        }[name]()
-  return packed_lib.packed_learner_step(name, _compile(fn, state, mesh, rules),
-                                        pass_spec(cfg, name, mesh, rules), mesh,
-                                        shd.batch_axes(mesh, rules))
-
-
-def logprobs_fn(cfg, graphdef, mesh, rules, packed: bool = False):
-  """(params, tokens_BxL, mask_BxL, *, prompt_len, temperature) -> old log-probs, entropy.
-
-  packed: on packed rows (`rl.packed.packed_forward`; the run passes rl.packing)."""
-  if packed:
-    return packed_lib.packed_forward(
-        "logprobs", functools.partial(packed_lib.policy_logprobs, graphdef),
-        pass_spec(cfg, "logprobs", mesh, rules), mesh, shd.batch_axes(mesh, rules), rules,
-        static=("temperature",))
-  return jax.jit(forward.in_micro_batches(functools.partial(forward.policy_logprobs, graphdef),
-                                          rows_of(cfg).forward_chunks, mesh, rules),
-                 static_argnames=("prompt_len", "temperature"))
-
-
-def values_fn(cfg, graphdef, mesh, rules, packed: bool = False):
-  """(critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R] (packed: as in
-  `logprobs_fn`)."""
-  if packed:
-    return packed_lib.packed_forward(
-        "values", functools.partial(packed_lib.critic_values, graphdef),
-        pass_spec(cfg, "values", mesh, rules), mesh, shd.batch_axes(mesh, rules), rules)
-  return jax.jit(forward.in_micro_batches(functools.partial(forward.critic_values, graphdef),
-                                          rows_of(cfg).forward_chunks, mesh, rules),
-                 static_argnames=("prompt_len",))
+def values_fn(cfg, graphdef, mesh, rules):
+  """(critic params, tokens_BxL, mask_BxL, *, prompt_len) -> V(s_t) [B, R]."""
+  return learners.pass_layout(cfg, "values", mesh, rules).forward(
+      "values", functools.partial(forward.critic_values, graphdef), mesh,
+      shd.batch_axes(mesh, rules), rules)
 
 
 def take_fn(mesh, batch_axes_):
@@ -444,7 +274,7 @@ def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text, *,
   build = functools.partial(build_sampler, cfg, graphdef, mcfg, mesh, rules, text)
   if (memory is None and uses_engine(cfg) and not cfg.sampling.kv_tokens
       and not kv_tokens):
-    memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, optimizer)
+    memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, learners.optimizer)
   kv = kv_tokens or {}
   n, k, ev = cfg.responses_per_prompt, cfg.eval.samples_per_problem, cfg.eval.batch_prompts
   return Samplers(
@@ -514,5 +344,5 @@ def build(cfg: config_lib.Config) -> RunParts:
       eval_scorer=scorer.using(fn_for_mode(cfg.reward.fn, cfg.eval.reward_mode)),
       samplers=built,
       experience=experience(cfg, built.rollout, text, scorer,
-                            logprobs_fn(cfg, graphdef, mesh, rules, cfg.rl.packing)),
+                            logprobs_fn(cfg, graphdef, mesh, rules)),
       take=take_fn(mesh, axes))

@@ -30,6 +30,7 @@ from flax import nnx
 from vapo_jax import critic as critic_lib
 from vapo_jax import data as data_lib
 from vapo_jax.data import PromptIterator
+from vapo_jax.run import learners as run_learners
 from vapo_jax.run import checkpoint as run_checkpoint
 from vapo_jax.run import control as run_control
 from vapo_jax.run import evaluation
@@ -82,7 +83,7 @@ class Trainer:
 
   # -------------------------------------------------------------------------- parts
   def setup(self, name: str):
-    """Sets up (once) and returns a checkpoint group's tree: one of `parts.LEARNERS` ("sft",
+    """Sets up (once) and returns a checkpoint group's tree: one of `run_learners.LEARNERS` ("sft",
     "policy", "critic", "reward_model": a `Learner`, whose TrainState is returned),
     "policy_params" or "reference" (a frozen copy of the policy's parameters as they are
     now: at RL's start).
@@ -99,9 +100,9 @@ class Trainer:
       return s.ref_params
     if name not in s.learners:
       graphdef, params = self._network(name)
-      s.learners[name] = parts.learner(cfg, name, graphdef, params, p.mesh, p.rules)
+      s.learners[name] = run_learners.learner(cfg, name, graphdef, params, p.mesh, p.rules)
       if name == "critic":
-        self.critic_values = parts.values_fn(cfg, graphdef, p.mesh, p.rules, cfg.rl.packing)
+        self.critic_values = parts.values_fn(cfg, graphdef, p.mesh, p.rules)
       if name == "sft":
         # The global batch, identical on every host (like the RL prompts): SFT is the same
         # for any number of processes, and resumes on a different number.
@@ -173,7 +174,7 @@ class Trainer:
     for i in range(start, steps):
       batch, em = self.parts.experience.sample_and_score(s.policy_params, next(s.prompts),
                                                          s.next_key())
-      states, um, skipped = update.ppo_updates(parts.ppo_loop(cfg), [rm], batch,
+      states, um, skipped = update.ppo_updates(run_learners.ppo_loop(cfg), [rm], batch,
                                                self.parts.take, stage="reward_model", step=i)
       rm.state = states["reward_model"]
       um.update(self.ctl.count_skipped(skipped, f"reward_model step {i + 1}"))
@@ -217,7 +218,7 @@ class Trainer:
     """Step 4: the PPO loop over one batch; skipped non-finite updates are counted here."""
     names = ["policy"] * policy + ["critic"] * ("critic" in self.state.learners)
     learners = [self.state.learners[n] for n in names]
-    states, out, skipped = update.ppo_updates(parts.ppo_loop(self.cfg), learners, batch,
+    states, out, skipped = update.ppo_updates(run_learners.ppo_loop(self.cfg), learners, batch,
                                               self.parts.take, stage=stage, step=step)
     for learner in learners:
       learner.state = states[learner.name]

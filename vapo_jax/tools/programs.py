@@ -29,8 +29,8 @@ programs (`static.Sampler.lowerable`):
   eval_decode_step  the same for the evaluation sampler (k samples per problem)
 
 With rl.packing (the default) the four train-side programs are the packed ones the trainer
-runs (`rl.packed`), one per packed micro-batch shape: `policy_step[rows=16x21504]` is the
-policy step on K packed micro-batches of 16 rows of 21,504 slots (`_packed_train`).
+runs (`rl.layout.Packed`), one per packed micro-batch shape: `policy_step[rows=16x21504]` is
+the policy step on K packed micro-batches of 16 rows of 21,504 slots (`_train`).
 
 Also the bytes that stay in device memory while each program runs (`resident`): both
 TrainStates and the last rollout batch. The engine's decode copy and KV pool are resident
@@ -56,8 +56,9 @@ from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.models import transformer
 from vapo_jax.rl import batch as batch_lib
-from vapo_jax.rl import packed as packed_lib
+from vapo_jax.rl import layout as layout_lib
 from vapo_jax.rl import train_state
+from vapo_jax.run import learners
 from vapo_jax.run import inputs, parts
 from vapo_jax.run import memory as run_memory
 from vapo_jax.sampler import kv_pool
@@ -140,7 +141,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   sizes them from its device's HBM the same way); None: the cap of slots x one response.
   kv_tokens: {"rollout" | "eval" | "greedy": tokens} pins the pools instead (the layer
   probes of the compile check use the full model's).
-  With rl.packing the train-side programs are the packed ones (`_packed_train`); `lengths`
+  With rl.packing the train-side programs are the packed ones (`_train`); `lengths`
   = (real prompt lengths [B], response lengths [B]) of a representative rollout picks the
   packed shapes the step estimate counts (default: every sequence at full length).
   """
@@ -150,12 +151,12 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   rows_sh = batch_lib.batch_sharding(mesh, batch_axes)
   graphdef, params = abstract_model(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
   c_graphdef, c_params = abstract_model(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, rules)
-  p_tx, c_tx = parts.optimizer(cfg, "policy"), parts.optimizer(cfg, "critic")
+  p_tx, c_tx = learners.optimizer(cfg, "policy"), learners.optimizer(cfg, "critic")
   p_state = abstract_train_state(params, p_tx, mesh)
   c_state = abstract_train_state(c_params, c_tx, mesh)
 
   n = cfg.responses_per_prompt
-  rows = parts.rows_of(cfg)
+  rows = learners.rows_of(cfg)
   p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
 
   def batch(b):
@@ -189,30 +190,11 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
               "greedy": (built.greedy, cfg.eval.batch_prompts)}
 
   progs = []
-  micro, chunks = rows.micro_batches, rows.forward_chunks
   tokens, mask = rollout_batch.tokens_BxL, rollout_batch.mask_BxL
   in_rollout = per_device_bytes((tokens, mask))
-  if cfg.rl.packing:
-    progs += _packed_train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch,
-                           (graphdef, params, p_tx, p_state), (c_graphdef, c_params, c_tx, c_state),
-                           resident, in_rollout, shapes)
-  if "policy_step" in names and not cfg.rl.packing:
-    fn = parts.policy_step(cfg, graphdef, p_tx, p_state, mesh, rules)
-    progs.append(Program("policy_step", fn, (p_state, batch(rows.minibatch)), {},
-                         resident["policy_state"], trips=micro))
-  if "critic_step" in names and cfg.uses_critic and not cfg.rl.packing:
-    fn = parts.critic_step(cfg, c_graphdef, c_tx, c_state, mesh, rules)
-    progs.append(Program("critic_step", fn, (c_state, batch(rows.minibatch)), {},
-                         resident["critic_state"], trips=micro))
-  if "logprobs" in names and not cfg.rl.packing:
-    fn = parts.logprobs_fn(cfg, graphdef, mesh, rules)
-    progs.append(Program("logprobs", fn, (params, tokens, mask),
-                         {"prompt_len": p_len, "temperature": cfg.sampling.temperature},
-                         per_device_bytes(params) + in_rollout, trips=chunks))
-  if "values" in names and cfg.uses_critic and not cfg.rl.packing:
-    fn = parts.values_fn(cfg, c_graphdef, mesh, rules)
-    progs.append(Program("values", fn, (c_params, tokens, mask), {"prompt_len": p_len},
-                         per_device_bytes(c_params) + in_rollout, trips=chunks))
+  progs += _train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch,
+                  (graphdef, params, p_tx, p_state), (c_graphdef, c_params, c_tx, c_state),
+                  resident, in_rollout, shapes)
   if engine:
     return _engine_plan(cfg, names, progs, resident, shapes, rollout_parts, params,
                         {k: v for k, (v, _) in samplers.items()})
@@ -236,7 +218,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
 
 
 def _abstract_plan(n: int, k: int, t: int, b: int, rows_sh) -> dict:
-  """The packing plan's arrays (`rl.packed.PLAN_KEYS`) as ShapeDtypeStructs, rows on axis 0."""
+  """The packing plan's arrays (`rl.layout.PLAN_KEYS`) as ShapeDtypeStructs, rows on axis 0."""
   big, small = _sds((n, k, t), jnp.int32, rows_sh), _sds((b,), jnp.int32, rows_sh)
   return {"src": big, "segment_ids": big, "positions": big, "micro_B": small, "row_B": small,
           "start_B": small}
@@ -266,10 +248,11 @@ def packed_shapes(spec: packing.PackSpec, calls: list[tuple[np.ndarray, np.ndarr
   return [(n, by_n[n], trips[n]) for n in sorted(trips)]
 
 
-def _packed_train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy, critic,
-                  resident, in_rollout, shapes) -> list[Program]:
-  """The train-side programs the trainer runs with rl.packing (`run.parts.packed_step`,
-  `logprobs_fn` / `values_fn(packed=True)`), one per packed micro-batch shape [n, T]
+def _train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy, critic,
+           resident, in_rollout, shapes) -> list[Program]:
+  """The train-side programs the trainer runs (`run.learners.learner_step`, `logprobs_fn`,
+  `values_fn`), on the run's row layout (`run.learners.pass_layout`). Padded: one program per
+  pass, trips = its micro-batches. Packed: one per packed micro-batch shape [n, T]
   (`packed_shapes`), named e.g. `policy_step[rows=16x21504]`, trips = its packed
   micro-batches per call."""
   graphdef, params, p_tx, p_state = policy
@@ -282,12 +265,18 @@ def _packed_train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy
   mini_calls = [(p_B[i:i + mini], l_B[i:i + mini]) for i in range(0, rows.rollout, mini)]
   out = []
 
-  def add(name, spec, calls, b, make):
-    t = spec.row_len
-    for n, k, trips in packed_shapes(spec, calls, b):
+  def add(name, pass_name, calls, b, make):
+    """make(rows argument after the batch's) -> (jitted fn, args, kwargs, resident bytes)."""
+    layout = learners.pass_layout(cfg, pass_name, mesh, rules)
+    if isinstance(layout, layout_lib.Padded):
+      fn, args, kwargs, held = make(None)
+      out.append(Program(name, fn, args, kwargs, held, trips=layout.micro_batches))
+      return
+    t = layout.spec.row_len
+    for n, k, trips in packed_shapes(layout.spec, calls, b):
       fn, args, kwargs, held = make(_abstract_plan(n, k, t, b, rows_sh))
       out.append(Program(f"{name}[rows={n}x{t}]", fn, args, kwargs, held, trips=trips))
-    shapes[f"{name}_packed_shapes"] = [list(s) for s in spec.shapes(b)]
+    shapes[f"{name}_packed_shapes"] = [list(s) for s in layout.spec.shapes(b)]
 
   tokens, mask = batch(rows.rollout).tokens_BxL, batch(rows.rollout).mask_BxL
   steps = [("policy_step", "policy", graphdef, p_tx, p_state, True),
@@ -295,10 +284,11 @@ def _packed_train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy
   for prog, learner, gd, tx, state, on in steps:
     if prog not in names or not on:
       continue
-    step = parts.packed_step(cfg, learner, gd, tx, state, mesh, rules)
+    step = learners.learner_step(cfg, learner, gd, tx, state, mesh, rules)
     held = resident[f"{learner}_state"]
-    add(prog, step.spec, mini_calls, mini, lambda plan, step=step, state=state, held=held: (
-        step.compiled, (state, packed_lib.Packed(batch(mini), plan)), {}, held))
+    add(prog, learner, mini_calls, mini, lambda plan, step=step, state=state, held=held: (
+        (step, (state, batch(mini)), {}, held) if plan is None else
+        (step.compiled, (state, layout_lib.PackedBatch(batch(mini), plan)), {}, held)))
   forwards = [("logprobs", parts.logprobs_fn, graphdef, params,
                {"prompt_len": p_len, "temperature": cfg.sampling.temperature}, True),
               ("values", parts.values_fn, c_graphdef, c_params, {"prompt_len": p_len},
@@ -306,10 +296,11 @@ def _packed_train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy
   for prog, make_fn, gd, prm, kw, on in forwards:
     if prog not in names or not on:
       continue
-    run = make_fn(cfg, gd, mesh, rules, packed=True)
+    run = make_fn(cfg, gd, mesh, rules)
     held = per_device_bytes(prm) + in_rollout
-    add(prog, run.spec, [(p_B, l_B)], rows.rollout, lambda plan, run=run, prm=prm, kw=kw,
-        held=held: (run.jitted, (prm, tokens, mask, plan), kw, held))
+    add(prog, prog, [(p_B, l_B)], rows.rollout, lambda plan, run=run, prm=prm, kw=kw,
+        held=held: ((run, (prm, tokens, mask), kw, held) if plan is None else
+                    (run.jitted, (prm, tokens, mask, plan), kw, held)))
   return out
 
 

@@ -121,7 +121,7 @@ class Setup:
   engine: "EngineShape | None" = None      # the rollout engine as built (--engine_layout)
   eval_engine: "EngineShape | None" = None
   # --train=packed: the PackSpecs of the policy / critic steps and of the old-log-prob /
-  # value forwards, as `run.parts.pass_spec` builds them (batch shards = chips / tensor).
+  # value forwards, as `run.learners.pass_spec` builds them (batch shards = chips / tensor).
   pack_steps: object = None
   pack_forward: object = None
 

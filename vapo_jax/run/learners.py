@@ -1,0 +1,164 @@
+"""The trained networks of a run: the settings of each train step (Config → dataclass
+adapters), the row counts of an RL step, `LEARNERS` (one row per network: its optimizer's
+schedule and its step, written once over a row layout) and the row layout of each pass
+(`rl.layout`: packed with rl.packing, else padded).
+
+A new trained network is one row in `LEARNERS`, whatever rl.packing says: its step
+(`rl.update`) is written once over `rl.layout`, and `learner` builds it on either layout.
+"""
+
+import dataclasses
+import functools
+from typing import Callable
+
+import numpy as np
+
+from vapo_jax import config as config_lib
+from vapo_jax import packing
+from vapo_jax import sharding as shd
+from vapo_jax.rl import layout as layout_lib
+from vapo_jax.rl import train_state
+from vapo_jax.rl import update
+
+
+def policy_hparams(cfg: config_lib.Config) -> update.PolicyHParams:
+  """The policy step's settings (the config's VAPO switches resolved)."""
+  rl = cfg.rl
+  return update.PolicyHParams(
+      temperature=cfg.sampling.temperature, eps_low=rl.eps_low, eps_high=cfg.eps_high,
+      dual_clip=rl.dual_clip or None, loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
+      nll_threshold=rl.nll_threshold, kl_coef=rl.kl_coef, policy_loss=rl.policy_loss)
+
+
+def critic_hparams(cfg: config_lib.Config) -> update.CriticHParams:
+  return update.CriticHParams(value_clip=cfg.rl.value_clip or None, loss_mode="token")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+  """Row counts of one RL step."""
+  rollout: int         # B = prompts_per_step × responses_per_prompt
+  minibatch: int       # rows of one mini-batch (one optimizer update)
+  micro_batches: int   # gradient-accumulation micro-batches per mini-batch
+  forward_chunks: int  # micro-batches of the old-log-prob and value passes over B rows
+
+
+def rows_of(cfg: config_lib.Config) -> Rows:
+  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  minibatch = rows // cfg.rl.num_minibatches
+  micro = cfg.rl.micro_batch_size
+  # The old-log-prob and value passes over the whole rollout run in train-sized
+  # micro-batches: at 32B × 20k tokens the whole batch at once would not fit any pod.
+  return Rows(rows, minibatch, minibatch // micro if micro else 1, rows // micro if micro else 1)
+
+
+def ppo_loop(cfg: config_lib.Config) -> update.PPOLoop:
+  return update.PPOLoop(epochs=cfg.rl.ppo_epochs, num_minibatches=cfg.rl.num_minibatches,
+                        minibatch_rows=rows_of(cfg).minibatch, seed=cfg.seed)
+
+
+def sft_warmup(cfg: config_lib.Config) -> int:
+  return min(cfg.optim.warmup_steps, cfg.sft.steps // 10)
+
+
+# ------------------------------------------------------------------------------ learners
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerRow:
+  """How one trained network is built: its optimizer's (rate, warm-up) from the config; its
+  step written once over a row layout, step(cfg, graphdef, tx, layout) -> (TrainState, rows)
+  -> (TrainState, metrics, skipped) (`rl.update`); and the rows of one update and its padded
+  micro-batches (they size both layouts: `pass_layout`)."""
+  schedule: Callable[[config_lib.Config], tuple[float, int]]
+  step: Callable
+  batch_rows: Callable[[config_lib.Config], int] = lambda cfg: rows_of(cfg).minibatch
+  micro_batches: Callable[[config_lib.Config], int] = lambda cfg: rows_of(cfg).micro_batches
+
+
+# Every network a run trains, by name: the one table, whatever rl.packing says (a process
+# reward model or a second critic is one more row, with its step function in rl.update).
+LEARNERS: dict[str, LearnerRow] = {
+    "sft": LearnerRow(lambda cfg: (cfg.optim.sft_lr, sft_warmup(cfg)),
+                      lambda cfg, g, tx, layout: functools.partial(update.sft_step, g, tx,
+                                                                   layout),
+                      batch_rows=lambda cfg: cfg.sft.batch_size, micro_batches=lambda cfg: 1),
+    "policy": LearnerRow(lambda cfg: (cfg.optim.policy_lr, cfg.optim.warmup_steps),
+                         lambda cfg, g, tx, layout: functools.partial(
+                             update.policy_step, g, tx, policy_hparams(cfg), layout)),
+    "critic": LearnerRow(lambda cfg: (cfg.optim.critic_lr, cfg.optim.warmup_steps),
+                         lambda cfg, g, tx, layout: functools.partial(
+                             update.critic_step, g, tx, critic_hparams(cfg), layout)),
+    "reward_model": LearnerRow(lambda cfg: (cfg.optim.critic_lr, cfg.optim.warmup_steps),
+                               lambda cfg, g, tx, layout: functools.partial(
+                                   update.reward_model_step, g, tx, critic_hparams(cfg),
+                                   layout)),
+}
+
+
+def optimizer(cfg: config_lib.Config, name: str) -> train_state.Optimizer:
+  """The AdamW of one of LEARNERS."""
+  o = cfg.optim
+  lr, warmup = LEARNERS[name].schedule(cfg)
+  return train_state.make_optimizer(lr, warmup_steps=warmup, weight_decay=o.weight_decay,
+                                    b1=o.b1, b2=o.b2, eps=o.eps, grad_clip=o.grad_clip)
+
+
+def learner_step(cfg, name: str, graphdef, tx, state, mesh, rules) -> Callable:
+  """The `Learner.step` of one of LEARNERS: its step on the run's row layout (`pass_layout`),
+  compiled, behind the layout's host side (packed: `.compiled` is the jitted step of
+  (TrainState, rl.layout.PackedBatch), `.spec` its PackSpec; the compile check lowers them)."""
+  layout = pass_layout(cfg, name, mesh, rules)
+  axes = shd.batch_axes(mesh, rules)
+  compiled = train_state.compile_step(LEARNERS[name].step(cfg, graphdef, tx, layout), state,
+                                      mesh, axes, rules)
+  return layout.step(name, compiled, mesh, axes)
+
+
+def learner(cfg, name: str, graphdef, params, mesh, rules) -> train_state.Learner:
+  """One of LEARNERS set up: its optimizer, a fresh TrainState of `params`, its step."""
+  tx = optimizer(cfg, name)
+  state = train_state.init_state(params, tx)
+  return train_state.Learner(name, graphdef, tx,
+                             learner_step(cfg, name, graphdef, tx, state, mesh, rules), state)
+
+
+# ------------------------------------------------------------------------------ row layouts
+
+
+def pack_spec(cfg, mesh, rules, rows_per_micro: int) -> packing.PackSpec:
+  """Rows of rl.packing_row_tokens (default P + R) and a token budget per device of
+  rl.packing_tokens_per_device (default: what a padded micro-batch of `rows_per_micro`
+  rows puts on each device)."""
+  axes = shd.batch_axes(mesh, rules)
+  shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+  return packing.spec_for(cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens,
+                          rows_per_micro, shards, cfg.rl.packing_row_tokens,
+                          cfg.rl.packing_tokens_per_device)
+
+
+FORWARDS = ("logprobs", "values")  # the forward passes over a whole rollout
+
+
+def micro_batches(cfg, name: str) -> tuple[int, int]:
+  """(rows, padded micro-batches) of one pass: a LEARNERS step's update, or one of FORWARDS
+  (the rollout, in rows_of(cfg).forward_chunks)."""
+  if name in FORWARDS:
+    rows = rows_of(cfg)
+    return rows.rollout, rows.forward_chunks
+  row = LEARNERS[name]
+  return row.batch_rows(cfg), row.micro_batches(cfg)
+
+
+def pass_spec(cfg, name: str, mesh, rules) -> packing.PackSpec:
+  """The PackSpec of one packed pass: a budget of its padded micro-batch's rows."""
+  rows, n = micro_batches(cfg, name)
+  return pack_spec(cfg, mesh, rules, rows // max(n, 1))
+
+
+def pass_layout(cfg, name: str, mesh, rules) -> layout_lib.Layout:
+  """The row layout of one pass (a LEARNERS step or one of FORWARDS): with rl.packing,
+  packed rows of `pass_spec`, else padded rows in its micro-batches."""
+  if cfg.rl.packing:
+    return layout_lib.Packed(pass_spec(cfg, name, mesh, rules))
+  return layout_lib.Padded(micro_batches(cfg, name)[1])
