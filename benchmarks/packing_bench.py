@@ -47,9 +47,7 @@ from vapo_jax.rl import packed as packed_lib  # noqa: E402
 from vapo_jax.rl import train_state  # noqa: E402
 from vapo_jax.rl import update  # noqa: E402
 from vapo_jax.run import parts  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import quiet  # noqa: E402  load recording, interleaved rounds, LOADED marking
+from benchmarks import quiet  # noqa: E402  load recording, interleaved rounds, LOADED marking
 
 
 def _flags(argv=None):

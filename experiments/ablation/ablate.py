@@ -1,10 +1,10 @@
 """The paper's ablation table as one command: every row × every seed, a table and a plot.
 
-  python -m vapo_jax.tools.ablate --config=configs/longcot.py --rows=all --seeds=3 \\
+  python -m experiments.ablation.ablate --config=configs/longcot.py --rows=all --seeds=3 \\
       --workdir=/tmp/ablate [--config.rl.steps=60 ...]
-  python -m vapo_jax.tools.ablate --config=configs/tiny.py --rows=vapo,no_clip_higher ...
-  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --seeds=3,4,5 ...
-  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --smoke ...
+  python -m experiments.ablation.ablate --config=configs/tiny.py --rows=vapo,no_clip_higher ...
+  python -m experiments.ablation.ablate --config=configs/chain_or_guess.py --seeds=3,4,5 ...
+  python -m experiments.ablation.ablate --config=configs/chain_or_guess.py --smoke ...
 
 --seeds is a count from the config's seed ("3"), a list ("3,4,5"; one seed "7,") or a range
 ("3-5"); --rows defaults to the config file's ABLATION_ROWS (else all); --smoke applies the
@@ -21,8 +21,8 @@ DAPO). The stages that rows share run once per seed and the rows start from them
 
 When the config sets data.seed and model.init_seed (>= 0), SFT does not depend on the seed:
 one SFT run serves every seed (`W/shared/stage-sft-<key>`, run at the config's own seed), and
-if the config file has an SFT_BAND it is first checked on a development set
-(`tools.sft_band`, in `<that stage>/band`): outside the band no stage or row starts from it.
+if the config file has an SFT_BAND it is first checked on a development set (`sft_band`, in
+`<that stage>/band`): outside the band no stage or row starts from it.
 
 `<key>` hashes the config the stage reads (for SFT: model, data, sft, optim, sampling, mesh
 and seed; for value pretraining also value_pretrain, reward and the critic's update
@@ -48,7 +48,6 @@ from the files the runs write (`metrics.jsonl`: the "eval" records, the last "rl
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import signal
@@ -61,16 +60,12 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from experiments.ablation import ablation_report as report
+from experiments.ablation import config_file
+from experiments.ablation import sft_band
 from vapo_jax import config as config_lib
-from vapo_jax.tools import ablation_report as report
-# The table's figures and files (re-exported: the tool's results API).
-from vapo_jax.tools.ablation_report import (  # noqa: F401  pylint: disable=unused-import
-    BAND_DIR, BAND_FILE, METRICS_DIR, STATUS, band_verdict, first_step_reaching, keep_metrics,
-    markdown, mean_interval, plot, read_status, row_summary, run_record, summarize,
-    t_quantile_975, write_reports)
 
 LOG = "log.txt"
-BAND_REFUSED = 3  # = tools.sft_band.OUTSIDE (not imported: no jax here)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +202,7 @@ def start_name(directory: str) -> str:
   """A start's name in a stage key: its directory's name (a selected start, `<SFT>/band`,
   with its SFT run's)."""
   name = os.path.basename(os.path.normpath(directory))
-  if name == BAND_DIR:
+  if name == report.BAND_DIR:
     return os.path.basename(os.path.dirname(os.path.normpath(directory))) + "/" + name
   return name
 
@@ -217,7 +212,6 @@ def selection_settings(band: dict | None, sft_steps: int) -> dict[str, Any]:
   candidate step, all of them kept ({} without a rule)."""
   if not band or "select" not in band:
     return {}
-  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
   steps = sft_band.candidate_steps(band["select"], sft_steps)  # (checks the rule)
   return {"checkpoint.every": int(band["select"]["every"]),
           "checkpoint.keep": len(steps) + 1, "checkpoint.keep_best": False}
@@ -229,12 +223,13 @@ def shares_sft(cfg: dict) -> bool:
 
 
 def band_run(sft: Run, band_name: str = "SFT_BAND") -> Run:
-  """The check of a shared SFT start against the config's SFT_BAND (`tools.sft_band`): it
+  """The check of a shared SFT start against the config's SFT_BAND (`sft_band`): it
   fails (and the rows that start from it are skipped) outside the band."""
-  return Run("sft_band", "stage", sft.seed, os.path.join(sft.directory, BAND_DIR), "vapo",
+  directory = os.path.join(sft.directory, report.BAND_DIR)
+  return Run("sft_band", "stage", sft.seed, directory, "vapo",
              tuple(sorted({**dict(sft.overrides), "model.init_from": sft.directory,
                            "sft.enabled": False}.items())), (sft.directory,),
-             module="vapo_jax.tools.sft_band", args=(f"--band={band_name}",))
+             module=sft_band.__name__, args=(f"--band={band_name}",))
 
 
 def plan(load, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
@@ -355,11 +350,11 @@ def outcome(returncode: int, log_text: str, stopping: bool) -> str:
 
 
 def state_label(run: Run, status: dict) -> str:
-  """A run's outcome as the tool prints it: a band check that exits with `tools.sft_band`'s
+  """A run's outcome as the tool prints it: a band check that exits with `sft_band`'s
   status 3 refused the start (its verdict says why); it did not crash."""
-  if (run.module == "vapo_jax.tools.sft_band" and status["state"] == "crashed"
-      and status["returncode"] == BAND_REFUSED):
-    return f"refused ({band_verdict(run.directory) or 'outside the band'})"
+  if (run.module == sft_band.__name__ and status["state"] == "crashed"
+      and status["returncode"] == sft_band.OUTSIDE):
+    return f"refused ({report.band_verdict(run.directory) or 'outside the band'})"
   return status["state"]
 
 
@@ -431,7 +426,7 @@ class Runner:
     if state == "crashed":
       status["log_tail"] = text[-3000:]
     if state != "interrupted":
-      _write_json(os.path.join(child.run.directory, STATUS), status)
+      _write_json(os.path.join(child.run.directory, report.STATUS), status)
     return status
 
   def wait_any(self, poll_s: float = 0.5) -> tuple[_Child, dict]:
@@ -503,17 +498,9 @@ def parse_seeds(text: str, first: int) -> list[int]:
   return seeds
 
 
-def config_module(path: str):
-  """The config file as a module (its get_config, and its SFT_BAND / ABLATION_ROWS if any)."""
-  spec = importlib.util.spec_from_file_location("_ablate_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def config_loader(path: str, user: dict[str, Any]):
   """load(preset, overrides) -> the config file's config as a plain dict (checked)."""
-  module = config_module(path)
+  module = config_file.config_module(path)
 
   def load(preset: str, overrides: dict[str, Any]) -> dict:
     c = module.get_config(preset)
@@ -548,7 +535,7 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
     raise ValueError(f"--jobs={jobs}: need >= 1")
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  module = config_module(config_path)
+  module = config_file.config_module(config_path)
   band_name = "SFT_BAND"
   if smoke:
     if not hasattr(module, "SMOKE"):
@@ -563,7 +550,7 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
     runs = [r for r in runs if r.kind == "stage"]
 
   def done(run):
-    status = read_status(run)
+    status = report.read_status(run)
     return status is not None and (status["state"] == "finished" or (
         status["state"] == "crashed" and not rerun_crashed))
 
@@ -593,7 +580,7 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
       if any(p.directory == d for p in pending) or any(
           c.run.directory == d for c in runner.children):
         continue
-      if (read_status(by_dir[d]) or {}).get("state") != "finished":
+      if (report.read_status(by_dir[d]) or {}).get("state") != "finished":
         return d
     return None
 
@@ -611,7 +598,7 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
         pending.remove(run)
         skipped.add(run.directory)
         count += 1
-        why = band_verdict(stage)
+        why = report.band_verdict(stage)
         print(f"[ablate] {count}/{len(todo)} {where(run)}: skipped, its stage {stage} did "
               "not finish" + (f" ({why})" if why else ""), flush=True)
         continue
@@ -637,20 +624,20 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
     eta = sum(times) / len(times) * left / jobs
     extra = ""
     if run.kind == "row":
-      rec = run_record(run, status)
+      rec = report.run_record(run, status)
       if "avg" in rec:
         extra = f", avg@{rec['k']} {rec['avg']:.3f}"
     print(f"[ablate] {count}/{len(todo)} {where(run)}: {state_label(run, status)} in "
           f"{report.hms(status['wall_s'])}{extra} | elapsed {report.hms(time.time() - t0)}, ETA "
           f"{report.hms(eta)}", flush=True)
     if run.kind == "row":
-      write_reports(workdir, runs, rows, header)
+      report.write_reports(workdir, runs, rows, header)
   if stages_only:  # (no table: one written by the rows' command stays as it is)
     report.keep_metrics(workdir, runs)
-    print(f"[ablate] stages only: kept their metrics in {os.path.join(workdir, METRICS_DIR)}",
-          flush=True)
+    kept = os.path.join(workdir, report.METRICS_DIR)
+    print(f"[ablate] stages only: kept their metrics in {kept}", flush=True)
     return []
-  summaries = write_reports(workdir, runs, rows, header)
+  summaries = report.write_reports(workdir, runs, rows, header)
   print(f"[ablate] wrote {os.path.join(workdir, 'ablation.md')}", flush=True)
   return summaries
 
@@ -690,14 +677,14 @@ def main(argv):
   user = dict(config_flags.get_override_values(f["config"]))
   first = int(user.pop("seed", f.config.seed))
   try:
-    rows = parse_rows(f.rows or getattr(config_module(path), "ABLATION_ROWS", "all"))
+    rows = parse_rows(f.rows or getattr(config_file.config_module(path), "ABLATION_ROWS", "all"))
     seeds = parse_seeds(f.seeds, first)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   ablate(path, rows, seeds, f.workdir, user,
          rerun_crashed=f.rerun_crashed, smoke=f.smoke, same_group=f.same_group,
          jobs=f.jobs, compile_cache=f.compile_cache, stages_only=f.stages_only,
-         command_text=" ".join(["python -m vapo_jax.tools.ablate", *sys.argv[1:]]))
+         command_text=" ".join(["python -m experiments.ablation.ablate", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""The ablation table's figures and files, from what the runs wrote (`tools.ablate` runs them).
+"""The ablation table's figures and files, from what the runs wrote (`ablate` runs them).
 
 Per run: its eval curve and final metrics (`run_record`); per row: mean and 95% t-interval
 over seeds and the paired difference against VAPO (`row_summary`); the table
 (`markdown`), the plot (`plot`), and W/metrics/ (every run's per-step metrics.jsonl,
 `keep_metrics`). Runs and rows are read by attribute (name, kind, seed, directory; name,
-label, paper), so this module needs nothing of `tools.ablate`.
+label, paper), so this module needs nothing of `ablate`.
 """
 
 import json
@@ -13,6 +13,8 @@ import os
 import re
 import shutil
 from typing import Sequence
+
+from experiments.ablation import sft_band
 
 STATUS = "ablate_status.json"
 BAND_DIR = "band"  # <shared SFT stage>/band: the SFT_BAND check's run
@@ -278,7 +280,7 @@ def band_verdict(directory: str) -> str:
       verdict["failures"])
 
 
-BAND_FILE = "sft_band.json"  # = tools.sft_band.OUT (not imported: no jax here)
+BAND_FILE = sft_band.OUT      # a band check's verdict
 METRICS_DIR = "metrics"      # W/metrics/<run's path under W>.jsonl: each run's metrics.jsonl
 
 

@@ -1,6 +1,6 @@
 """Accept an SFT start only inside a pre-set accuracy band, on a development set.
 
-  python -m vapo_jax.tools.sft_band --config=configs/chain_or_guess.py --workdir=DIR \\
+  python -m experiments.ablation.sft_band --config=configs/chain_or_guess.py --workdir=DIR \\
       --config.model.init_from=<the SFT run's workdir> --config.sft.enabled=False
 
 The band is the config file's module-level `SFT_BAND`, fixed before any row runs:
@@ -14,7 +14,7 @@ The development set is disjoint from the training problems and from the held-out
 (the held-out split's problems after the first data.num_eval). Metrics (`dev_metrics`):
 `accuracy`, `accuracy/<kind>` (chain_or_guess: short, long), `guess_rate`,
 `response_length`. Writes DIR/sft_band.json ({"accepted", "failures", "metrics", "band"})
-and exits with status 3 when the start is outside the band (so `tools.ablate` runs no row
+and exits with status 3 when the start is outside the band (so `ablate` runs no row
 from it), 0 inside.
 
 **Selection** (the band has `"select": {"first": F, "every": E}`): an SFT run is chaotic in
@@ -39,6 +39,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from experiments.ablation import config_file
 from vapo_jax import config as config_lib
 
 OUT = "sft_band.json"
@@ -218,7 +219,7 @@ def define_flags() -> None:
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "Where sft_band.json goes.")
   flags.DEFINE_string("band", "SFT_BAND", "The band's name in the config file.")
-  flags.DEFINE_bool("progress", False, "(accepted for tools.ablate's command line; unused)")
+  flags.DEFINE_bool("progress", False, "(accepted for ablate's command line; unused)")
 
 
 def main(argv):
@@ -227,8 +228,7 @@ def main(argv):
   if f.config is None or not f.workdir:
     raise app.UsageError("--config and --workdir are required")
   path = config_flags.get_config_filename(f["config"]).split(":")[0]
-  from vapo_jax.tools import ablate  # pylint: disable=import-outside-toplevel
-  band = getattr(ablate.config_module(path), f.band, None)
+  band = getattr(config_file.config_module(path), f.band, None)
   if band is None:
     raise app.UsageError(f"{path} defines no {f.band}")
   cfg = config_lib.from_command_line(f.config)

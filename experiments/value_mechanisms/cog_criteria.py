@@ -1,15 +1,16 @@
 """The chain_or_guess table read against its pre-registered criteria, mechanically.
 
-  python benchmarks/cog_criteria.py /tmp/cog/ablation.jsonl [> criteria.md]
-  python benchmarks/cog_criteria.py /tmp/vb_cog/value_bias.json   # preconditions, M2, M3
+  python -m experiments.value_mechanisms.cog_criteria /tmp/cog/ablation.jsonl [> criteria.md]
+  python -m experiments.value_mechanisms.cog_criteria /tmp/vb_cog/value_bias.json
+      # (the json: preconditions, M2, M3)
 
 The criteria are the ones in `configs/chain_or_guess.py`'s docstring, fixed before any row
-ran; this only applies them to `tools.ablate`'s `ablation.jsonl` (kind "run" records: per row
-and seed the final held-out avg@k, the curve from the shared start, the response length and
-the guess rate `short_frac`), so the verdicts leave no room for a reading after the fact.
-Δ = row − vapo per seed (the same shared start, prompts and keys). Accuracies in [0, 1].
-The mechanism halves (the M3 lag, M2's λ) and the pilot's preconditions (the RM's M1 profile,
-value pretraining's branch calibration) are read from `benchmarks/value_bias.py`'s
+ran; this only applies them to `experiments.ablation.ablate`'s `ablation.jsonl` (kind "run"
+records: per row and seed the final held-out avg@k, the curve from the shared start, the
+response length and the guess rate `short_frac`), so the verdicts leave no room for a reading
+after the fact. Δ = row − vapo per seed (the same shared start, prompts and keys). Accuracies
+in [0, 1]. The mechanism halves (the M3 lag, M2's λ) and the pilot's preconditions (the RM's
+M1 profile, value pretraining's branch calibration) are read from `value_bias`'s
 value_bias.json by `mechanism_verdicts`, with the docstring's words made mechanical in the
 constants below.
 """
@@ -95,7 +96,7 @@ def verdicts(records: Sequence[dict]) -> list[dict]:
   return out
 
 
-# The mechanism halves, read from `benchmarks/value_bias.py`'s value_bias.json. The
+# The mechanism halves, read from `value_bias`'s value_bias.json. The
 # docstring's words made mechanical (fixed 2026-12-02 before the suite's first full run):
 GUESS, CHAIN = "\\", "A"  # a response's first token: a guess `\boxed{d}`, a chain `A:...`
 CALIBRATION = 0.05          # |V(after the first token) − the branch's success| < this
@@ -198,8 +199,8 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv):
   if len(argv) != 2:
-    raise SystemExit("usage: python benchmarks/cog_criteria.py W/ablation.jsonl | "
-                     "OUT/value_bias.json")
+    raise SystemExit("usage: python -m experiments.value_mechanisms.cog_criteria "
+                     "W/ablation.jsonl | OUT/value_bias.json")
   with open(argv[1], encoding="utf-8") as f:
     if argv[1].endswith(".json"):
       print(markdown(mechanism_verdicts(json.load(f))), end="")

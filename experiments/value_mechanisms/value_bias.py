@@ -1,7 +1,7 @@
 """The value model's mechanisms against Monte-Carlo ground truth (M1–M3), one command.
 
-  python benchmarks/value_bias.py --config=configs/chain_or_guess.py --out=/tmp/vb_cog \\
-      [--sft_workdir=<an SFT run, e.g. W/shared/stage-sft-KEY of tools.ablate>] \\
+  python -m experiments.value_mechanisms.value_bias --config=configs/chain_or_guess.py \\
+      --out=/tmp/vb_cog [--sft_workdir=<an SFT run, e.g. W/shared/stage-sft-KEY of ablate>] \\
       [--buckets=15,80] [--smoke] [--config.x=y ...]
 
 On a fixed policy π₀ (the SFT checkpoint; without --sft_workdir the config's SFT runs first,
@@ -39,10 +39,9 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import value_bias_stats as stats  # noqa: E402  pylint: disable=wrong-import-position
-
-from vapo_jax import config as config_lib  # noqa: E402  pylint: disable=wrong-import-position
+from experiments.ablation import config_file
+from experiments.value_mechanisms import value_bias_stats as stats
+from vapo_jax import config as config_lib
 
 LAMBDAS = {"λ=0.95": ("fixed", 0.95), "λ=0.8": ("fixed", 0.8), "λ=1": ("fixed", 1.0),
            "α=0.05": ("adaptive", 0.05), "α=0.5": ("adaptive", 0.5)}
@@ -359,8 +358,7 @@ def main(argv):
           "m3_steps": f.m3_steps, "reward_model": f.reward_model, "buckets": f.buckets,
           "out": f.out, "config_path": path}
   if f.smoke:
-    from vapo_jax.tools import ablate  # pylint: disable=import-outside-toplevel
-    module = ablate.config_module(path)
+    module = config_file.config_module(path)
     user = dict(config_flags.get_override_values(f["config"]))
     c = module.get_config()
     c.update_from_flattened_dict({**getattr(module, "SMOKE", {}), **user})
@@ -369,7 +367,8 @@ def main(argv):
   if f.sft_workdir:
     c.model.init_from, c.sft.enabled = f.sft_workdir, False
   cfg = config_lib.from_command_line(c)
-  result = run(cfg, args, " ".join(["python benchmarks/value_bias.py", *sys.argv[1:]]))
+  command = ["python -m experiments.value_mechanisms.value_bias", *sys.argv[1:]]
+  result = run(cfg, args, " ".join(command))
   print(markdown(result))
 
 

@@ -1,4 +1,4 @@
-"""The estimators of the value-model mechanism suite (`benchmarks/value_bias.py`), in numpy.
+"""The estimators of the value-model mechanism suite (`value_bias`), in numpy.
 
 Ground truth is Monte Carlo: for a fixed policy π₀, a response is cut at its step boundaries
 c_0 = 0 < c_1 < … < c_{K−1} (token positions; V(s_c) is the value *before* token c), and M
