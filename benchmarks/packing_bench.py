@@ -46,10 +46,8 @@ from vapo_jax.rl import forward  # noqa: E402
 from vapo_jax.rl import layout as layout_lib  # noqa: E402
 from vapo_jax.rl import train_state  # noqa: E402
 from vapo_jax.rl import update  # noqa: E402
-from vapo_jax.run import learners
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import quiet  # noqa: E402  load recording, interleaved rounds, LOADED marking
+from vapo_jax.run import learners  # noqa: E402
+from benchmarks import quiet  # noqa: E402  load recording, interleaved rounds, LOADED marking
 
 
 def _flags(argv=None):

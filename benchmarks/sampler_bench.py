@@ -46,8 +46,7 @@ import numpy as np
 
 # Run from a checkout without installing: this repository's vapo_jax first.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import quiet  # pylint: disable=wrong-import-position  # load, interleaved rounds, marking
+from benchmarks import quiet  # noqa: E402  # load, interleaved rounds, marking
 from vapo_jax.run import host_memory  # noqa: E402  # pylint: disable=wrong-import-position
 
 PRESETS = {

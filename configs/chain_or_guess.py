@@ -8,14 +8,15 @@ short, unreasoned answer the paper's PPO collapses into; response lengths vary ~
 value of a response's first token is an easy feature for a critic (≈ 0.1 after `\\`, the
 chain's success rate after `A`).
 
-  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --seeds=0,1,2 \\
+  python -m experiments.ablation.ablate --config=configs/chain_or_guess.py --seeds=0,1,2 \\
       --jobs=2 --workdir=/tmp/cog                     # the table (ABLATION_ROWS)
-  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --seeds=3,4,5 \\
+  python -m experiments.ablation.ablate --config=configs/chain_or_guess.py --seeds=3,4,5 \\
       --jobs=2 --workdir=/tmp/cog                     # fresh seeds, the same shared SFT start
-  python -m vapo_jax.tools.ablate --config=configs/chain_or_guess.py --smoke --seeds=0,1 \\
-      --workdir=/tmp/cog_smoke                        # every stage at a few steps (SMOKE)
-  python benchmarks/value_bias.py --config=configs/chain_or_guess.py --buckets=15,80 \\
-      --sft_workdir=<W>/shared/stage-sft-<key>/band --out=/tmp/vb_cog   # the mechanism suite
+  python -m experiments.ablation.ablate --config=configs/chain_or_guess.py --smoke \\
+      --seeds=0,1 --workdir=/tmp/cog_smoke            # every stage at a few steps (SMOKE)
+  python -m experiments.value_mechanisms.value_bias --config=configs/chain_or_guess.py \\
+      --buckets=15,80 --sft_workdir=<W>/shared/stage-sft-<key>/band \\
+      --out=/tmp/vb_cog                               # the mechanism suite
 
 Run status (2026-12-03): the pilot, the mechanism suite, the 3-seed table (seeds 0, 1, 2)
 and the same command on fresh seeds 3, 4, 5 (with no_length_adaptive) have run
@@ -45,10 +46,10 @@ Pre-registered criteria (what counts as reproduced; Δ = row − vapo per seed, 
 avg@4; "guess rate" = share of held-out samples ≤ 15 tokens, `short_frac`):
 - Preconditions, checked on the pilot (seed 0) before any row outcome is read, never tuned on
   row results: the SFT start inside SFT_BAND; the reward-model critic's M1 profile (bias by
-  fifth of the response, `benchmarks/value_bias.py`) negative early and rising late — if it
-  is flat, the pre-declared variant is a reward model also trained to score random prefixes
-  0; value pretraining calibrated on the branches (|V(after the first token) − the branch's
-  success| < 0.05 for guesses and chains, M1).
+  fifth of the response, `experiments/value_mechanisms/value_bias.py`) negative early and
+  rising late — if it is flat, the pre-declared variant is a reward model also trained to score
+  random prefixes 0; value pretraining calibrated on the branches (|V(after the first token) −
+  the branch's success| < 0.05 for guesses and chains, M1).
 - PPO collapse: in ≥ 2 of 3 seeds PPO's final guess rate ≥ 50% or its mean length < 0.5×
   VAPO's, and its avg@4 below the SFT start; Δ ≤ −10 points with all 3 seeds negative; VAPO's
   own guess rate below 15%.
@@ -64,48 +65,50 @@ avg@4; "guess rate" = share of held-out samples ≤ 15 tokens, `short_frac`):
   more seeds, not a reading of the intervals.
 Precondition log (changes made from preconditions only, never from a row's result):
 - 2026-12-02, SFT band: 700 SFT steps (loss 0.091, still falling) were refused by SFT_BAND on
-  the dev set: long 14.5%, short 42.2%, guess rate 13.4% (`benchmarks/results/
-  ablation-chain_or_guess-2026-12-02/pilot/`). Per the doc's rule only sft.steps changes:
+  the dev set: long 14.5%, short 42.2%, guess rate 13.4% (`experiments/ablation/
+  results/ablation-chain_or_guess-2026-12-02/pilot/`). Per the doc's rule only sft.steps changes:
   SFT_STEPS = 1000. That run is the 700-step run's step-680 checkpoint resumed to 1000 (the
   lr is constant with no warmup, and resume restores the optimizer and the data order, so it
   is the 1000-step run from scratch: its losses at steps 681–700 are bit-identical to the
   700-step run's; its log says so). SFT_BAND accepted it: long 29.7%, short 66.3%, guess
   rate 14.6% (dev set, 256 problems × 4 samples at T = 1).
-- 2026-12-02, the suite on that start (`benchmarks/results/value-bias-chain_or_guess-
-  2026-12-02/`): the RM's M1 profile is negative early and rising late (−0.45 … −0.28): met,
-  no RM variant. Value pretraining's branch calibration is NOT met at 8, 32 or 64 steps
-  (guess gap +0.36, +0.27, +0.13); seed 0's stage stopped by the plateau rule at 12 steps
-  (EV 0.04). No setting is changed yet: the fix (a longer value pretraining, or the review's
-  3 × 192 model) is for the next session to decide from the suite, before any row.
-- 2026-12-02 (session 13, a fresh machine), the budgets follow-up (`benchmarks/results/
-  value-bias-chain_or_guess-2026-12-02/budgets/`, on the suite's own 1000-step SFT): branch
-  calibration met at 64 and 128 steps (guess gap +0.036, +0.014), not at 12 or 30; M3's lag
-  reproduced. Supports a fixed 128-step value pretraining (not applied yet, see next line).
+- 2026-12-02, the suite on that start (`experiments/value_mechanisms/results/
+  value-bias-chain_or_guess-2026-12-02/`): the RM's M1 profile is negative early and rising
+  late (−0.45 … −0.28): met, no RM variant. Value pretraining's branch calibration is NOT met
+  at 8, 32 or 64 steps (guess gap +0.36, +0.27, +0.13); seed 0's stage stopped by the plateau
+  rule at 12 steps (EV 0.04). No setting is changed yet: the fix (a longer value pretraining,
+  or the review's 3 × 192 model) is for the next session to decide from the suite, before any
+  row.
+- 2026-12-02 (session 13, a fresh machine), the budgets follow-up (`experiments/
+  value_mechanisms/results/value-bias-chain_or_guess-2026-12-02/budgets/`, on the suite's own
+  1000-step SFT): branch calibration met at 64 and 128 steps (guess gap +0.036, +0.014), not at
+  12 or 30; M3's lag reproduced. Supports a fixed 128-step value pretraining (not applied yet,
+  see next line).
 - 2026-12-02 (session 13), SFT band on a fresh machine: the same 1000-step SFT was refused
   (long 18.3%, short 56.1%, guess 14.2%; final loss 0.077 against 0.042 on the first
   machine), and so were 1150 and 1300 steps (long 21.3% / guess 19.4%; short 83.0% / guess
   11.9%): the SFT is chaotic in float rounding, and the start must be kept, not re-trained,
   for every session's runs to share it (docs/value_mechanisms.md §5.4). SFT_STEPS stays
   1000; no row has run.
-- 2026-12-02 (session 14), decided before any row, from the two entries above only:
-  (a) the start is selected by a rule, not a step count: the SFT run goes on to 1600 steps
-  keeping a checkpoint every 20, and the start is the first of 1000, 1020, ..., 1600 that
-  SFT_BAND accepts (`tools.sft_band`'s selection; every candidate's dev metrics are kept in
-  `<SFT>/band/candidates.jsonl`). The band itself is unchanged. (b) Value pretraining runs a
-  fixed 128 steps (min_steps = max_steps): the budget that met the branch calibration on
-  both starts measured, where the plateau rule stopped at 12 on noise near the Bernoulli
-  floor. The suite is re-run on the selected start (`--budgets=64,128`) to confirm (b)
-  there before any row is read.
-- 2026-12-02 (session 14), the selection ran (`benchmarks/results/ablation-chain_or_guess-
-  2026-12-02/selection/`): the 1000-step checkpoint measured exactly as session 13's (long
-  18.3%, short 56.1%, guess 14.2%: the same machine type gives the same SFT); 1020–1180
-  were refused (long 14.5–23.7%, or guess 10.3–21.3%); **1200 was accepted** (long 29.3%,
-  short 78.5%, guess 15.5%, final loss 0.033). Every row starts from it.
-- 2026-12-02 (session 14), the suite on the selected start (`benchmarks/results/value-bias-
-  chain_or_guess-2026-12-02/selected-start/`), read before any row: the RM's M1 profile is
-  negative early, rising late (−0.41 … −0.26): met; value pretraining's branch calibration
-  is met at 128 steps (guess gap −0.035, chain +0.003; at 64: −0.005, +0.035): decision (b)
-  stands. No setting changed.
+- 2026-12-02 (session 14), decided before any row, from the two entries above only: (a) the
+  start is selected by a rule, not a step count: the SFT run goes on to 1600 steps keeping a
+  checkpoint every 20, and the start is the first of 1000, 1020, ..., 1600 that SFT_BAND
+  accepts (`experiments.ablation.sft_band`'s selection; every candidate's dev metrics are kept
+  in `<SFT>/band/candidates.jsonl`). The band itself is unchanged. (b) Value pretraining runs a
+  fixed 128 steps (min_steps = max_steps): the budget that met the branch calibration on both
+  starts measured, where the plateau rule stopped at 12 on noise near the Bernoulli floor. The
+  suite is re-run on the selected start (`--budgets=64,128`) to confirm (b) there before any
+  row is read.
+- 2026-12-02 (session 14), the selection ran (`experiments/ablation/results/
+  ablation-chain_or_guess-2026-12-02/selection/`): the 1000-step checkpoint measured exactly as
+  session 13's (long 18.3%, short 56.1%, guess 14.2%: the same machine type gives the same
+  SFT); 1020–1180 were refused (long 14.5–23.7%, or guess 10.3–21.3%); **1200 was accepted**
+  (long 29.3%, short 78.5%, guess 15.5%, final loss 0.033). Every row starts from it.
+- 2026-12-02 (session 14), the suite on the selected start (`experiments/value_mechanisms/
+  results/value-bias-chain_or_guess-2026-12-02/selected-start/`), read before any row: the RM's
+  M1 profile is negative early, rising late (−0.41 … −0.26): met; value pretraining's branch
+  calibration is met at 128 steps (guess gap −0.035, chain +0.003; at 64: −0.005, +0.035):
+  decision (b) stands. No setting changed.
 - 2026-12-02 (session 15), a measurement, not a setting: the held-out evaluation now logs
   avg@k per kind of chain (`avg@4/long`, `avg@4/short`), so that the no_length_adaptive
   criterion's "long-chain half" is read as registered; it landed before the fresh-seed
@@ -123,17 +126,18 @@ FIXED_LAMBDA = 0.8
 # first of its checkpoints 1000, 1020, ..., 1600 inside the band; the precondition log says
 # why a fixed step count cannot be kept).
 SFT_STEPS = 1600
-# The table's rows (tools.ablate's default --rows for this config).
+# The table's rows (experiments.ablation.ablate's default --rows for this config).
 ABLATION_ROWS = "vapo,ppo,no_value_pretrain,no_decoupled_gae,no_decoupled_gae_vp"
-# The shared SFT start is accepted only inside this band (tools.sft_band), set in advance.
+# The shared SFT start is accepted only inside this band (experiments.ablation.sft_band), set
+# in advance.
 SFT_BAND = {"examples": 256, "samples": 4, "guess_max_tokens": 15,
             "bounds": {"accuracy/long": (0.25, 0.40), "accuracy/short": (0.60, 0.80),
                        "guess_rate": (0.12, 0.18)},
             "select": {"first": 1000, "every": 20}}
 # Value pretraining: a fixed budget (min = max), the precondition log's 2026-12-02 entries.
 VALUE_PRETRAIN_STEPS = 128
-# tools.ablate --smoke: every stage at a few steps (a check that the command runs end to
-# end, not a measurement), and a band that accepts any start.
+# experiments.ablation.ablate --smoke: every stage at a few steps (a check that the command
+# runs end to end, not a measurement), and a band that accepts any start.
 SMOKE = {"sft.steps": 4, "reward_model.steps": 1, "value_pretrain.max_steps": 2,
          "value_pretrain.min_steps": 1, "rl.steps": 2, "eval.every": 1,
          "eval.num_examples": 8, "eval.batch_prompts": 8, "rl.prompts_per_step": 4,

@@ -24,11 +24,11 @@ Sizing so far (2026-11-30, seed 0, held-out avg@4 / pass@4 / greedy on 128 probl
   the critic's explained variance stays within ±0.05 in every row. A next sizing should fix
   the start (SFT to a target accuracy) and make the critic learn before reading the rows.
 - Protocol since 2026-12-01 (issue 29), after the table above: data.seed = model.init_seed = 0,
-  so every seed's rows start from one SFT run (`tools.ablate` shares it and accepts it only in
-  SFT_BAND on a development set), on the same held-out set; value pretraining ends by the
-  plateau rule (cap 30 steps) instead of EV ≥ 0.6, which a perfect critic of this task cannot
-  reach (≈ 0.4, review §3.1). The committed table was made with the old protocol
-  (`git show 974c554:configs/longcot.py`); it has not been rerun with this one.
+  so every seed's rows start from one SFT run (`experiments.ablation.ablate` shares it and
+  accepts it only in SFT_BAND on a development set), on the same held-out set; value
+  pretraining ends by the plateau rule (cap 30 steps) instead of EV ≥ 0.6, which a perfect
+  critic of this task cannot reach (≈ 0.4, review §3.1). The committed table was made with the
+  old protocol (`git show 974c554:configs/longcot.py`); it has not been rerun with this one.
 Speed: an RL step (128 responses) takes ~4.5 s on 2 quiet CPU cores and 0.21 s on one H200
 (`benchmarks/gpu_check.sh`), an SFT step ~0.35 s and 4 ms. The ablation budget is 24 RL steps
 per row (fixed 2026-12-01, before any ablation row ran, from the sizing run above: VAPO had
@@ -36,17 +36,17 @@ gained 23 points by step 20): one seed of all eleven rows is then ~35 minutes on
 (SFT ~5.5 minutes, each row ~2.5 minutes with its start-up) and three seeds ~1.7 hours; 40
 steps were ~50 minutes a seed.
 
-  python -m vapo_jax.tools.ablate --config=configs/longcot.py --rows=all --seeds=0,1,2 \\
+  python -m experiments.ablation.ablate --config=configs/longcot.py --rows=all --seeds=0,1,2 \\
       --workdir=/tmp/ablate
-  python -m vapo_jax.tools.ablate --config=configs/longcot.py --smoke --rows=vapo \\
+  python -m experiments.ablation.ablate --config=configs/longcot.py --smoke --rows=vapo \\
       --workdir=/tmp/ablate_smoke            # every stage at a few steps
   python -m vapo_jax.main --config=configs/longcot.py:no_decoupled_gae --workdir=/tmp/x
 """
 
 from vapo_jax import config as config_lib
 
-# The shared SFT start is accepted only inside this band (tools.sft_band), set before any run
-# with this protocol: around the 23% seed 0 reached under the old one.
+# The shared SFT start is accepted only inside this band (experiments.ablation.sft_band), set
+# before any run with this protocol: around the 23% seed 0 reached under the old one.
 SFT_BAND = {"examples": 256, "samples": 4, "guess_max_tokens": 0,
             "bounds": {"accuracy": (0.15, 0.35)}}
 SMOKE = {"sft.steps": 4, "reward_model.steps": 1, "value_pretrain.max_steps": 2,

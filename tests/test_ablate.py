@@ -1,6 +1,6 @@
 """The ablation tool: its plan, its statistics, its reports, and the command end to end.
 
-The end-to-end test runs `python -m vapo_jax.tools.ablate` as users do, on a few steps of
+The end-to-end test runs `python -m experiments.ablation.ablate` as users do, on a few steps of
 the tiny config: first one row, then two (the first row and the shared stages are not run
 again), then the same command again (nothing runs, the table is unchanged); and one row
 stopped with SIGTERM while it trains, then resumed to its end by the same command.
@@ -16,8 +16,11 @@ import time
 
 import pytest
 
+from experiments.ablation import ablate
+from experiments.ablation import ablation_report as report
+from experiments.ablation import config_file
+from experiments.ablation import sft_band
 from vapo_jax import config as config_lib
-from vapo_jax.tools import ablate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny.py")
@@ -30,15 +33,15 @@ PAPER_ROWS = ("vapo", "no_value_pretrain", "no_decoupled_gae", "no_length_adapti
 
 
 def test_t_interval_against_hand_values():
-  assert ablate.t_quantile_975(1) == 12.706 and ablate.t_quantile_975(2) == 4.303
+  assert report.t_quantile_975(1) == 12.706 and report.t_quantile_975(2) == 4.303
   # Beyond the table: Student's t 97.5% quantiles 2.0211 (df 40) and 1.9840 (df 100).
-  assert abs(ablate.t_quantile_975(40) - 2.0211) < 1e-3
-  assert abs(ablate.t_quantile_975(100) - 1.9840) < 1e-3
-  mean, half = ablate.mean_interval([0.1, 0.2, 0.3])
+  assert abs(report.t_quantile_975(40) - 2.0211) < 1e-3
+  assert abs(report.t_quantile_975(100) - 1.9840) < 1e-3
+  mean, half = report.mean_interval([0.1, 0.2, 0.3])
   assert math.isclose(mean, 0.2) and math.isclose(half, 4.303 * 0.1 / math.sqrt(3))
-  assert ablate.mean_interval([0.5]) == (0.5, None)
-  assert ablate.first_step_reaching([(0, 0.1), (10, 0.6), (20, 0.5)], 0.6) == 10
-  assert ablate.first_step_reaching([(0, 0.1), (10, 0.5)], 0.6) is None
+  assert report.mean_interval([0.5]) == (0.5, None)
+  assert report.first_step_reaching([(0, 0.1), (10, 0.6), (20, 0.5)], 0.6) == 10
+  assert report.first_step_reaching([(0, 0.1), (10, 0.5)], 0.6) is None
 
 
 def test_paired_difference_cancels_the_seeds_starts():
@@ -49,13 +52,13 @@ def test_paired_difference_cancels_the_seeds_starts():
   recs = [{"state": "finished", "seed": s, "avg": v - 0.02, "pass": v, "curve": [(0, v)],
            "response_length": 10.0, "entropy": 0.1} for s, v in vapo.items()]
   recs.append({"state": "crashed", "seed": 3})
-  out = ablate.row_summary(row, recs, 0.6, vapo)
+  out = report.row_summary(row, recs, 0.6, vapo)
   assert math.isclose(out["avg_minus_vapo"], -0.02) and out["avg_minus_vapo_ci95"] < 1e-9
   assert out["paired_seeds"] == 3 and out["avg_ci95"] > 0.2
   # A seed VAPO did not finish is left out of the pairs.
-  out = ablate.row_summary(row, recs, 0.6, {0: 0.50, 1: 0.75})
+  out = report.row_summary(row, recs, 0.6, {0: 0.50, 1: 0.75})
   assert out["paired_seeds"] == 2
-  mean, half = ablate.mean_interval([-0.02, -0.07])
+  mean, half = report.mean_interval([-0.02, -0.07])
   assert math.isclose(out["avg_minus_vapo"], mean) and math.isclose(
       out["avg_minus_vapo_ci95"], half)
 
@@ -79,9 +82,9 @@ def test_a_resumed_run_that_finishes_is_finished(tmp_path):
                               f"import sys; print({text!r}); sys.exit({code})"]
   runner = ablate.Runner()
   first = runner.run(run, say('"preempted": "stopped by SIGTERM after rl step 3"'))
-  assert first["state"] == "interrupted" and ablate.read_status(run) is None
+  assert first["state"] == "interrupted" and report.read_status(run) is None
   second = runner.run(run, say('{"wall_s": 1.0}'))
-  assert second["state"] == "finished" and ablate.read_status(run)["state"] == "finished"
+  assert second["state"] == "finished" and report.read_status(run)["state"] == "finished"
   log = (tmp_path / "vapo" / ablate.LOG).read_text()
   assert "stopped by SIGTERM" in log and log.count("$ ") == 2  # both attempts kept
   crashed = ablate.Run("ppo", "row", 0, str(tmp_path / "ppo"), "ppo", ())
@@ -231,7 +234,7 @@ def _fake_run(tmp_path, name, seed, curve, entropy, state="finished", kinds=None
       f.write(json.dumps({"stage": "eval", "step": step, "avg@4": avg, "pass@4": avg + 0.2,
                           "response_length": 100 + step, "greedy_accuracy": avg,
                           **per_kind}) + "\n")
-  with open(os.path.join(run.directory, ablate.STATUS), "w") as f:
+  with open(os.path.join(run.directory, report.STATUS), "w") as f:
     json.dump({"state": state, "wall_s": 60.0}, f)
   return run
 
@@ -243,8 +246,7 @@ def test_a_run_record_keeps_the_per_kind_scores_apart_from_avg_at_k(tmp_path):
     for step, avg in ((0, 0.2), (40, 0.5)):  # the per-kind keys first: k must still be 4
       f.write(json.dumps({"stage": "eval", "step": step, "avg@4/long": avg - 0.1,
                           "avg@4/short": avg + 0.1, "avg@4": avg, "pass@4": 0.9}) + "\n")
-  from vapo_jax.tools import ablation_report  # pylint: disable=import-outside-toplevel
-  rec = ablation_report.run_record(run, {"state": "finished"})
+  rec = report.run_record(run, {"state": "finished"})
   assert (rec["k"], rec["avg"], rec["curve"]) == (4, 0.5, [(0, 0.2), (40, 0.5)])
   assert math.isclose(rec["avg/long"], 0.4) and math.isclose(rec["avg/short"], 0.6)
 
@@ -254,7 +256,7 @@ def test_the_report_pairs_each_kind_of_problem_with_vapo(tmp_path):
           for s, a in ((0, .5), (1, .6))]
   runs += [_fake_run(tmp_path, "no_length_adaptive", s, [(0, .1), (20, a)], 1.0,
                      kinds={"long": off}) for s, a, off in ((0, .5, -.2), (1, .7, -.2))]
-  vapo, nla = ablate.write_reports(str(tmp_path), runs,
+  vapo, nla = report.write_reports(str(tmp_path), runs,
                                    ablate.parse_rows("vapo,no_length_adaptive"),
                                    {"config": "c.py", "seeds": [0, 1], "command": "x"})
   assert math.isclose(vapo["avg/long"], 0.45) and math.isclose(nla["avg/long"], 0.4)
@@ -276,7 +278,7 @@ def test_reports_from_the_runs_files(tmp_path):
       _fake_run(tmp_path, "no_clip_higher", 2, [(0, .1), (10, .9)], 1.0, state="crashed"),
   ]
   rows = ablate.parse_rows("vapo,no_clip_higher")
-  summaries = ablate.write_reports(str(tmp_path), runs, rows,
+  summaries = report.write_reports(str(tmp_path), runs, rows,
                                    {"config": "c.py", "seeds": [0, 1, 2], "command": "x"})
   vapo, nch = summaries
   assert math.isclose(vapo["avg"], 0.6) and math.isclose(vapo["avg_ci95"],
@@ -318,8 +320,9 @@ ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
 
 
 def _ablate(workdir, rows, *extra) -> str:
-  out = subprocess.run([sys.executable, "-m", "vapo_jax.tools.ablate", "--config=configs/tiny.py",
-                        f"--rows={rows}", "--seeds=1", f"--workdir={workdir}", *FLAGS, *extra],
+  out = subprocess.run([sys.executable, "-m", "experiments.ablation.ablate",
+                        "--config=configs/tiny.py", f"--rows={rows}", "--seeds=1",
+                        f"--workdir={workdir}", *FLAGS, *extra],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   return out.stdout
@@ -336,7 +339,7 @@ def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
   stages, finished runs are never run again, and the reports come from the runs' files."""
   w = tmp_path / "w"
   steps = ["--config.rl.steps=6"]  # room for the SIGTERM to land mid-row
-  tool = subprocess.Popen([sys.executable, "-m", "vapo_jax.tools.ablate",
+  tool = subprocess.Popen([sys.executable, "-m", "experiments.ablation.ablate",
                            "--config=configs/tiny.py", "--rows=vapo", "--seeds=1",
                            f"--workdir={w}", *FLAGS, *steps],
                           cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -351,7 +354,7 @@ def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
   assert tool.returncode == 0, out[-3000:]
   assert "3 runs (1 rows × seeds, 2 shared stages): 0 done before, 3 to run" in out, out
   assert "seed 0 vapo: interrupted; rerun the same command to resume" in out, out
-  assert ablate.read_status(ablate.Run("vapo", "row", 0, str(w / "seed0" / "vapo"), "vapo",
+  assert report.read_status(ablate.Run("vapo", "row", 0, str(w / "seed0" / "vapo"), "vapo",
                                        ())) is None
   stopped_at = max(r["step"] for r in _records(w / "seed0" / "vapo") if r["stage"] == "rl")
   assert stopped_at < 6
@@ -362,7 +365,7 @@ def test_the_command_runs_rows_from_shared_stages_and_resumes(tmp_path):
   rl_steps = [r["step"] for r in _records(w / "seed0" / "vapo") if r["stage"] == "rl"]
   assert sorted(rl_steps) == sorted(set(rl_steps)) and max(rl_steps) == 6, rl_steps
   vapo = w / "seed0" / "vapo"
-  first = {p: os.stat(vapo / p).st_mtime_ns for p in ("metrics.jsonl", ablate.STATUS)}
+  first = {p: os.stat(vapo / p).st_mtime_ns for p in ("metrics.jsonl", report.STATUS)}
   md_one = (w / "ablation.md").read_text()
 
   out = _ablate(w, "vapo,no_clip_higher", *steps)
@@ -432,7 +435,7 @@ def test_rows_that_start_from_the_reward_model_share_its_stage(tmp_path):
     recs = _records(w / "seed0" / name)
     assert not [r for r in recs if r["stage"] in ("reward_model", "value_pretrain", "sft")]
     assert [r["step"] for r in recs if r["stage"] == "rl"] == [1, 2, 3, 4]
-    status = json.loads((w / "seed0" / name / ablate.STATUS).read_text())
+    status = json.loads((w / "seed0" / name / report.STATUS).read_text())
     assert status["state"] == "finished"
     assert f"--config.model.critic_path={stage[0] / 'reward_model'}" in status["command"]
 
@@ -455,7 +458,7 @@ def test_one_sft_start_for_every_seed_checked_against_the_band(tmp_path):
   """With data.seed and model.init_seed set, every seed's rows start from one SFT run (under
   W/shared, the config's own seed), checked by the band run before any stage starts from
   it; the reward model and value pretraining still run once per seed."""
-  module = ablate.config_module(COG)
+  module = config_file.config_module(COG)
   load = ablate.config_loader(COG, {})
   rows = ablate.parse_rows(module.ABLATION_ROWS)
   runs = ablate.plan(load, rows, [3, 4, 5], str(tmp_path), band=module.SFT_BAND)
@@ -464,11 +467,11 @@ def test_one_sft_start_for_every_seed_checked_against_the_band(tmp_path):
   assert len(sft) == 1 and len(band) == 1
   assert sft[0].directory.startswith(str(tmp_path / "shared" / "stage-sft-"))
   assert dict(sft[0].overrides)["seed"] == 0
-  assert band[0].directory == os.path.join(sft[0].directory, ablate.BAND_DIR)
-  assert band[0].needs == (sft[0].directory,) and band[0].module == "vapo_jax.tools.sft_band"
+  assert band[0].directory == os.path.join(sft[0].directory, report.BAND_DIR)
+  assert band[0].needs == (sft[0].directory,) and band[0].module == "experiments.ablation.sft_band"
   assert dict(band[0].overrides)["model.init_from"] == sft[0].directory
   cmd = ablate.command(band[0], COG, {})
-  assert cmd[2] == "vapo_jax.tools.sft_band" and "--band=SFT_BAND" in cmd
+  assert cmd[2] == "experiments.ablation.sft_band" and "--band=SFT_BAND" in cmd
   for seed in (3, 4, 5):
     mine = [r for r in runs if r.seed == seed]
     assert {r.name for r in mine if r.kind == "row"} == set(module.ABLATION_ROWS.split(","))
@@ -502,7 +505,6 @@ def test_selection_candidates_and_the_sft_stages_checkpoints(tmp_path):
   """A band's "select" rule: the candidates are first, first + every, ... and the SFT run's
   last step; the SFT stage keeps a checkpoint at each; a band without it changes nothing;
   a rule whose candidates would miss the checkpoints is refused."""
-  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
   assert sft_band.candidate_steps({"first": 1000, "every": 20}, 1060) == [1000, 1020, 1040,
                                                                             1060]
   assert sft_band.candidate_steps({"first": 4, "every": 4}, 10) == [4, 8, 10]
@@ -519,7 +521,7 @@ def test_selection_candidates_and_the_sft_stages_checkpoints(tmp_path):
     ablate.selection_settings({"select": {"first": 1010, "every": 20}}, 1600)
   # A selected start's name in a stage key is its SFT run's (so two SFT runs' selections
   # never share a key).
-  assert ablate.start_name(str(tmp_path / "stage-sft-abc" / ablate.BAND_DIR)) == (
+  assert ablate.start_name(str(tmp_path / "stage-sft-abc" / report.BAND_DIR)) == (
       "stage-sft-abc/band")
   assert ablate.start_name(str(tmp_path / "stage-sft-abc")) == "stage-sft-abc"
 
@@ -538,31 +540,30 @@ def test_metrics_are_kept_and_a_refused_start_says_why(tmp_path):
   w = tmp_path / "w"
   (w / "seed0" / "vapo").mkdir(parents=True)
   (w / "seed0" / "vapo" / "metrics.jsonl").write_text('{"stage": "rl", "step": 1}\n')
-  band_dir = w / "shared" / "stage-sft-abc" / ablate.BAND_DIR
+  band_dir = w / "shared" / "stage-sft-abc" / report.BAND_DIR
   band_dir.mkdir(parents=True)
-  (band_dir / ablate.BAND_FILE).write_text(json.dumps(
+  (band_dir / report.BAND_FILE).write_text(json.dumps(
       {"accepted": False, "failures": ["guess_rate = 0.300 outside [0.12, 0.18]"]}))
   runs = [ablate.Run("vapo", "row", 0, str(w / "seed0" / "vapo"), "vapo", ()),
           ablate.Run("sft_band", "stage", 0, str(band_dir), "vapo", ())]
-  ablate.keep_metrics(str(w), runs)
+  report.keep_metrics(str(w), runs)
   assert (w / "metrics" / "seed0" / "vapo.jsonl").read_text() == '{"stage": "rl", "step": 1}\n'
   assert json.loads((w / "metrics" / "shared" / "stage-sft-abc" / "band.json").read_text())[
       "accepted"] is False
-  assert ablate.band_verdict(str(band_dir)) == (
+  assert report.band_verdict(str(band_dir)) == (
       "SFT start outside SFT_BAND: guess_rate = 0.300 outside [0.12, 0.18]")
-  assert ablate.band_verdict(str(w / "seed0" / "vapo")) == ""
+  assert report.band_verdict(str(w / "seed0" / "vapo")) == ""
 
 
 def test_a_refused_start_is_printed_as_refused_not_crashed(tmp_path):
-  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
-  assert ablate.BAND_REFUSED == sft_band.OUTSIDE
-  band_dir = tmp_path / ablate.BAND_DIR
+  band_dir = tmp_path / report.BAND_DIR
   band_dir.mkdir()
-  (band_dir / ablate.BAND_FILE).write_text(json.dumps(
+  (band_dir / report.BAND_FILE).write_text(json.dumps(
       {"accepted": False, "failures": ["accuracy/long = 0.145 outside [0.25, 0.4]"]}))
   band = ablate.Run("sft_band", "stage", 0, str(band_dir), "vapo", (),
-                    module="vapo_jax.tools.sft_band")
-  refused = {"state": "crashed", "returncode": 3}
+                    module="experiments.ablation.sft_band")
+  assert sft_band.OUTSIDE == 3  # the exit status sft_band's docstring promises
+  refused = {"state": "crashed", "returncode": sft_band.OUTSIDE}
   assert ablate.state_label(band, refused) == (
       "refused (SFT start outside SFT_BAND: accuracy/long = 0.145 outside [0.25, 0.4])")
   assert ablate.state_label(band, {"state": "crashed", "returncode": 1}) == "crashed"
@@ -572,7 +573,6 @@ def test_a_refused_start_is_printed_as_refused_not_crashed(tmp_path):
 
 
 def test_the_band_metrics_and_check_by_hand():
-  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
   kinds = ["short", "short", "long", "long"]
   scores = [[1, 1], [1, 0], [0, 0], [1, 0]]
   lengths = [[40, 10], [45, 50], [150, 10], [160, 120]]
@@ -592,7 +592,7 @@ def test_smoke_overrides_plan_every_row(name, tmp_path):
   """--smoke: the config's SMOKE overrides give valid configs for every row and stage (the
   loader checks each), and its SMOKE_BAND accepts any start."""
   path = os.path.join(ROOT, "configs", name)
-  module = ablate.config_module(path)
+  module = config_file.config_module(path)
   assert module.SMOKE_BAND["bounds"] == {} and module.SFT_BAND["bounds"]
   load = ablate.config_loader(path, dict(module.SMOKE))
   runs = ablate.plan(load, ablate.parse_rows("all"), [0, 1], str(tmp_path),
@@ -610,7 +610,7 @@ def test_smoke_command_shares_one_sft_start_checked_by_the_band(tmp_path):
   what ended it, and the row from them."""
   w = tmp_path / "w"
   out = subprocess.run(
-      [sys.executable, "-m", "vapo_jax.tools.ablate", f"--config={COG}", "--smoke",
+      [sys.executable, "-m", "experiments.ablation.ablate", f"--config={COG}", "--smoke",
        "--rows=no_decoupled_gae_vp", "--seeds=3,", f"--workdir={w}",
        "--config.sampling.max_new_tokens=24", "--config.eval.samples_per_problem=1",
        # The smallest budgets that still run every stage: the shared-stage plumbing, resume
@@ -622,18 +622,18 @@ def test_smoke_command_shares_one_sft_start_checked_by_the_band(tmp_path):
   assert "4 runs (1 rows × seeds, 3 shared stages)" in out.stdout, out.stdout
   assert "shared stage sft_band: finished" in out.stdout, out.stdout
   (sft,) = [p for p in (w / "shared").iterdir() if p.name.startswith("stage-sft-")]
-  verdict = json.loads((sft / ablate.BAND_DIR / ablate.BAND_FILE).read_text())
+  verdict = json.loads((sft / report.BAND_DIR / report.BAND_FILE).read_text())
   assert verdict["accepted"] and verdict["band"]["bounds"] == {}
   # SMOKE_BAND's selection (candidates 2 and 4; no bounds): the first, saved as a run of
   # its own that the stages start from.
   assert verdict["selected_step"] == 2 and [c["step"] for c in verdict["candidates"]] == [2]
-  assert (sft / ablate.BAND_DIR / "checkpoints" / "2").is_dir()
+  assert (sft / report.BAND_DIR / "checkpoints" / "2").is_dir()
   assert (sft / "checkpoints" / "2").is_dir() and (sft / "checkpoints" / "4").is_dir()
   assert {"accuracy", "accuracy/short", "accuracy/long", "guess_rate"} <= set(verdict["metrics"])
   (vp,) = [p for p in (w / "seed3").iterdir() if p.name.startswith("stage-value_pretrain-")]
   vp_log = (vp / "log.txt").read_text()
   assert "--config.value_pretrain.coupled_gae=True" in vp_log
-  assert f"starting from the policy of {sft / ablate.BAND_DIR / 'checkpoints'} step 2" in vp_log
+  assert f"starting from the policy of {sft / report.BAND_DIR / 'checkpoints'} step 2" in vp_log
   last = [r for r in _records(vp) if r["stage"] == "value_pretrain"][-1]
   assert last["value_pretrain/stopped_by"] == "cap" and "value/s0_minus_return" in last
   assert (w / "metrics" / "seed3" / "no_decoupled_gae_vp.jsonl").exists()
@@ -677,10 +677,10 @@ def test_jobs_run_at_once_only_after_the_stages_they_need(jobs, tmp_path, monkey
   by_dir = {r.directory: r for r in runs}
   for run in runs:
     ran = _ran(run)
-    needs_crashed = any(ablate.read_status(by_dir[d])["state"] != "finished"
+    needs_crashed = any(report.read_status(by_dir[d])["state"] != "finished"
                         for d in run.needs)
     if needs_crashed:
-      assert ran is None and ablate.read_status(run) is None, run
+      assert ran is None and report.read_status(run) is None, run
       continue
     assert ran is not None, run
     for d in run.needs:
@@ -690,7 +690,7 @@ def test_jobs_run_at_once_only_after_the_stages_they_need(jobs, tmp_path, monkey
   assert overlap == (jobs == 2)
   if jobs == 2:  # the reward-model stage crashed: no_value_pretrain never ran, vapo did
     assert {r.name for r in runs if _ran(r) is None} == {"no_value_pretrain"}
-    assert all(ablate.read_status(r)["state"] == "finished" for r in runs
+    assert all(report.read_status(r)["state"] == "finished" for r in runs
                if r.name == "vapo")
 
 
@@ -733,7 +733,7 @@ def test_jobs_are_all_stopped_by_sigterm(tmp_path, monkeypatch):
     killer.join()
   assert time.time() - t0 < 50  # the runs stopped, not slept out
   for r in runs:
-    assert ablate.read_status(r) is None, r
+    assert report.read_status(r) is None, r
     assert os.path.exists(os.path.join(r.directory, "started")) == (r.name == "sft")
 
 
@@ -741,7 +741,6 @@ def test_selection_takes_the_first_accepted_checkpoint_and_resumes(tmp_path, mon
   """sft_band.select: candidates are measured in order until the band accepts one, whose
   policy is saved; each is logged as it is measured, so a rerun measures none again; none
   accepted is a refusal that names the range and the last failure."""
-  from vapo_jax.tools import sft_band  # pylint: disable=import-outside-toplevel
   # guess rate by checkpoint: only 1040 and 1060 are inside [0.12, 0.18]
   rates = {1000: 0.30, 1020: 0.25, 1040: 0.15, 1060: 0.13}
   measured, saved = [], []

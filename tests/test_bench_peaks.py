@@ -6,11 +6,10 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from benchmarks import quiet
+from benchmarks import sampler_bench
 
-import quiet  # noqa: E402  pylint: disable=wrong-import-position
-import sampler_bench  # noqa: E402  pylint: disable=wrong-import-position
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_peaks_command_prints_and_writes_them(tmp_path):

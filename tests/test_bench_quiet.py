@@ -9,10 +9,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-
-import quiet  # noqa: E402  pylint: disable=wrong-import-position
+from benchmarks import quiet
 
 
 # The end-to-end runs below check that each script runs and writes its figures, not the

@@ -1,12 +1,9 @@
 """Smoke test of benchmarks/packing_bench.py: it runs, and both sides do the same math."""
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
-import packing_bench  # noqa: E402
+from benchmarks import packing_bench
+from benchmarks import packing_rows
 
 
 def test_packing_bench_runs_and_the_first_update_matches(tmp_path, capsys):
@@ -25,7 +22,6 @@ def test_packing_bench_runs_and_the_first_update_matches(tmp_path, capsys):
 
 
 def test_packing_rows_prints_each_row_length(capsys):
-  import packing_rows  # pylint: disable=import-outside-toplevel
   packing_rows.main(["--config=configs/tiny.py", "--lengths=uniform:2,20",
                      "--prompt_lengths=uniform:4,20", "--row_factors=1,2"])
   out = capsys.readouterr().out

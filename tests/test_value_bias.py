@@ -1,6 +1,7 @@
-"""The mechanism suite's estimators (benchmarks/value_bias_stats.py) on cases with known
-answers: a synthetic policy whose true values are known in closed form, Monte Carlo noise of
-known size, and the package's own GAE as a second implementation."""
+"""The mechanism suite's estimators (experiments/value_mechanisms/value_bias_stats.py) on cases
+with known answers: a synthetic policy whose true values are known in closed form, Monte Carlo
+noise of known size, and the package's own GAE as a second implementation; the command and the
+pre-registered criteria (cog_criteria.py)."""
 
 import json
 import os
@@ -9,10 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-
-import value_bias_stats as vb  # noqa: E402  pylint: disable=wrong-import-position
+from experiments.value_mechanisms import cog_criteria
+from experiments.value_mechanisms import value_bias
+from experiments.value_mechanisms import value_bias_stats as vb
 
 
 def synthetic(rng, n_steps, m_tokens, q):
@@ -229,9 +229,6 @@ def test_lambda_table_on_a_perfect_and_a_noisy_critic():
 # ------------------------------------------------------------------- the command
 
 
-import value_bias  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
-
-
 def test_cuts_and_buckets():
   nl = 7
   assert value_bias.cuts_of([1, 2, nl, 3, nl, 4, 5], nl) == [0, 3, 5]
@@ -245,16 +242,17 @@ def test_cuts_and_buckets():
 
 
 def test_the_command_runs_end_to_end_on_a_tiny_budget(tmp_path):
-  """benchmarks/value_bias.py --smoke on chain_or_guess: every part runs (SFT in-process,
-  MC ground truth, zero-head and value-pretrained critics, M3 on identical rollouts) and the
-  tables are written. A check that the command works, not a measurement."""
+  """`python -m experiments.value_mechanisms.value_bias --smoke` on chain_or_guess: every part
+  runs (SFT in-process, MC ground truth, zero-head and value-pretrained critics, M3 on identical
+  rollouts) and the tables are written. A check that the command works, not a measurement."""
   import subprocess  # pylint: disable=import-outside-toplevel
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = tmp_path / "vb"
   env = {**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
   proc = subprocess.run(
-      [sys.executable, "benchmarks/value_bias.py", "--config=configs/chain_or_guess.py",
+      [sys.executable, "-m", "experiments.value_mechanisms.value_bias",
+       "--config=configs/chain_or_guess.py",
        f"--out={out}", "--smoke", "--noreward_model", "--budgets=1", "--m3_steps=1",
        "--config.sampling.max_new_tokens=24", "--config.sft.steps=2"],
       cwd=root, env=env, capture_output=True, text=True, timeout=600)
@@ -272,7 +270,6 @@ def test_the_command_runs_end_to_end_on_a_tiny_budget(tmp_path):
 
 
 def test_the_preregistered_criteria_read_mechanically():
-  import cog_criteria  # pylint: disable=import-outside-toplevel
 
   def run(row, seed, avg, length=100.0, guess=0.1, start=0.3):
     return {"kind": "run", "row": row, "seed": seed, "state": "finished", "avg": avg,
@@ -311,7 +308,6 @@ def test_the_preregistered_criteria_read_mechanically():
 
 
 def test_the_mechanism_criteria_read_mechanically():
-  import cog_criteria  # pylint: disable=import-outside-toplevel
 
   def fifths(*biases):
     return [{"fifth": k, "cuts": 3, "bias": b} for k, b in enumerate(biases)]
