@@ -50,3 +50,30 @@ def test_unknown_mode():
   with pytest.raises(ValueError, match="correction mode"):
     behaviour.correction_weights(jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.ones((1, 1)),
                                  mode="clip")
+
+
+@pytest.mark.parametrize("mode", ["token", "seq_mean_token_mean", "seq_mean_token_sum"])
+@pytest.mark.parametrize("dual_clip", [None, 3.0])
+def test_weighting_the_advantages_weights_each_tokens_surrogate(mode, dual_clip):
+  """The corrections scale A_t by w_t ≥ 0 (rl.experience): for the clipped (and dual-clip)
+  surrogate that is w_t times each token's term, checked here against a float64 sum."""
+  from vapo_jax import losses  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  logp = np.log(rng.uniform(0.05, 0.9, (3, 5)))
+  old = logp + rng.normal(0, 0.4, (3, 5))
+  adv = rng.normal(0, 1, (3, 5))
+  mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], np.float64)
+  w = rng.uniform(0, 2.5, (3, 5)) * (rng.uniform(size=(3, 5)) > 0.2)
+  eps_low, eps_high = 0.2, 0.28
+  r = np.exp(logp - old)
+  term = -np.minimum(r * adv, np.clip(r, 1 - eps_low, 1 + eps_high) * adv)
+  if dual_clip:
+    term = np.where(adv < 0, np.minimum(term, -dual_clip * adv), term)
+  per_seq = (term * w * mask).sum(1)
+  want = {"token": per_seq.sum(), "seq_mean_token_sum": per_seq.sum(),
+          "seq_mean_token_mean": (per_seq / mask.sum(1)).sum()}[mode]
+  got = losses.ppo_policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32),
+                               jnp.asarray(adv * w, jnp.float32), jnp.asarray(mask, jnp.float32),
+                               eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+                               mode=mode)
+  assert float(got.loss.total) == pytest.approx(want, rel=1e-4, abs=1e-5)

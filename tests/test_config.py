@@ -45,6 +45,8 @@ def test_every_config_file_and_preset_validates(name):
     ("reward.fn", "no_colon", "config.reward.fn"),
     ("reward.mode", "loose", "config.reward.mode='loose': must be \"strict\" or \"lenient\""),
     ("eval.reward_mode", "loose", "config.eval.reward_mode='loose'"),
+    ("rl.behaviour_correction", "clip", "config.rl.behaviour_correction='clip'"),
+    ("rl.behaviour_band", (1.5, 2.0), "config.rl.behaviour_band=(1.5, 2.0)"),
 ])
 def test_bad_values_name_the_field(field, value, message):
   c = load_config_file("tiny.py")

@@ -264,6 +264,13 @@ class RLSection:
   packing_row_tokens: int = 0           # 0: max_prompt_tokens + max_new_tokens
   packing_tokens_per_device: int = 0    # 0: the padded micro-batch's tokens per device
   gae_impl: str = "blocked"
+  # The sampler's behaviour log-probs against the recomputed old ones are logged every step
+  # (rollout/logp_gap_*, rl/behaviour.py). Optional correction of that gap, a per-token
+  # weight on the policy's surrogate: "tis" = min(π_old/π_b, behaviour_cap) (truncated
+  # importance sampling), "mask" = drop tokens whose ratio leaves behaviour_band; "none": off.
+  behaviour_correction: str = "none"
+  behaviour_cap: float = 2.0
+  behaviour_band: tuple = (0.5, 2.0)
   # The baselines' extras (off in VAPO; see PRESETS):
   kl_coef: float = 0.0                  # β of GRPO's k3 KL to the initial policy; 0: off
   dynamic_sampling: bool = False        # DAPO: keep groups of mixed scores, sample to fill
@@ -630,6 +637,11 @@ def validate(cfg: Config) -> None:
   need(rl.gae_impl in ("scan", "associative", "blocked"), "rl.gae_impl", rl.gae_impl,
        "scan, associative or blocked")
   need(rl.kl_coef >= 0, "rl.kl_coef", rl.kl_coef, ">= 0 (0: off)")
+  need(rl.behaviour_correction in ("none", "tis", "mask"), "rl.behaviour_correction",
+       rl.behaviour_correction, '"none", "tis" or "mask"')
+  need(rl.behaviour_cap > 0, "rl.behaviour_cap", rl.behaviour_cap, "> 0")
+  need(len(rl.behaviour_band) == 2 and 0 <= rl.behaviour_band[0] < 1 < rl.behaviour_band[1],
+       "rl.behaviour_band", rl.behaviour_band, "(lo, hi) with 0 <= lo < 1 < hi")
   need(not rl.dynamic_sampling or cfg.responses_per_prompt >= 2, "rl.dynamic_sampling",
        rl.dynamic_sampling, "False without groups (rl.group_sampling, responses_per_prompt >= 2)")
   need(rl.dynamic_sampling_max_rounds >= 0, "rl.dynamic_sampling_max_rounds",

@@ -60,6 +60,11 @@ class Experience:
   overlong: (L_max, L_cache) of DAPO's overlong shaping, or None (off).
   dynamic_rounds: extra sampling rounds dynamic sampling may draw per step (-1: off).
   group_size: responses per prompt (the groups dynamic sampling keeps or drops).
+  correction: the sampler/trainer mismatch correction `(mode, cap, band)` of
+    `rl.behaviour.correction_weights` ("none": off). Its weights w_t ≥ 0 scale the policy's
+    advantages, which is the same as scaling each token's clipped-surrogate term (the PPO,
+    dual-clip surrogates are positively homogeneous in A); the critic's targets and value
+    pretraining are untouched.
   """
   sampler: types_lib.RolloutSampler
   text: Any
@@ -72,6 +77,7 @@ class Experience:
   overlong: tuple[int, int] | None = None
   dynamic_rounds: int = -1
   group_size: int = 1
+  correction: tuple = ("none", 2.0, (0.5, 2.0))
 
   def __call__(self, policy_params, examples, key, *, values: Callable | None = None,
                for_value_pretraining: bool = False, ref_params=None,
@@ -125,6 +131,13 @@ class Experience:
       on_device["reward/overlong_penalty_mean"] = jnp.mean(penalty_B)
     fn = self.monte_carlo if for_value_pretraining else self.advantages
     adv = fn(rewards_B, rollout.lengths_B, resp_mask, values, rollout.group_ids_B)
+    mode, cap, band = self.correction
+    if mode != "none" and not for_value_pretraining:
+      w = behaviour.correction_weights(old_logp, rollout.logp_BxR, resp_mask, mode=mode,
+                                       cap=cap, band=band)
+      on_device["rollout/correction_weight_mean"] = (jnp.sum(w * resp_mask)
+                                                     / jnp.maximum(jnp.sum(resp_mask), 1.0))
+      adv = adv._replace(advantages_BxR=adv.advantages_BxR * w)
     batch = batch_lib.RolloutBatch(
         tokens_BxL=tokens, mask_BxL=mask, old_logp_BxR=old_logp,
         advantages_BxR=adv.advantages_BxR, returns_BxR=adv.returns_BxR,

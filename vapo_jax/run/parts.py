@@ -298,7 +298,9 @@ def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Exp
       overlong=((cfg.sampling.max_new_tokens, cfg.overlong_cache_tokens)
                 if cfg.rl.overlong_shaping else None),
       dynamic_rounds=cfg.rl.dynamic_sampling_max_rounds if cfg.rl.dynamic_sampling else -1,
-      group_size=cfg.responses_per_prompt)
+      group_size=cfg.responses_per_prompt,
+      correction=(cfg.rl.behaviour_correction, cfg.rl.behaviour_cap,
+                  tuple(cfg.rl.behaviour_band)))
 
 
 @dataclasses.dataclass
