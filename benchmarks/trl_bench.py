@@ -16,7 +16,10 @@ same maximum prompt and response lengths, temperature 1.0 with no top-k / top-p,
 reward (`vapo_jax.rewards.math:score`), KL coefficient β = 0.04 against a frozen reference,
 one optimizer step per generation batch (ours: rl.num_minibatches = ppo_epochs = 1; TRL:
 per_device_train_batch_size = P·G, gradient_accumulation_steps = 1), the same learning rate,
-full fine-tuning on both (LoRA off: `--lora` is not offered), float32 on both.
+full fine-tuning on both (LoRA off: `--lora` is not offered), float32 on both, activation
+recomputation as the config's model.remat on both (off; TRL's default would turn it on), the
+preset's objective on TRL's side (loss_type "grpo": per-sequence means; scale_rewards "group";
+epsilon = rl.eps_low; the gradient clip and weight decay of the config).
 
 Per RL step, the split of each side (seconds, medians over the timed steps):
   ours  rollout: the trainer's rollout engine, as `Trainer.experience` times it;
@@ -212,7 +215,14 @@ def build_trl(model_dir: str, rendered: list[str], answers: list[str], cfg, args
       temperature=1.0, top_p=1.0, top_k=0, use_vllm=False, bf16=False, fp16=False,
       report_to="none", learning_rate=args.lr, lr_scheduler_type="constant",
       max_steps=args.steps + 1, logging_steps=1, save_strategy="no", seed=args.seed,
-      num_iterations=1, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+      num_iterations=1, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+      # TRL turns it on by default; ours follows model.remat (off in the smollm2 config).
+      gradient_checkpointing=cfg.model.remat,
+      # The objective of the grpo preset: per-sequence means, the group's std, one clip range.
+      loss_type="dapo" if cfg.rl.token_level_loss else "grpo",
+      scale_rewards="group" if cfg.rl.group_std_norm else "none",
+      epsilon=cfg.rl.eps_low, epsilon_high=cfg.rl.eps_high if cfg.rl.clip_higher else None,
+      max_grad_norm=cfg.optim.grad_clip, weight_decay=cfg.optim.weight_decay)
   data = datasets.Dataset.from_dict({"prompt": rendered, "answer": answers})
   trainer = trl.GRPOTrainer(model=model, reward_funcs=math_score, args=gargs,
                             train_dataset=data, processing_class=tok, callbacks=[timer_cb])
@@ -323,7 +333,8 @@ def measure(args, load) -> tuple[list[str], dict]:
 
   lines = [f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} responses, "
            f"max prompt {args.max_prompt}, max new tokens {args.max_new}, temperature 1.0, "
-           f"beta {cfg.rl.kl_coef}, lr {args.lr}, full fine-tuning, float32; medians of "
+           f"beta {cfg.rl.kl_coef}, lr {args.lr}, full fine-tuning, float32, remat "
+           f"{cfg.model.remat}; medians of "
            f"{n - 1} timed RL step(s) after 1 warm-up"]
   lines += split_lines("ours (vapo_jax grpo)", med_ours)
   lines += split_lines("TRL GRPOTrainer", med_trl)
@@ -342,6 +353,7 @@ def measure(args, load) -> tuple[list[str], dict]:
       "settings": {"prompts": args.prompts, "group": args.group, "max_prompt": args.max_prompt,
                    "max_new_tokens": args.max_new, "temperature": 1.0,
                    "beta": cfg.rl.kl_coef, "lr": args.lr, "lora": False, "dtype": "float32",
+                   "remat": cfg.model.remat,
                    "timed_steps": n - 1, "rollout_rounds": args.rollout_rounds},
       "rl_step": {"ours": {"per_step": ours[:n], "median": med_ours},
                   "trl": {"per_step": trl_runs[:n], "median": med_trl},
