@@ -284,6 +284,19 @@ def measure(args, load) -> tuple[list[str], dict]:
   rounds = quiet.Rounds({"ours": [r["step"] for r in ours[1:n]],
                          "trl": [r["step"] for r in trl_runs[1:n]]}, [])
   med_ours, med_trl = medians(ours[1:n], OUR_PHASES), medians(trl_runs[1:n], TRL_PHASES)
+  lines = [f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} responses, "
+           f"max prompt {args.max_prompt}, max new tokens {args.max_new}, temperature 1.0, "
+           f"beta {cfg.rl.kl_coef}, lr {args.lr}, full fine-tuning, float32, remat "
+           f"{cfg.model.remat}; medians of "
+           f"{n - 1} timed RL step(s) after 1 warm-up"]
+  lines += split_lines("ours (vapo_jax grpo)", med_ours)
+  lines += split_lines("TRL GRPOTrainer", med_trl)
+  lines.append(rounds.describe_ratio("ours", "trl", "RL step, TRL's time / ours"))
+  for k in ("rollout", "forward", "updates"):
+    if med_ours.get(k) and med_trl.get(k):
+      lines.append(f"  {k}: TRL / ours {med_trl[k] / med_ours[k]:.2f}x")
+  for line in lines:  # now, in case the rollout part below does not finish (again at the end)
+    print(load.tag(line), flush=True)
 
   # The rollout alone: engine, static sampler, transformers generate.
   static_cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling,
@@ -331,17 +344,6 @@ def measure(args, load) -> tuple[list[str], dict]:
   roll = rollout_rounds(warm, wtok)
   tps = {k: sum(wtok[k]) / sum(warm[k]) for k in warm}
 
-  lines = [f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} responses, "
-           f"max prompt {args.max_prompt}, max new tokens {args.max_new}, temperature 1.0, "
-           f"beta {cfg.rl.kl_coef}, lr {args.lr}, full fine-tuning, float32, remat "
-           f"{cfg.model.remat}; medians of "
-           f"{n - 1} timed RL step(s) after 1 warm-up"]
-  lines += split_lines("ours (vapo_jax grpo)", med_ours)
-  lines += split_lines("TRL GRPOTrainer", med_trl)
-  lines.append(rounds.describe_ratio("ours", "trl", "RL step, TRL's time / ours"))
-  for k in ("rollout", "forward", "updates"):
-    if med_ours.get(k) and med_trl.get(k):
-      lines.append(f"  {k}: TRL / ours {med_trl[k] / med_ours[k]:.2f}x")
   lines.append("rollout alone (same prompts x G, same max new tokens): " + ", ".join(
       f"{k} {tps[k]:.0f} response tokens/s" for k in tps))
   lines.append(roll.describe_ratio("engine", "generate", "engine vs transformers generate "
@@ -393,6 +395,8 @@ def main(argv=None):
   ap.add_argument("--trl-dir", default="/tmp/trl_bench_out", help="TRL's output_dir")
   quiet.add_flags(ap)
   args = ap.parse_args(argv)
+  if args.steps < 1 or args.rollout_rounds < 1:
+    ap.error("--steps and --rollout-rounds must be >= 1 (each after one warm-up)")
   if args.json is None:
     day = datetime.date.today().isoformat()
     args.json = os.path.join(_HERE, "results", f"trl-bench-{day}", "trl_bench.json")
