@@ -15,7 +15,8 @@ Both sides, in one process, on the same converted model, the same P prompts (wor
 same maximum prompt and response lengths, temperature 1.0 with no top-k / top-p, the same
 reward (`vapo_jax.rewards.math:score`), KL coefficient β = 0.04 against a frozen reference,
 one optimizer step per generation batch (ours: rl.num_minibatches = ppo_epochs = 1; TRL:
-per_device_train_batch_size = P·G, gradient_accumulation_steps = 1), the same learning rate,
+per_device_train_batch_size = P·G, gradient_accumulation_steps = 1; our rl.micro_batch_size
+stays the config's where it divides P·G, else 0: one pass, as TRL's), the same learning rate,
 full fine-tuning on both (LoRA off: `--lora` is not offered), float32 on both, activation
 recomputation as the config's model.remat on both (off; TRL's default would turn it on), the
 preset's objective on TRL's side (loss_type "grpo": per-sequence means; scale_rewards "group";
@@ -126,6 +127,9 @@ def our_config(path: str, preset: str, model_dir: str, args):
   c.sampling.temperature, c.sampling.top_p, c.sampling.top_k = 1.0, 1.0, 0
   c.rl.prompts_per_step, c.rl.responses_per_prompt = args.prompts, args.group
   c.rl.num_minibatches, c.rl.ppo_epochs = 1, 1
+  rows = args.prompts * args.group
+  if c.rl.micro_batch_size and rows % c.rl.micro_batch_size:
+    c.rl.micro_batch_size = 0  # one pass over the whole mini-batch, as TRL's P·G rows
   c.optim.policy_lr, c.optim.warmup_steps = args.lr, 0
   c.value_pretrain.enabled = False
   c.eval.every = 0
@@ -355,7 +359,7 @@ def measure(args, load) -> tuple[list[str], dict]:
       "settings": {"prompts": args.prompts, "group": args.group, "max_prompt": args.max_prompt,
                    "max_new_tokens": args.max_new, "temperature": 1.0,
                    "beta": cfg.rl.kl_coef, "lr": args.lr, "lora": False, "dtype": "float32",
-                   "remat": cfg.model.remat,
+                   "remat": cfg.model.remat, "micro_batch_size": cfg.rl.micro_batch_size,
                    "timed_steps": n - 1, "rollout_rounds": args.rollout_rounds},
       "rl_step": {"ours": {"per_step": ours[:n], "median": med_ours},
                   "trl": {"per_step": trl_runs[:n], "median": med_trl},
