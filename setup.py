@@ -59,6 +59,8 @@ setuptools.setup(
         "tfds": ["tensorflow-datasets>=4.9"],
         "tpu": ["jax[tpu]>=0.10,<0.11"],
         # Peers that benchmarks compare against; not needed to use the package.
-        "bench": ["torch>=2.5", "transformers>=5,<6", "rlax>=0.1.8", "math-verify>=0.7"],
+        # trl: benchmarks/trl_bench.py (one GRPO step beside TRL's GRPOTrainer, CPU, no vLLM).
+        "bench": ["torch>=2.5", "transformers>=5,<6", "rlax>=0.1.8", "math-verify>=0.7",
+                  "trl>=1.16,<2"],
     },
 )

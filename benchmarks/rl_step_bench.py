@@ -66,6 +66,9 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   ex = t.parts.experience
   jax.block_until_ready(ex.logprobs(t.state.policy_params, tokens, mask, prompt_len=p,
                                     temperature=cfg.sampling.temperature))
+  if t.state.ref_params is not None:  # the KL penalty's reference (grpo)
+    jax.block_until_ready(ex.logprobs(t.state.ref_params, tokens, mask, prompt_len=p,
+                                      temperature=cfg.sampling.temperature))
   if t.state.train_state("critic") is not None:
     jax.block_until_ready(t.critic_values(t.state.train_state("critic").params, tokens, mask,
                                           prompt_len=p))
@@ -113,6 +116,8 @@ def measure(args, load):
   try:
     if cfg.uses_critic:
       t.setup("critic")
+    if cfg.rl.kl_coef > 0:  # as Trainer.rl: the reference's log-probs join the experience
+      t.setup("reference")
     t.setup("policy")
     runs = []
     for i in range(args.steps):
@@ -137,7 +142,7 @@ def measure(args, load):
     lines.append(f"  {names[k]:44s} {med[k]:8.3f} s  {med[k] / total:6.1%}")
   lines.append(f"  {'step':44s} {total:8.3f} s")
   lines.append(f"  alone: reward scoring {med['reward']:.3f} s, forward passes (old log-probs "
-               f"+ values) {med['forward']:.3f} s")
+               f"+ reference's + values) {med['forward']:.3f} s")
   peak = matmul_peak()
   mcfg = t.parts.model_cfg
   seq = t.cfg.data.max_prompt_tokens + t.cfg.sampling.max_new_tokens
