@@ -7,6 +7,8 @@ import pytest
 
 from vapo_jax import gae as gae_lib
 
+pytestmark = pytest.mark.floor  # CI's floor leg runs this whole file
+
 # Written out, not read from gae_lib: a renamed or dropped implementation must fail here,
 # not silently shrink the parametrisations below.
 IMPLS = ("scan", "associative", "blocked")

@@ -7,6 +7,8 @@ import pytest
 
 from vapo_jax import losses
 
+pytestmark = pytest.mark.floor  # CI's floor leg runs this whole file
+
 
 # Written out, not read from losses.MODES: a renamed mode must fail here, not silently be
 # tested under its new name against a reference that then takes its other branch.

@@ -11,6 +11,7 @@ from vapo_jax.run import metrics as metrics_lib
 from vapo_jax.run import control as run_control
 
 
+@pytest.mark.floor
 def test_jsonl_and_tensorboard_and_truncate(tmp_path):
   w = metrics_lib.MetricsWriter(str(tmp_path))
   for step in (1, 2, 3):
@@ -81,6 +82,7 @@ def test_stage_order_and_nonfinite_counter():
   assert json.loads(json.dumps(ctl.state()))["skipped_total"] == 5
 
 
+@pytest.mark.floor
 def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
   pytest.importorskip("wandb")
   import wandb_files  # pylint: disable=import-outside-toplevel

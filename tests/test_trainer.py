@@ -89,6 +89,7 @@ def test_positive_nll_switch():
   assert abs(with_nll["policy_loss"] - with_nll["pg_loss"] - 0.5 * with_nll["nll_loss"]) < 1e-4
 
 
+@pytest.mark.floor
 def test_main_runs_end_to_end(tmp_path):
   cmd = [sys.executable, "-m", "vapo_jax.main", "--config=configs/tiny.py",
          f"--workdir={tmp_path}", "--noprogress", "--config.sft.steps=8",
