@@ -9,6 +9,7 @@ Each record's data is a `wandb_internal_pb2.Record` protobuf.
 import glob
 import json
 import os
+import time
 
 BLOCK = 32 * 1024
 HEADER = 7
@@ -27,6 +28,8 @@ def records(path: str):
       pos += left
       continue
     n, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+    if pos + HEADER + n > len(data):  # a record still being written
+      break
     parts += data[pos + HEADER:pos + HEADER + n]
     pos += HEADER + n
     if kind in (1, 4):
@@ -36,9 +39,20 @@ def records(path: str):
       yield record
 
 
-def offline_run(workdir: str) -> dict:
-  """{"project", "name", "history": [row, ...]} of the one offline run under workdir/wandb."""
-  paths = glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb"))
+def offline_run(workdir: str, wait_s: float = 60.0) -> dict:
+  """{"project", "name", "history": [row, ...]} of the one offline run under workdir/wandb.
+
+  W&B's own process writes the file and may still be writing when `finish()` has returned
+  (seen on a loaded machine): this waits up to `wait_s` for the run's closing `exit` record.
+  """
+  deadline = time.monotonic() + wait_s
+  while True:
+    paths = glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb"))
+    done = len(paths) == 1 and any(r.WhichOneof("record_type") == "exit"
+                                   for r in records(paths[0]))
+    if done or time.monotonic() > deadline:
+      break
+    time.sleep(0.5)
   assert len(paths) == 1, paths
   out = {"project": None, "name": None, "history": []}
   for r in records(paths[0]):
