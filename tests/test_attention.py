@@ -56,6 +56,7 @@ def _real_rows(mask, t, q_offset=0):
   return vis.any(-1)
 
 
+@pytest.mark.floor
 @pytest.mark.parametrize("block", [8, 64])
 def test_blocked_equals_dense_values_and_grads(block):
   q, k, v, mask = _inputs()

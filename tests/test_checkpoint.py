@@ -107,6 +107,7 @@ def records(workdir):
           for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
 
 
+@pytest.mark.floor
 def test_sigterm_resume_equals_uninterrupted_run_and_corrupt_newest_falls_back(
     tmp_path, monkeypatch):
   cfg = small()

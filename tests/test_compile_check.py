@@ -80,6 +80,7 @@ def _check(*args):
                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.floor
 @NEEDS_LIBTPU
 def test_small_config_fits_a_small_slice(tmp_path):
   out = _check(*TINY, "--topology=v5e-4", f"--json={tmp_path}/r.json")
@@ -115,6 +116,7 @@ def test_small_config_fits_a_small_slice(tmp_path):
       report["rollout_parts"][k] for k in ("decode_copy", "kv_pool"))
 
 
+@pytest.mark.floor
 @NEEDS_LIBTPU
 def test_qwen32b_on_a_too_small_slice_fails_clearly():
   out = _check("--config=configs/qwen32b.py", "--topology=v5p-8")

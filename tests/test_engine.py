@@ -41,7 +41,8 @@ def ckpt(tmp_path_factory):
   return _load("qwen2", tmp_path_factory)
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen2_tied", "qwen3"])
+@pytest.fixture(scope="module", params=[pytest.param("qwen2", marks=pytest.mark.floor),
+                                        "qwen2_tied", "qwen3"])
 def any_ckpt(request, tmp_path_factory):
   return _load(request.param, tmp_path_factory)
 

@@ -12,6 +12,7 @@ from vapo_jax import gae as gae_lib
 IMPLS = ("scan", "associative", "blocked")
 
 
+@pytest.mark.floor
 def test_implementations_are_the_documented_three():
   assert tuple(gae_lib.IMPLEMENTATIONS) == IMPLS
 
@@ -49,6 +50,7 @@ def random_batch(seed, b=6, t=29, holes=True, dtype=np.float32):
   return (rewards.astype(dtype), values.astype(dtype), mask.astype(dtype), lam.astype(dtype))
 
 
+@pytest.mark.floor
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("gamma", [1.0, 0.97])
 @pytest.mark.parametrize("holes", [False, True])
@@ -141,6 +143,7 @@ def test_no_gradient_flows():
   assert np.all(np.asarray(grad) == 0)
 
 
+@pytest.mark.floor
 def test_length_adaptive_lambda():
   lam = gae_lib.length_adaptive_lambda(jnp.array([0, 1, 20, 100, 1000, 10000]), alpha=0.05)
   np.testing.assert_allclose(lam, [0.0, 0.0, 0.0, 0.8, 0.98, 0.998], atol=1e-6)
@@ -148,6 +151,7 @@ def test_length_adaptive_lambda():
     gae_lib.length_adaptive_lambda(jnp.array([5]), alpha=0.0)
 
 
+@pytest.mark.floor
 def test_decoupled_gae_is_two_gae_calls():
   r, v, m, _ = random_batch(8, holes=False)
   out = gae_lib.decoupled_gae(r, v, m, gamma=1.0, alpha=0.05)

@@ -13,6 +13,7 @@ from vapo_jax import losses
 MODES = ("token", "seq_mean_token_mean", "seq_mean_token_sum")
 
 
+@pytest.mark.floor
 def test_modes_are_the_documented_three():
   assert tuple(losses.MODES) == MODES
 
@@ -49,6 +50,7 @@ def ref_aggregate(per_token, mask, mode):
   return np.mean([(per_token[i] * m[i]).sum() for i in rows])
 
 
+@pytest.mark.floor
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dual", [None, 3.0])
 def test_policy_loss_matches_formula(mode, dual):
@@ -94,6 +96,7 @@ def test_masked_positions_are_ignored_even_if_not_finite():
   assert np.all(np.isfinite(g)) and np.all(np.asarray(g)[mask == 0] == 0)
 
 
+@pytest.mark.floor
 @pytest.mark.parametrize("mode", MODES)
 def test_accumulation_over_microbatches_is_exact(mode):
   """Σ micro-batch (total, grad total) / whole-batch count == whole-batch loss and gradient."""
@@ -135,6 +138,7 @@ def test_accumulation_over_microbatches_is_exact(mode):
     np.testing.assert_allclose(s.count, w.count, rtol=0)
 
 
+@pytest.mark.floor
 def test_positive_nll():
   logp, _, _, mask = batch(5)
   scores = np.array([1.0, 0.0, 1.0, 0.5, 0.0, 1.0], np.float32)
@@ -173,6 +177,7 @@ def test_positive_nll_any_leading_dims(lead, jit):
     losses.positive_nll(logp, mask, np.ones(lead + (t,), np.float32))
 
 
+@pytest.mark.floor
 def test_value_loss_and_clipping():
   _, _, _, mask = batch(6)
   rng = np.random.default_rng(6)
@@ -188,6 +193,7 @@ def test_value_loss_and_clipping():
     losses.value_loss(v, r, mask, clip_eps=0.2)
 
 
+@pytest.mark.floor
 def test_explained_variance():
   _, _, _, mask = batch(7)
   r = np.random.default_rng(7).normal(size=mask.shape).astype(np.float32)

@@ -11,6 +11,7 @@ from vapo_jax.run import metrics as metrics_lib
 from vapo_jax.run import control as run_control
 
 
+@pytest.mark.floor
 def test_jsonl_and_tensorboard_and_truncate(tmp_path):
   w = metrics_lib.MetricsWriter(str(tmp_path))
   for step in (1, 2, 3):
@@ -79,3 +80,48 @@ def test_stage_order_and_nonfinite_counter():
   with pytest.raises(run_control.NonFiniteError, match="3 updates in a row"):
     ctl.count_skipped([True], "rl step 9")
   assert json.loads(json.dumps(ctl.state()))["skipped_total"] == 5
+
+
+@pytest.mark.floor
+def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
+  pytest.importorskip("wandb")
+  import wandb_files  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  w = metrics_lib.MetricsWriter(str(tmp_path), tensorboard=False,
+                                wandb={"project": "proj", "name": "tiny-1",
+                                       "config": {"rl": {"steps": 3}}})
+  for step in (1, 2, 3):
+    w.write("rl", step, {"reward/mean": step / 10, "done": True, "note": "x"})
+  w.write("eval", 3, {"avg@4": 0.5})
+  w.close()
+  run = wandb_files.offline_run(str(tmp_path))
+  assert (run["project"], run["name"]) == ("proj", "tiny-1")
+  rl = [(h["rl/step"], h["rl/reward/mean"]) for h in run["history"] if "rl/step" in h]
+  assert rl == [(1, 0.1), (2, 0.2), (3, 0.3)]
+  assert [(h["eval/step"], h["eval/avg@4"]) for h in run["history"] if "eval/step" in h] == [
+      (3, 0.5)]
+  assert not any("rl/done" in h or "rl/note" in h for h in run["history"])  # numbers only
+  assert (tmp_path / "wandb_id").read_text().strip() in str(list(tmp_path.glob("wandb/*")))
+
+
+def test_wandb_missing_is_one_line(tmp_path, monkeypatch):
+  from vapo_jax import cli  # pylint: disable=import-outside-toplevel
+  monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # `import wandb` fails
+  with pytest.raises(ImportError) as e:
+    metrics_lib.MetricsWriter(str(tmp_path), wandb={"project": "p"})
+  line = cli.user_error(e.value)
+  assert line == ("metrics.wandb=True needs the wandb package: pip install wandb "
+                  "(or set --config.metrics.wandb=False)")
+  metrics_lib.MetricsWriter(str(tmp_path / "off"), tensorboard=False).close()  # off: no import
+
+
+def test_wandb_config_fields():
+  c = config_lib.default_config_dict()
+  cfg = config_lib.from_config_dict(c)
+  assert (cfg.metrics.wandb, cfg.metrics.wandb_project) == (False, "vapo_jax")
+  c.metrics.update(wandb=True, wandb_project=" ")
+  with pytest.raises(config_lib.ConfigError, match=r"config\.metrics\.wandb_project=' '"):
+    config_lib.from_config_dict(c)
+  c.metrics.wandb_project, c.metrics.wandb_name = "p", "run-a"
+  assert config_lib.to_dict(config_lib.from_config_dict(c))["metrics"]["wandb_name"] == "run-a"

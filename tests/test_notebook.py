@@ -41,6 +41,8 @@ def test_quickstart_notebook_runs_on_cpu(tmp_path, monkeypatch):
                    for o in cell.get("outputs", []))
 
   outputs = [text(c) for c in nb.cells if c.cell_type == "code"]
+  import jax  # pylint: disable=import-outside-toplevel
+  assert f"with jax {jax.__version__} (the preinstalled one, kept)" in outputs[0], outputs[0]
   assert any('"eval_after_rl"' in o for o in outputs), outputs
   images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
             if "image/png" in o.get("data", {})]

@@ -114,6 +114,7 @@ def _plan(batch, spec):
   return {**batch, **arrays}, plan
 
 
+@pytest.mark.floor
 def test_pack_unpack_alignment_and_positions_restart():
   """Unpacking the packed next tokens gives the response tokens; every packed position is the
   padded path's position of the same token, so each segment restarts at 0."""
@@ -238,6 +239,7 @@ def test_packed_policy_step_equals_padded_in_every_loss_mode(mode):
   assert steps[("policy", "packed")][1]["kl_ref"] > 0
 
 
+@pytest.mark.floor
 def test_packed_equals_padded_on_a_2x2x2_mesh():
   mesh = shd.make_mesh(2, 2, 2)
   fwd, steps, plan = _run(CFGS["blocked"], mesh, packing.PackSpec(12, 1, 4),

@@ -1,5 +1,6 @@
 """The trainer: exact micro-batching, one RL step on 8 devices = 1 device, an end-to-end run."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +12,8 @@ import pytest
 
 from vapo_jax import config as config_lib
 from vapo_jax.run import trainer as trainer_lib
+
+import wandb_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,19 +89,29 @@ def test_positive_nll_switch():
   assert abs(with_nll["policy_loss"] - with_nll["pg_loss"] - 0.5 * with_nll["nll_loss"]) < 1e-4
 
 
+@pytest.mark.floor
 def test_main_runs_end_to_end(tmp_path):
   cmd = [sys.executable, "-m", "vapo_jax.main", "--config=configs/tiny.py",
          f"--workdir={tmp_path}", "--noprogress", "--config.sft.steps=8",
          "--config.value_pretrain.max_steps=1", "--config.value_pretrain.min_steps=1",
          "--config.rl.steps=2", "--config.eval.num_examples=64",
          "--config.data.num_train=256", "--config.data.num_eval=64"]
+  wandb = importlib.util.find_spec("wandb") is not None  # the test extra has it
+  if wandb:  # the same run also logs to W&B, offline (no account, no network)
+    cmd += ["--config.metrics.wandb=True", "--config.metrics.wandb_name=e2e"]
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "XLA_FLAGS": ""})
+                       env={**os.environ, "XLA_FLAGS": "", "WANDB_MODE": "offline",
+                            "WANDB_SILENT": "true"})
   assert out.returncode == 0, out.stderr[-3000:]
   summary = json.loads(out.stdout[out.stdout.index("{"):])
   assert {"eval_before_rl", "eval_after_rl", "sft", "value_pretrain"} <= set(summary)
   stages = [json.loads(l)["stage"] for l in open(tmp_path / "metrics.jsonl")]
   assert stages.count("rl") == 2 and stages.count("sft") == 8
+  if wandb:
+    run = wandb_files.offline_run(str(tmp_path))
+    assert run["name"] == "e2e"
+    assert [h["rl/step"] for h in run["history"] if "rl/step" in h] == [1, 2]
+    assert sum("sft/step" in h for h in run["history"]) == 8
 
 
 def test_bad_config_fails_before_compiling():

@@ -335,6 +335,9 @@ class FaultsSection:
 class MetricsSection:
   tensorboard: bool = True              # event files in workdir/tensorboard/<stage>
   plot: bool = True                     # workdir/curves.png at the end of the run
+  wandb: bool = False                   # also log to Weights & Biases (pip install wandb)
+  wandb_project: str = "vapo_jax"       # the W&B project
+  wandb_name: str = ""                  # the W&B run's name ("": W&B picks one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -668,6 +671,8 @@ def validate(cfg: Config) -> None:
   need(ck.every >= 0, "checkpoint.every", ck.every, ">= 0 (0: at stage ends only)")
   need(ck.keep >= 1, "checkpoint.keep", ck.keep, ">= 1")
   need(ck.restore in ("all", "weights"), "checkpoint.restore", ck.restore, '"all" or "weights"')
+  need(not cfg.metrics.wandb or cfg.metrics.wandb_project.strip(), "metrics.wandb_project",
+       cfg.metrics.wandb_project, "a project name when metrics.wandb is on")
   need(cfg.faults.max_consecutive_nonfinite >= 1, "faults.max_consecutive_nonfinite",
        cfg.faults.max_consecutive_nonfinite, ">= 1")
   for name in ("collective_timeout_s", "step_timeout_s", "sigterm_grace_s"):
@@ -676,6 +681,11 @@ def validate(cfg: Config) -> None:
 
 
 # --------------------------------------------------------------------------- internals
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+  """The config as nested plain dicts (section -> field -> value), e.g. for a logger."""
+  return _to_dict(cfg)
 
 
 def _to_dict(obj) -> dict:

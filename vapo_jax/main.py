@@ -38,6 +38,8 @@ def main(argv):
   if _CONFIG.value is None:
     raise app.UsageError("--config=configs/<experiment>.py is required")
   cfg = config_lib.from_command_line(_CONFIG.value)
+  from vapo_jax import compat  # pylint: disable=import-outside-toplevel
+  compat.warn_if_unsupported()  # a jax outside setup.py's range: one warning, then go on
   from vapo_jax import distributed  # pylint: disable=import-outside-toplevel
   distributed.initialize(_DIST.value, coordinator=_COORD.value,
                          num_processes=_NPROC.value, process_id=_PID.value)

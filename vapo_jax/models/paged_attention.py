@@ -37,6 +37,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from vapo_jax import compat
+
 
 def combine(k_SxKxDh: jax.Array, v_SxKxDh: jax.Array) -> jax.Array:
   """[S, 2K, Dh] with keys at even and values at odd combined heads."""
@@ -143,7 +145,7 @@ def tpu_decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.A
         in_specs=(P(None, head_axis, None), P(None, None, head_axis, None), P(), P()),
         out_specs=P(None, head_axis, None), check_vma=False)(
             q_SxHxDh, kv_pages, lens_S, table_SxM)
-  from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+  rpa = compat.ragged_paged_attention_kernel()
   s, _, dh = q_SxHxDh.shape
   m = table_SxM.shape[1]
   kernel_kw.setdefault("num_kv_pages_per_block", max(

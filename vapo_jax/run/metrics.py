@@ -2,6 +2,7 @@
 
     workdir/metrics.jsonl                  {"stage", "step", "time", <metric>: value, ...}
     workdir/tensorboard/<stage>/events.*   one TensorBoard run per stage, x-axis = stage step
+    workdir/wandb/                          Weights & Biases (optional, see `run.wandb_log`)
 
 Only process 0 writes (on a multi-host run every process computes the same metrics).
 Resuming a run from a checkpoint first cuts `metrics.jsonl` back to the records that existed
@@ -50,20 +51,28 @@ class MetricsWriter:
   Args:
     workdir: the run directory; None writes nothing.
     tensorboard: also write TensorBoard event files (needs `tensorboardX`).
+    wandb: also log to Weights & Biases: the keyword arguments of `wandb_log.WandbWriter`
+      (project, name, config); None: off. Without the `wandb` package this raises an
+      ImportError whose one line says what to install.
   """
 
-  def __init__(self, workdir: str | None, *, tensorboard: bool = True):
+  def __init__(self, workdir: str | None, *, tensorboard: bool = True,
+               wandb: dict[str, Any] | None = None):
     self.workdir = workdir if workdir and jax.process_index() == 0 else None
     self.path = None
     self.lines = 0
     self._tensorboard = tensorboard
     self._tb: dict[str, Any] = {}
     self._purge: dict[str, int] = {}
+    self._wandb = None
     if self.workdir:
       os.makedirs(self.workdir, exist_ok=True)
       self.path = os.path.join(self.workdir, JSONL)
       if os.path.exists(self.path):
         self.lines = len(read_jsonl(self.path))
+      if wandb is not None:
+        from vapo_jax.run import wandb_log  # pylint: disable=import-outside-toplevel
+        self._wandb = wandb_log.WandbWriter(self.workdir, **wandb)
 
   def write(self, stage: str, step: int, metrics: dict[str, float]) -> None:
     """Appends one record and adds each scalar to the stage's TensorBoard run."""
@@ -79,6 +88,8 @@ class MetricsWriter:
       for k, v in metrics.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
           tb.add_scalar(k, float(v), int(step))
+    if self._wandb is not None:
+      self._wandb.write(stage, step, metrics)
 
   def truncate(self, lines: int, purge_steps: dict[str, int] | None = None) -> None:
     """Keeps the first `lines` records (what a checkpoint saw) and drops the rest.
@@ -98,7 +109,7 @@ class MetricsWriter:
         f.writelines(kept)
       os.replace(tmp, self.path)
       self.lines = len(kept)
-    self.close()
+    self._close_tensorboard()
     self._purge = dict(purge_steps or {})
 
   def flush(self) -> None:
@@ -106,6 +117,13 @@ class MetricsWriter:
       tb.flush()
 
   def close(self) -> None:
+    """Closes the TensorBoard files and ends the W&B run."""
+    self._close_tensorboard()
+    if self._wandb is not None:
+      self._wandb.close()
+      self._wandb = None
+
+  def _close_tensorboard(self) -> None:
     for tb in self._tb.values():
       tb.close()
     self._tb = {}

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
 from vapo_jax import data as data_lib
 from vapo_jax.data import PromptIterator
@@ -61,6 +62,7 @@ class Trainer:
         perhaps while it trains): no metrics are written and no checkpoint is touched.
     """
     self.cfg, self.workdir, self.progress = cfg, workdir, progress
+    wandb_args = None if read_only else _wandb_args(cfg)  # a missing wandb stops us here
     self.parts = p = parts.build(cfg)
     self.critic_values = None  # the critic's jitted forward, once it is set up
     self.ckpt = run_checkpoint.store(cfg, workdir, read_only=read_only)
@@ -77,7 +79,8 @@ class Trainer:
     self.state = run_checkpoint.RunState(
         cfg=cfg, ckpt=self.ckpt, ctl=self.ctl,
         log=metrics_lib.MetricsWriter(None if read_only else workdir,
-                                      tensorboard=cfg.metrics.tensorboard),
+                                      tensorboard=cfg.metrics.tensorboard,
+                                      wandb=wandb_args),
         prompts=PromptIterator(p.train_examples, cfg.prompts_per_step, seed=cfg.seed),
         key=jax.random.key(cfg.seed), policy_params=policy_params)
 
@@ -420,6 +423,20 @@ class Trainer:
       plotting.plot_runs([self.workdir], os.path.join(self.workdir, CURVES_PNG))
     except ImportError as e:
       warnings.warn(f"no {CURVES_PNG}: {e}")
+
+
+def _wandb_args(cfg) -> dict[str, Any] | None:
+  """`MetricsWriter`'s W&B arguments from metrics.wandb*, or None when it is off.
+
+  Checks first that `wandb` imports, so that a missing package stops the run before any
+  work with one line (an ImportError naming what to install)."""
+  m = cfg.metrics
+  if not m.wandb:
+    return None
+  from vapo_jax.run import wandb_log  # pylint: disable=import-outside-toplevel
+  wandb_log.require()
+  return {"project": m.wandb_project, "name": m.wandb_name,
+          "config": config_lib.to_dict(cfg)}
 
 
 def _bound_values(values_fn, critic_params, tokens_BxL, mask_BxL, prompt_len: int):

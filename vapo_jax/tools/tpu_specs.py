@@ -118,11 +118,8 @@ def devices(s: Slice):
   import os  # pylint: disable=import-outside-toplevel
   # Another process on this machine may hold libtpu's lock; compiling needs no TPU.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
-  kw = {"chip_config_name": s.gen.chip_config} if s.gen.chip_config else {}
-  return topologies.get_topology_desc(platform="tpu", topology_name=s.topology_name,
-                                      chips_per_host_bounds=s.host_bounds(), num_slices=1,
-                                      **kw).devices
+  from vapo_jax import compat  # pylint: disable=import-outside-toplevel
+  return compat.tpu_topology_devices(s.topology_name, s.host_bounds(), s.gen.chip_config)
 
 
 def libtpu_available() -> bool:
