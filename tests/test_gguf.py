@@ -280,3 +280,32 @@ def test_a_failed_conversion_leaves_no_cache_entry(tmp_path, monkeypatch):
   with pytest.raises(RuntimeError, match="killed"):
     gguf_convert.cached(ok, cache_dir=str(root))
   assert os.listdir(root) == []  # neither the entry nor its temporary directory
+
+
+def test_one_rl_step_of_the_real_model_through_main(converted, cache_base, tmp_path):
+  """`python -m vapo_jax.main --config=configs/smollm2_135m.py` as a user runs it (the package
+  file found through `pkg:`, converted once into the cache), shrunk to one value-pretraining
+  and one VAPO RL step of 2 prompts × 2 short responses, with its evaluation before and after."""
+  del converted  # the fixture filled the cache this run reads
+  workdir = str(tmp_path / "run")
+  shrink = {"rl.steps": 1, "value_pretrain.max_steps": 1, "value_pretrain.min_steps": 1,
+            "rl.prompts_per_step": 2, "rl.responses_per_prompt": 2, "rl.num_minibatches": 1,
+            "rl.micro_batch_size": 0, "sampling.max_new_tokens": 8, "data.num_train": 16,
+            "data.num_eval": 2, "eval.num_examples": 2, "eval.samples_per_problem": 2,
+            "eval.batch_prompts": 2, "eval.every": 0, "checkpoint.every": 0,
+            "metrics.plot": False, "metrics.tensorboard": False}
+  cmd = [sys.executable, "-m", "vapo_jax.main", "--config=configs/smollm2_135m.py",
+         f"--workdir={workdir}", "--noprogress"] + [f"--config.{k}={v}" for k, v in shrink.items()]
+  env = {**os.environ, "VAPO_JAX_CACHE": cache_base}
+  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Converting" not in out.stderr  # the cache was used, not a second conversion
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    recs = [json.loads(line) for line in f]
+  stages = [(r["stage"], r["step"]) for r in recs]
+  assert ("value_pretrain", 1) in stages and ("rl", 1) in stages, stages
+  rl = next(r for r in recs if r["stage"] == "rl")
+  for key in ("policy_loss", "value_loss", "rollout/logp_gap_abs", "rollout/logp_gap_k3"):
+    assert np.isfinite(rl[key]), (key, rl[key])
+  evals = [r for r in recs if r["stage"] == "eval"]
+  assert len(evals) == 2 and all("boxed_frac" in r and "avg@2" in r for r in evals)
