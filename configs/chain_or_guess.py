@@ -21,7 +21,8 @@ chain's success rate after `A`).
 Run status (2026-12-03): the pilot, the mechanism suite, the 3-seed table (seeds 0, 1, 2)
 and the same command on fresh seeds 3, 4, 5 (with no_length_adaptive) have run
 (docs/value_mechanisms.md §5.5–5.6); no row reproduces. The settings and criteria below were
-fixed before any of them; the precondition log says what changed since, and why.
+fixed before any of them; the precondition log says what changed since, and why. The early
+value-pretraining confirmation (the last section, registered 2026-12-03) has not run.
 
 Settings, fixed in advance (the paper's values, or its dimensionless equivalents):
 - α = 0.05 (κ = l·(1 − λ) = 20 at every length, as in the paper).
@@ -117,6 +118,75 @@ Rows this toy cannot test, and why (review §4.3): Clip-Higher (entropy collapse
 thousands of updates; here 160), token-level loss (repetition in very long responses), group
 sampling (needs prompts of mixed difficulty and a per-prompt baseline), positive-example NLL
 (not targeted), VAPO vs DAPO/GRPO (needs a critic that detects errors inside a chain).
+
+Registered 2026-12-03, before any run: the early value-pretraining confirmation (issue 45 §4).
+Why: a post hoc reading of seeds 0–5 (review `evidence-2026-12-03.md` §A1): at RL step 10, the
+first evaluation, no_value_pretrain was below vapo by 6.4 points in 6/6 seeds (guess rates
+5.2–23.2% against vapo's ≈ 1%) and ppo by 13.7 (6/6); by step 40 both gaps were noise. The
+reading: the reward-model critic (V(s₀) − return −0.30 to −0.47 over RL steps 1–3) gives a
+guess a positive advantage until Monte Carlo targets repair it within 10–20 steps. It was one
+of ~20 comparisons, so it is a hypothesis until this test on fresh seeds says otherwise.
+- Rows: `vapo` and `no_value_pretrain`, the registered primary pair (the presets differ only
+  in the critic's start: value pretraining against the reward model). `ppo` is a secondary
+  row (it changes 7 switches): it runs after the pair has finished, and whether it runs or
+  not changes no primary verdict.
+- Seeds 6, 7, ..., 13 (8, never run before); each seed has its own reward-model and 128-step
+  value-pretraining stages, as in the table.
+- Start: the shared SFT run and SFT_BAND's rule-based selection, unchanged. On the project's
+  machine type the rule selected checkpoint 1200 (dev long 29.3%, short 78.5%, guess 15.5%;
+  `experiments/ablation/results/ablation-chain_or_guess-2026-12-02/selection/`). That start
+  is not on disk and its stage key has changed since (the config gained fields), so the
+  command re-runs SFT and the selection. Before any row's result is read, the new
+  `<W>/shared/stage-sft-<key>/band/candidates.jsonl` is compared with the committed one; the
+  comparison is reported. If they differ, the test still runs from the start the band rule
+  selects (the rule is the registered start; nothing is re-tuned). If the band refuses every
+  candidate, no row runs and the outcome is "not run".
+- RL: 20 steps, with a held-out evaluation every 5 (steps 0, 5, 10, 15, 20; 256 problems × 4
+  samples at T = 1). Every other setting is as above.
+- The command (no code change: `--config.*` overrides reach every row's run, and every stage
+  run sets its own rl.steps = 0 and eval.every = 0, so no stage key and no existing row
+  changes):
+    python -m experiments.ablation.ablate --config=configs/chain_or_guess.py \\
+        --rows=vapo,no_value_pretrain --seeds=6,7,8,9,10,11,12,13 \\
+        --config.rl.steps=20 --config.eval.every=5 --jobs=2 --workdir=W
+    python -m experiments.ablation.ablate --config=configs/chain_or_guess.py \\
+        --rows=vapo,no_value_pretrain,ppo --seeds=6,7,8,9,10,11,12,13 \\
+        --config.rl.steps=20 --config.eval.every=5 --jobs=2 --workdir=W   # + ppo, same W
+    python -m experiments.ablation.confirm_early_vp W                # the verdicts
+  A crashed run is rerun once (`--rerun_crashed`): a crash is not an outcome.
+Read mechanically by `experiments/ablation/confirm_early_vp.py` from each run's metrics.jsonl
+(`W/seed<s>/<row>/metrics.jsonl`, or ablate's copy `W/metrics/seed<s>/<row>.jsonl`): the
+"eval" records at steps 5, 10, 15, 20 (`avg@4`; `short_frac`) and the "rl" record of step 1
+(`value/s0_minus_return`). Δ = row − vapo per seed (same seed: same start and held-out set).
+Paired one-sided t-test on the 8 Δ: t = mean/(sd/√n), sd with n − 1, df = n − 1, p from
+Student's t in the predicted direction. Δ = 0 does not count as negative.
+- Primary: Δ avg@4 (no_value_pretrain − vapo) at RL step 10: mean < 0, one-sided paired
+  t-test p < 0.05, AND Δ < 0 in ≥ 6 of the 8 seeds. All of these hold: "met"; any fails:
+  "not met". Fewer than 8 seeds with both rows finished and evaluated at step 10 (after the
+  one rerun) gives "not run": no verdict is computed on a subset. A subset's numbers may be
+  shown, as exploratory.
+- Secondary (each its own test at 0.05, no correction; none changes the primary verdict):
+  (S1) the guess rate at step 10 = `short_frac` of the step-10 eval record (the share of the
+  1024 held-out samples of ≤ eval.short_response_tokens = 15 tokens: a guess is ≈ 10 tokens,
+  the shortest chain 34): Δ > 0, one-sided paired p < 0.05.
+  (S2) the area under the avg@4 curve over steps 5–20, by the trapezoid rule over the
+  evaluations at 5, 10, 15, 20: AUC = 5·(a₅/2 + a₁₀ + a₁₅ + a₂₀/2), in accuracy × RL steps
+  (AUC / 15 is the mean level): Δ < 0, one-sided paired p < 0.05.
+  (S3) the secondary row: Δ avg@4 (ppo − vapo) at step 10 under the primary's three
+  conditions; "not run" without its 8 seeds.
+- Manipulation check: the mean over the 8 seeds of `value/s0_minus_return` in the RL step-1
+  record. That is the critic's mean V(s₀) − score over the step's 128 rollouts, before its
+  first update (`vapo_jax/rl/advantages.py`). It must be < −0.2 for no_value_pretrain and
+  within ±0.1 for vapo. It is judged on the mean, because one step's 128 responses give each
+  seed a few hundredths of noise; each seed's value is printed. If it is not met, the primary
+  and secondary verdicts are still reported as computed, with a note that the critics did
+  not start as intended.
+- Descriptive only (no verdict): the per-seed table, and Δ at steps 5, 15 and 20.
+The outcome is reported whichever way it falls: the command, the per-seed table and the
+script's verdicts go into the README and docs/value_mechanisms.md. If the primary is
+"not met", the README says that the early deficit did not replicate on fresh seeds, and the
+post hoc reading is withdrawn. No later run with other seeds, steps or settings counts as
+this confirmation.
 """
 
 from vapo_jax import config as config_lib
