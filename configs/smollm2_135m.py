@@ -18,7 +18,10 @@ score leniently (any final answer: the headline), and the evaluation reports `bo
 the format rate, beside it: the format is not rewarded, and learning it alone would not
 count as learning to solve.
 
-Sizes were chosen to fit 2 hours on 2 cores; the README has the measured run.
+Sizes were chosen to fit 2 hours on 2 cores. The measured run (docs/real_model.md) was
+stopped after 10 of its 20 RL steps when the session's time ran out, and it did not learn:
+held-out avg@8 8.9% -> 4.4%, with value pretraining capped at 3 steps and its critic's
+explained variance never above zero.
 """
 
 from vapo_jax import config as config_lib
@@ -51,9 +54,9 @@ def get_config(preset: str = "vapo"):
   c.sampling.max_new_tokens = 112
   c.sampling.temperature = 0.7
 
-  # The training reward scores any final answer (lenient): the base model boxes ~3% of its
-  # answers, so a strict reward is nearly always 0 (value pretraining measured 1.6-4.7% strict
-  # accuracy); the format is then not rewarded, and boxed_frac shows whether it moved.
+  # The training reward scores any final answer (lenient): a strict one (a marked final
+  # answer) was 1.6-4.7% in the first value-pretraining steps, almost no signal; the format
+  # is then not rewarded, and boxed_frac shows whether it moved.
   c.reward.mode = "lenient"
 
   c.optim.policy_lr = 1e-4
