@@ -18,10 +18,21 @@ score leniently (any final answer: the headline), and the evaluation reports `bo
 the format rate, beside it: the format is not rewarded, and learning it alone would not
 count as learning to solve.
 
-Sizes were chosen to fit 2 hours on 2 cores. The measured run (docs/real_model.md) was
-stopped after 10 of its 20 RL steps when the session's time ran out, and it did not learn:
-held-out avg@8 8.9% -> 4.4%, with value pretraining capped at 3 steps and its critic's
-explained variance never above zero.
+Sizes were chosen to fit 2 hours on 2 cores. The first run (8ca8e02, docs/real_model.md) was
+stopped after 10 of its 20 RL steps and did not learn: held-out avg@8 8.9% -> 4.4%, value
+pretraining capped at 3 steps with the critic's explained variance never above zero, and
+responses growing into the 112-token cap (truncated 31% -> 90% of a batch by step 6).
+
+Second run, registered here before it starts (2026-12-03): the changes, in the order the
+first run's note gave them, and nothing else:
+  - value pretraining up to 8 rollout steps (at least 3), stopping once the critic's explained
+    variance reaches 0.2; the critic's LoRA lr 2e-4 -> 5e-4;
+  - the token budget: the prompt asks for a brief answer and max_new_tokens 112 -> 128 (a
+    probe of the base model, 24 held-out problems x 8 at 160 tokens: truncated 29.7% -> 17.7%,
+    mean length 102 -> 75, avg@8 8.3% vs 7.8%, pass@8 41.7% vs 33.3%: the brief prompt is no
+    easier, only shorter).
+Reading, fixed now: held-out lenient avg@8 at RL step 20 minus RL step 0 (the run's own
+evaluations, 48 problems x 8); the issue's bar is +10 points. Reported whichever way it falls.
 """
 
 from vapo_jax import config as config_lib
@@ -46,12 +57,12 @@ def get_config(preset: str = "vapo"):
   c.data.synthetic_max_steps = 2
   c.data.synthetic_max_operand = 12
   c.data.chat_template = True
-  c.data.template = "{problem}\nPut your final answer within \\boxed{}."
+  c.data.template = "{problem}\nAnswer briefly, then put your final answer within \\boxed{}."
   c.data.max_prompt_tokens = 128
   c.data.num_train = 4096
   c.data.num_eval = 128
 
-  c.sampling.max_new_tokens = 112
+  c.sampling.max_new_tokens = 128
   c.sampling.temperature = 0.7
 
   # The training reward scores any final answer (lenient): a strict one (a marked final
@@ -60,14 +71,14 @@ def get_config(preset: str = "vapo"):
   c.reward.mode = "lenient"
 
   c.optim.policy_lr = 1e-4
-  c.optim.critic_lr = 2e-4
+  c.optim.critic_lr = 5e-4
   c.optim.warmup_steps = 2
   c.optim.weight_decay = 0.0
 
   c.value_pretrain.enabled = True
-  c.value_pretrain.max_steps = 3
-  c.value_pretrain.min_steps = 2
-  c.value_pretrain.stop_explained_variance = 0.3
+  c.value_pretrain.max_steps = 8
+  c.value_pretrain.min_steps = 3
+  c.value_pretrain.stop_explained_variance = 0.2
 
   c.rl.steps = 20
   c.rl.prompts_per_step = 6
