@@ -267,6 +267,16 @@ def test_the_command_runs_end_to_end_on_a_tiny_budget(tmp_path):
   assert sum(b["samples"] for b in branches.values()) == 8 * 2  # prompts × continuations
   assert all(b["value"] == 0.0 for b in branches.values())
   assert "## M1" in md and "## M2" in md and "## M3" in md and "| zero_head |" in md
+  # Issue 45: the constant-head control, the final-token values, M2 at decision cuts.
+  assert result["controls"] == ["constant_head"]
+  const = result["mean_return"]
+  assert all(abs(r["value_mean"] - const) < 1e-9 for r in result["m1"]["constant_head"]
+             if r.get("cuts"))
+  assert result["final"]["zero_head"]["after_response"] == 0.0
+  assert set(result["m2_decision"]) == {"zero_head", "vp@1"}
+  assert result["decision_cuts"] >= 8  # at least the first token of each response
+  assert "| control: constant_head" in md and "## M2 at decision cuts" in md
+  assert "## M1 at the final token" in md
 
 
 def test_the_preregistered_criteria_read_mechanically():

@@ -118,6 +118,43 @@ def _m1_profile(vb: dict, critic: str) -> dict:
           "verdict": "reproduced" if ok else "not reproduced (flat)"}
 
 
+def _control_fifths(vb: dict) -> dict[str, list[dict]]:
+  """The M1 rows of the two controls (issue 45 §2): the zero head (V ≡ 0) and a constant head
+  at π₀'s mean return. A suite from before issue 45 has no constant head; its rows follow from
+  the zero head's (bias = −V̂* by fifth): bias = mean return − V̂*."""
+  out = {}
+  if vb["m1"].get("zero_head"):
+    out["zero_head"] = vb["m1"]["zero_head"]
+  if vb["m1"].get("constant_head"):
+    out["constant_head"] = vb["m1"]["constant_head"]
+  elif "zero_head" in out and "mean_return" in vb:
+    out["constant_head"] = [
+        {**r, "bias": vb["mean_return"] - r["vstar_mean"], "value_mean": vb["mean_return"]}
+        if r.get("cuts") else r for r in out["zero_head"]]
+  return out
+
+
+def _m1_discriminates(vb: dict, critic: str = "reward_model") -> dict:
+  """Issue 45 §2 (a check added 2026-12-03, after the runs): the M1 precondition above is
+  kept only if it separates the reward model from the controls, i.e. the RM passes it and
+  neither the zero head nor the constant head at the mean return does."""
+  label = (f"control: does the {critic} M1 precondition separate it from a zero head and a "
+           "constant head at the mean return (kept only if it does)")
+  controls = _control_fifths(vb)
+  rm = _m1_profile(vb, critic)
+  if rm["verdict"] == "not run" or not controls:
+    return {"criterion": label, "evidence": "—", "verdict": "not run"}
+  passes = {critic: rm["verdict"] == "reproduced"}
+  evidence = [f"{critic}: {rm['evidence']} ({'passes' if passes[critic] else 'fails'})"]
+  for name, rows in controls.items():
+    got = _m1_profile({"m1": {name: rows}}, name)
+    passes[name] = got["verdict"] == "reproduced"
+    evidence.append(f"{name}: {got['evidence']} ({'passes' if passes[name] else 'fails'})")
+  ok = passes[critic] and not any(v for k, v in passes.items() if k != critic)
+  return {"criterion": label, "evidence": "; ".join(evidence),
+          "verdict": "discriminates" if ok else "does not discriminate: precondition dropped"}
+
+
 def _calibration(vb: dict, critic: str) -> dict:
   branches = vb["m1"].get(critic + "/branches", {})
   mine = {k: branches[k] for k in (GUESS, CHAIN) if k in branches}
@@ -182,7 +219,8 @@ def mechanism_verdicts(vb: dict) -> list[dict]:
   pretraining's branch calibration) and the mechanism halves (M3 lag, M2) of a
   value_bias.json."""
   critics = vb.get("critics", [])
-  out = [{"row": "precondition", **_m1_profile(vb, "reward_model")}]
+  out = [{"row": "precondition", **_m1_profile(vb, "reward_model")},
+         {"row": "precondition", **_m1_discriminates(vb)}]
   out += [{"row": "precondition", **_calibration(vb, c)} for c in critics
           if c.startswith("vp@")]
   out.append({"row": "no_decoupled_gae_vp", **_m3_lag(vb)})

@@ -17,11 +17,20 @@ in-process): --prompts held-out problems, one response each, cut at every step b
   M2  per length bucket: bias/MSE of the token advantage at each step's first token (against
       V̂*(c + 1) − V̂*(c), so prefixes c + 1 are sampled too) for λ ∈ {0.95, 0.8, 1.0} and
       α ∈ {0.05, 0.5}, and the MSE-optimal constant λ, per critic (and M2-step, the step-sum
-      variant, for comparison)
+      variant, for comparison). Both cut where π₀ emits with p ≈ 1, so neither tests the
+      length-adaptive claim (issue 45); kept for the record.
+  M2d M2 where decisions are made (`m2_decision`): cuts at the first token and after each
+      --decision_after token (the result digit after `=`, the boxed answer), λ scored by
+      corr(Â, A*) and sign accuracy, best λ with a bootstrap interval over responses
+  M1 controls: a constant head at π₀'s mean return beside the zero head, through the same
+      bias-by-fifth table; and every critic's value at the final token (V after the whole
+      response: the quantity a reward model is trained on) against the reward
   M3  two critics from the zero head on the same rollouts (same keys and prompts): MC targets
       (λ_c = 1, the vp@N run itself) and coupled ones (λ_c = λ_policy, value_pretrain.
       coupled_gae); per step V(s₀), V(s_last), the batch's mean return, EV
 
+Cost: M2d adds the prefixes c and c + 1 of every decision cut to the continuations (about one
+per step, so roughly twice the step-boundary sampling); --decision_after="" skips it.
 Writes OUT/value_bias.json (everything) and OUT/value_bias.md (the tables). --smoke runs every
 part at a few samples (the config's SMOKE overrides and tiny budgets): a check that the
 command runs, not a measurement. Full sizes on 2 quiet CPU cores: 15 min (chain_or_guess, from
@@ -40,9 +49,11 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments.ablation import config_file
+from experiments.value_mechanisms import m2_decision
 from experiments.value_mechanisms import value_bias_stats as stats
 from vapo_jax import config as config_lib
 
+CONSTANT = "constant_head"  # M1's control: V ≡ π₀'s mean return (the suite's responses)
 LAMBDAS = {"λ=0.95": ("fixed", 0.95), "λ=0.8": ("fixed", 0.8), "λ=1": ("fixed", 1.0),
            "α=0.05": ("adaptive", 0.05), "α=0.5": ("adaptive", 0.5)}
 SMOKE = {"prompts": 8, "continuations": 2, "budgets": "1,2", "m3_steps": 2}
@@ -97,6 +108,16 @@ class Suite:
   def score(self, problems, texts, answers) -> np.ndarray:
     return np.asarray(self.p.scorer.score_batch(problems, texts, answers).rewards, float)
 
+  def final_values(self, graphdef, params, rollout) -> np.ndarray:
+    """The critic's scalar after each whole response [B] (`critic.last_token_values`)."""
+    from flax import nnx  # pylint: disable=import-outside-toplevel
+    from vapo_jax import critic as critic_lib  # pylint: disable=import-outside-toplevel
+    from vapo_jax.sampler import types  # pylint: disable=import-outside-toplevel
+    tokens, mask = types.rollout_tokens(rollout)
+    out = critic_lib.last_token_values(nnx.merge(graphdef, params), tokens, mask,
+                                       rollout.prompt_len, rollout.lengths_B)
+    return np.asarray(self.jax.device_get(out), float)
+
   def values(self, graphdef, params, rollout) -> np.ndarray:
     from vapo_jax.run import parts  # pylint: disable=import-outside-toplevel
     from vapo_jax.sampler import types  # pylint: disable=import-outside-toplevel
@@ -106,8 +127,10 @@ class Suite:
                                              prompt_len=rollout.prompt_len)), float)
 
 
-def ground_truth(suite: Suite, n_prompts: int, m: int) -> dict:
-  """One response per prompt, its cuts and V̂*, ν at each cut (M continuations each)."""
+def ground_truth(suite: Suite, n_prompts: int, m: int, decision_after: str = "") -> dict:
+  """One response per prompt, its cuts and V̂*, ν at each cut (M continuations each); with
+  decision_after (comma-separated strings, e.g. "=,{") also M2d's decision cuts
+  (`m2_decision.decision_cuts`) and V̂*, ν at c and c + 1 for each."""
   text, cfg = suite.p.text, suite.cfg
   examples = suite.p.eval_examples[:n_prompts]
   if len(examples) < n_prompts:
@@ -118,6 +141,9 @@ def ground_truth(suite: Suite, n_prompts: int, m: int) -> dict:
                         [text.decode(r) for r in responses], [ex.answer for ex in examples])
   newline = text.encode("\n")[0]
   cuts = [cuts_of(r, newline) for r in responses]
+  after = [text.encode(a)[0] for a in decision_after.split(",") if a]
+  dcuts = ([m2_decision.decision_cuts(r, after) for r in responses] if after
+           else [[] for _ in responses])
   # Cut 0 (the prompt alone): M fresh responses per prompt, kept whole for the branch
   # calibration (V after the first token against that branch's success).
   first_outs, first_rollout = suite.sample(suite.sampler(m, cfg.data.max_prompt_tokens),
@@ -129,7 +155,7 @@ def ground_truth(suite: Suite, n_prompts: int, m: int) -> dict:
   for i in range(len(examples)):
     vhat[(i, 0)], noise[(i, 0)] = stats.mc_value(first_scores[i * m:(i + 1) * m])
   # Every cut c > 0, and c + 1 for every cut (M2's true token advantage at c), once each.
-  prefixes = sorted({(i, x) for i, cs in enumerate(cuts) for c in cs
+  prefixes = sorted({(i, x) for i, cs in enumerate(cuts) for c in [*cs, *dcuts[i]]
                      for x in (c, c + 1) if 0 < x < len(responses[i])})
   long_prompt = cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens
   cont = suite.sampler(m, long_prompt)
@@ -151,8 +177,12 @@ def ground_truth(suite: Suite, n_prompts: int, m: int) -> dict:
               "lengths": [len(o) for o in first_outs]}
   for i, r in enumerate(responses):  # V*(end) = the reward
     vhat[(i, len(r))], noise[(i, len(r))] = float(rewards[i]), 0.0
+  at = lambda cs_of, d: [[vhat[(i, c + d)] for c in cs] for i, cs in enumerate(cs_of)]  # noqa: E731
+  nu = lambda cs_of, d: [[noise[(i, c + d)] for c in cs] for i, cs in enumerate(cs_of)]  # noqa: E731
+  decision = {"cuts": dcuts, "vhat": at(dcuts, 0), "noise": nu(dcuts, 0),
+              "vnext": at(dcuts, 1), "noise_next": nu(dcuts, 1)}
   return {"branches": branches, "examples": examples, "responses": responses, "rollout": rollout,
-          "rewards": rewards, "cuts": cuts,
+          "rewards": rewards, "cuts": cuts, "decision": decision,
           "vhat": [[vhat[(i, c)] for c in cs] for i, cs in enumerate(cuts)],
           "noise": [[noise[(i, c)] for c in cs] for i, cs in enumerate(cuts)],
           "vnext": [[vhat[(i, c + 1)] for c in cs] for i, cs in enumerate(cuts)],
@@ -225,29 +255,58 @@ def measure(suite: Suite, gt: dict, nets: dict, edges: str) -> dict:
   """M1 and M2 of every critic on the ground truth's responses."""
   lengths = [len(r) for r in gt["responses"]]
   buckets = buckets_of(lengths, edges)
-  m1, m2, m2_step = {}, {}, {}
-  for name, (graphdef, params) in nets.items():
-    v = suite.values(graphdef, params, gt["rollout"])
-    pos = [c for cs in gt["cuts"] for c in cs]
-    lens = [lengths[i] for i, cs in enumerate(gt["cuts"]) for _ in cs]
-    at = [v[i, c] for i, cs in enumerate(gt["cuts"]) for c in cs]
-    flat = lambda key: [x for xs in gt[key] for x in xs]  # noqa: E731
+  m1, m2, m2_step, m2d, final = {}, {}, {}, {}, {}
+  pos = [c for cs in gt["cuts"] for c in cs]
+  lens = [lengths[i] for i, cs in enumerate(gt["cuts"]) for _ in cs]
+  flat = lambda key: [x for xs in gt[key] for x in xs]  # noqa: E731
+
+  def m1_rows(name, at):
     m1[name] = stats.bias_by_fifth(at, flat("vhat"), flat("noise"), pos, lens)
     m1[name + "/all"] = {"ev": stats.explained_variance(at, flat("vhat"), flat("noise")),
                          "bias": float(np.mean(np.subtract(at, flat("vhat"))))}
+
+  # The control beside the zero head: a constant head at π₀'s mean return (issue 45 §2).
+  mean_return = float(np.mean(gt["rewards"]))
+  m1_rows(CONSTANT, [mean_return] * len(pos))
+  d = gt["decision"]
+  for name, (graphdef, params) in nets.items():
+    v = suite.values(graphdef, params, gt["rollout"])
+    m1_rows(name, [v[i, c] for i, cs in enumerate(gt["cuts"]) for c in cs])
+    final[name] = final_token(suite.final_values(graphdef, params, gt["rollout"]),
+                              [v[i, n - 1] for i, n in enumerate(lengths)], gt["rewards"])
     responses = [{"values_T": v[i, :lengths[i]], "reward": float(gt["rewards"][i]),
                   "cuts": gt["cuts"][i], "vstar": gt["vhat"][i], "noise": gt["noise"][i],
                   "vnext": gt["vnext"][i], "noise_next": gt["noise_next"][i]}
                  for i in range(len(lengths))]
     m2[name] = stats.lambda_table(responses, LAMBDAS, buckets)
     m2_step[name] = stats.lambda_table(responses, LAMBDAS, buckets, estimator="step")
+    if any(d["cuts"]):
+      m2d[name] = m2_decision.lambda_scores(
+          [{"values_T": v[i, :lengths[i]], "reward": float(gt["rewards"][i]),
+            "cuts": d["cuts"][i], "vstar": d["vhat"][i], "noise": d["noise"][i],
+            "vnext": d["vnext"][i], "noise_next": d["noise_next"][i]}
+           for i in range(len(lengths))], LAMBDAS, buckets)
     b = gt["branches"]
     after_first = suite.values(graphdef, params, b["rollout"])[:, 1]
     m1[name + "/branches"] = stats.branch_calibration(b["first"], after_first, b["scores"])
   flat_v, flat_n = ([x for xs in gt[k] for x in xs] for k in ("vhat", "noise"))
   m = suite.args["continuations"]
-  return {"m1": m1, "m2": m2, "m2_step": m2_step, "buckets": buckets,
-          "oracle_ev": stats.oracle_ev(flat_v, flat_n, m)}
+  return {"m1": m1, "m2": m2, "m2_step": m2_step, "m2_decision": m2d, "final": final,
+          "buckets": buckets, "controls": [CONSTANT],
+          "oracle_ev": stats.oracle_ev(flat_v, flat_n, m),
+          "decision_cuts": sum(len(c) for c in d["cuts"])}
+
+
+def final_token(after_all, before_last, rewards) -> dict:
+  """A critic at the end of the response against the reward R: V after the whole response
+  (an outcome reward model's output) and V(s_{l−1}) (the last value GAE reads): means, and
+  the MSE ½(V − R)² of the former (the RM's training loss; ½p(1 − p) for a calibrated
+  constant)."""
+  a, b, r = (np.asarray(x, np.float64) for x in (after_all, before_last, rewards))
+  return {"after_response": float(a.mean()), "before_last_token": float(b.mean()),
+          "reward": float(r.mean()), "half_mse": float(0.5 * np.mean((a - r) ** 2)),
+          "corr": (float(np.corrcoef(a, r)[0, 1]) if a.std() > 0 and r.std() > 0
+                   else float("nan"))}
 
 
 def markdown(result: dict) -> str:
@@ -260,12 +319,25 @@ def markdown(result: dict) -> str:
            "## M1: bias V − V̂* by fifth of the response (EV with the MC noise removed)", "",
            "| critic | all: bias / EV | " + " | ".join(f"fifth {k + 1}" for k in range(5)) + " |",
            "|---|---|" + "---|" * 5]
-  for name in result["critics"]:
+  for name in [*result["critics"], *result.get("controls", [])]:
     rows = result["m1"][name]
     cells = [("—" if not r.get("cuts") else f"{r['bias']:+.3f} / {r['ev']:.2f}") for r in rows]
     whole = result["m1"][name + "/all"]
-    lines.append(f"| {name} | {whole['bias']:+.3f} / {whole['ev']:.2f} | " + " | ".join(cells)
+    label = f"control: {name} (V ≡ {result['mean_return']:.3f})" if name == CONSTANT else name
+    lines.append(f"| {label} | {whole['bias']:+.3f} / {whole['ev']:.2f} | " + " | ".join(cells)
                  + " |")
+  lines += ["", "The critic's mean value by fifth (V̂* is the bias's other half): "
+            + "; ".join(f"{n} " + " / ".join(f"{r['value_mean']:.3f}" for r in result["m1"][n]
+                                              if r.get("cuts"))
+                        for n in result["critics"])]
+  if result.get("final"):
+    lines += ["", "## M1 at the final token: V after the whole response (what an outcome "
+              "reward model is trained on) and V(s_{l−1}), against the reward", "",
+              "| critic | mean reward | V after the response | V(s_{l−1}) | ½ MSE vs reward | "
+              "corr with reward |", "|---|---|---|---|---|---|"]
+    for name, r in result["final"].items():
+      lines.append(f"| {name} | {r['reward']:.3f} | {r['after_response']:.3f} | "
+                   f"{r['before_last_token']:.3f} | {r['half_mse']:.4f} | {r['corr']:.2f} |")
   lines += ["", "## M1, branches: V after the first token against the branch's success "
             "(π₀'s samples from the prompt)", "",
             "| critic | branch (first token) | samples | success | V(s₁) | gap |",
@@ -279,6 +351,8 @@ def markdown(result: dict) -> str:
                       "step-credit MSE")):
     if key in result:
       lines += _m2_lines(result, key, title)
+  if result.get("m2_decision"):
+    lines += m2_decision.markdown_lines(result["m2_decision"], list(LAMBDAS))
   lines += ["## M3: decoupled (MC, λ_c = 1) vs coupled (λ_c = λ_policy) critic from the zero "
             "head, same rollouts", "",
             "| step | mean return | MC V(s₀) | coupled V(s₀) | MC V(s_last) | coupled V(s_last) "
@@ -314,7 +388,8 @@ def _m2_lines(result: dict, key: str, title: str) -> list[str]:
 def run(cfg, args, command_text: str = "") -> dict:
   t0 = time.time()
   suite = Suite(cfg, args)
-  gt = ground_truth(suite, args["prompts"], args["continuations"])
+  gt = ground_truth(suite, args["prompts"], args["continuations"],
+                    args.get("decision_after", ""))
   budgets = [int(x) for x in str(args["budgets"]).split(",") if x]
   nets, m3 = critics(suite, budgets, args["m3_steps"], args["reward_model"])
   result = measure(suite, gt, nets, args["buckets"])
@@ -344,6 +419,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("m3_steps", 14, "Steps of the coupled critic beside the MC one.")
   flags.DEFINE_bool("reward_model", True, "Also the reward-model start (reward_model.steps).")
   flags.DEFINE_string("buckets", "", 'M2 length bucket edges ("15,80"; "": terciles).')
+  flags.DEFINE_string("decision_after", "=,{", "M2d: cut after each of these tokens "
+                      '(comma-separated; "": no M2d).')
   flags.DEFINE_bool("smoke", False, "Tiny sizes and the config's SMOKE overrides.")
 
 
@@ -356,7 +433,7 @@ def main(argv):
   c = f.config
   args = {"prompts": f.prompts, "continuations": f.continuations, "budgets": f.budgets,
           "m3_steps": f.m3_steps, "reward_model": f.reward_model, "buckets": f.buckets,
-          "out": f.out, "config_path": path}
+          "out": f.out, "config_path": path, "decision_after": f.decision_after}
   if f.smoke:
     module = config_file.config_module(path)
     user = dict(config_flags.get_override_values(f["config"]))
