@@ -294,15 +294,16 @@ def main(argv):
   cfg = config_lib.from_command_line(f.config)
   mcfg = archs.model_config(cfg, f.arch)
   s = tpu_specs.parse(f.topology)
-  if not tpu_specs.libtpu_available():
-    sys.exit('libtpu is not installed: pip install "jax[tpu]==<jax version>" (no TPU needed)')
-  mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor,
-                       devices=tpu_specs.devices(s))
   layers = tuple(int(x) for x in f.layers)
-  print(f"{s.name}, mesh {dict(mesh.shape)}, {mcfg.num_layers} layers, probes {layers}:")
+  print(f"{s.name}, {mcfg.num_layers} layers, probes {layers}:")
   if f.from_hlo:
     res = from_saved(f.from_hlo, layers, mcfg.num_layers, tuple(f.programs))
   else:
+    if not tpu_specs.libtpu_available():
+      sys.exit('libtpu is not installed: pip install "jax[tpu]==<jax version>" (no TPU '
+               "needed)")
+    mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor,
+                         devices=tpu_specs.devices(s))
     res = probe(cfg, mcfg, mesh, layers, tuple(f.programs), save_hlo=f.save_hlo)
   if f.from_hlo:
     for name, sp in res.items():
