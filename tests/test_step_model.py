@@ -256,7 +256,7 @@ def test_compile_check_no_compile_prints_the_model():
   out = subprocess.run(
       [sys.executable, "-m", "vapo_jax.tools.compile_check", "--config=configs/qwen32b.py",
        "--topology=v5p-128", "--arch=qwen2.5-32b", "--no_compile", "--lengths=early",
-       "--decode_collectives=1362", "--train=packed"],
+       "--decode_collectives=1362", "--train=packed", "--rollout=static"],
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stderr[-2000:]
