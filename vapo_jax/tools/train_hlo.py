@@ -16,8 +16,9 @@ Per program, split by where a collective sits (`split`):
              weight gathers, tensor-parallel activation all-reduces, gradient
              reduce-scatters of one micro-batch): paid once per micro-batch;
   per_call   outside it (the optimizer's update, a final gradient reduction): once per call.
-A loop nested in the micro-batch body (attention key blocks, LM-head chunks) counts its
-body × its trip count where XLA records one (`known_trip_count`), else once.
+A loop nested in the micro-batch body (attention key blocks, LM-head chunks, XLA's windowed
+einsums: an all-gather matmul as a ring of collective-permutes) counts its body × its trips
+(`known_trip_count`, else the constant its condition compares a counter with), else once.
 
 Overlap, as XLA scheduled it: a collective issued as an async pair (`*-start` … `*-done`)
 with at least one compute instruction (fusion, convolution, custom call, dot) scheduled
@@ -122,9 +123,24 @@ def wire_bytes(kind: str, result_bytes: float, n: int) -> float:
   return f * result_bytes
 
 
-def _trip_count(instr: hlo_stats.Instr) -> int | None:
+def _trip_count(instr: hlo_stats.Instr, comps=None) -> int | None:
+  """A while loop's trips: XLA's `known_trip_count` where recorded, else from its condition
+  `ROOT compare(get-tuple-element, constant(N)), direction=LT` (a counter from 0 by 1, as
+  XLA's scans and windowed einsums are), else None."""
   m = re.search(r'known_trip_count[^0-9]*"?n"?\s*[:=]\s*"?(\d+)', instr.attrs)
-  return int(m.group(1)) if m else None
+  if m:
+    return int(m.group(1))
+  cond = re.search(r"condition=%?([\w.\-]+)", instr.attrs)
+  body = (comps or {}).get(cond.group(1), {}) if cond else {}
+  root = next((i for i in body.values() if i.root), None)
+  if root is None or root.op != "compare" or "direction=LT" not in root.attrs:
+    return None
+  for o in root.operands:
+    src = body.get(o)
+    if src is not None and src.op == "constant" and src.operands and (
+        src.operands[0].isdigit()):
+      return int(src.operands[0])
+  return None
 
 
 def _result_bytes(instr: hlo_stats.Instr) -> int:
@@ -163,7 +179,7 @@ def _walk(comps, name: str, mult: float, side: Side, kinds: dict, depth: int = 0
       kinds[k] = kinds.get(k, 0.0) + mult
     if instr.op == "while":
       body = re.search(r"body=%?([\w.\-]+)", instr.attrs).group(1)
-      _walk(comps, body, mult * (_trip_count(instr) or 1), side, kinds, depth + 1)
+      _walk(comps, body, mult * (_trip_count(instr, comps) or 1), side, kinds, depth + 1)
       continue
     for c in hlo_stats._called(instr):  # pylint: disable=protected-access
       _walk(comps, c, mult, side, kinds, depth + 1)
@@ -203,7 +219,7 @@ def split(text: str) -> Split:
       if instr is loop:
         _walk(comps, body, 1.0, out.per_trip, out.kinds)
       else:
-        _walk(comps, body, float(_trip_count(instr) or 1), out.per_call, out.kinds)
+        _walk(comps, body, float(_trip_count(instr, comps) or 1), out.per_call, out.kinds)
       continue
     for c in hlo_stats._called(instr):  # pylint: disable=protected-access
       _walk(comps, c, 1.0, out.per_call, out.kinds)
