@@ -96,10 +96,15 @@ def test_train_collectives_from_hlo_figures(tmp_path):
   path.write_text(json.dumps({"programs": {"policy_step": sp.as_dict(),
                                            "logprobs": sp.as_dict()}}))
   st = _setup(train_collectives=str(path))
-  secs, line = step_terms.train_collectives(st, "critic_step", 10, 2)
+  secs, line = step_terms.train_collectives(st, "policy_step", 10, 2)
   # 10 micro-batches × (3 × 7 µs + 3 MB / (1e9 / 3)) + 2 calls × (7 µs + 2 MB / (1e9 / 3)).
   assert secs == pytest.approx(10 * (21e-6 + 3e6 / (1e9 / 3)) + 2 * (7e-6 + 2e6 / (1e9 / 3)))
-  assert "as policy_step's" in line and "overlapped by XLA's schedule 3 s" not in line
+  # The overlapped ones are printed, not counted: 10 × (2 × 7 µs + 1 MB / (1e9 / 3)) = 0.03 s.
+  assert "overlapped by XLA's schedule 0 s" in line
+  # A program the file lacks is not counted, and the line says so.
+  assert step_terms.train_collectives(st, "critic_step", 10, 2)[0] == 0.0
+  assert "critic_step collectives: not counted" in step_terms.train_collectives(
+      st, "critic_step", 10, 2)[1]
   progs = {p.name: p for p in step_model.train_side(st, np.array([3, 5, 2, 6]),
                                                     np.array([3, 3, 2, 2]))}
   # Padded rows, one mini-batch of 4 rows in one micro-batch: 1 trip, 1 call.

@@ -131,3 +131,16 @@ def test_tiny_model_collectives_grow_per_layer(name):
   assert sp[2].per_trip.count + sp[2].per_call.count == total
   x = train_hlo.extrapolate(sp[1], sp[2], 1, 2, 2)
   assert x.per_trip.count == pytest.approx(sp[2].per_trip.count)
+
+
+def test_from_saved_takes_the_two_largest_probes(tmp_path):
+  import gzip  # pylint: disable=import-outside-toplevel
+  one = HLO.replace("f32[2] reduce-scatter", "f32[2] all-gather")   # L1: a different module
+  for layers, text in ((1, one), (2, HLO), (4, HLO)):
+    with gzip.open(tmp_path / f"policy_step_L{layers}.hlo.gz", "wt") as f:
+      f.write(text)
+  got = train_hlo.from_saved(str(tmp_path), 64, ("policy_step", "values"))
+  assert list(got) == ["policy_step"] and got["policy_step"].probes == (2, 4)
+  # Equal probes: flat in the layers.
+  assert got["policy_step"].per_trip.exposed == train_hlo.split(HLO).per_trip.exposed
+  assert got["policy_step"].kinds["reduce-scatter"] == 1

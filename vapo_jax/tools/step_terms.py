@@ -126,19 +126,19 @@ def train_collectives(st, name: str, micro_batches: float, calls: float) -> tupl
   if not path:
     return 0.0, ""
   figs = _load(path)
-  src = name if name in figs else {"values": "logprobs", "critic_step": "policy_step"}.get(name)
-  if src not in figs:
-    return 0.0, f"{name} collectives: not in {path}"
-  sp: train_hlo.Split = figs[src]
+  if name not in figs:
+    return 0.0, (f"{name} collectives: not counted (not compiled into {path}; "
+                 f"tools.train_hlo --programs={name})")
+  sp: train_hlo.Split = figs[name]
   lat, bw = st.knobs.collective_latency_us * 1e-6, collective_bw(st)
   t, c = sp.per_trip, sp.per_call
   exposed = (micro_batches * (t.exposed * lat + t.exposed_wire / bw)
              + calls * (c.exposed * lat + c.exposed_wire / bw))
   hidden = (micro_batches * (t.overlapped * lat + t.overlapped_wire / bw)
             + calls * (c.overlapped * lat + c.overlapped_wire / bw))
-  proxy = "" if src == name else f" (as {src}'s)"
+  probes = f", {sp.probes[0]}- and {sp.probes[1]}-layer probes" if sp.probes else ""
   return exposed, (
-      f"{name} collectives{proxy} from compiled HLO: {micro_batches:,.0f} micro-batches × "
+      f"{name} collectives from compiled HLO{probes}: {micro_batches:,.0f} micro-batches × "
       f"{t.count:,.0f} ({t.nbytes / 1e9:.1f} GB) + {calls:,.0f} calls × {c.count:,.0f}; "
       f"exposed {exposed:.0f} s, overlapped by XLA's schedule {hidden:.0f} s (not counted)")
 

@@ -79,14 +79,17 @@ class Split:
   per_trip: Side = dataclasses.field(default_factory=Side)
   per_call: Side = dataclasses.field(default_factory=Side)
   kinds: dict = dataclasses.field(default_factory=dict)   # kind -> count (trip + call)
+  probes: tuple = ()       # the layer counts it was extrapolated from
 
   def as_dict(self) -> dict:
     return {"per_trip": dataclasses.asdict(self.per_trip),
-            "per_call": dataclasses.asdict(self.per_call), "kinds": dict(self.kinds)}
+            "per_call": dataclasses.asdict(self.per_call), "kinds": dict(self.kinds),
+            "probes": list(self.probes)}
 
   @classmethod
   def from_dict(cls, d: dict) -> "Split":
-    return cls(Side(**d["per_trip"]), Side(**d["per_call"]), dict(d.get("kinds", {})))
+    return cls(Side(**d["per_trip"]), Side(**d["per_call"]), dict(d.get("kinds", {})),
+               tuple(d.get("probes", ())))
 
 
 def group_size(attrs: str) -> int:
@@ -236,7 +239,7 @@ def extrapolate(a: Split, b: Split, la: int, lb: int, layers: int) -> Split:
                   for f in dataclasses.fields(Side)))
 
   kinds = {k: lin(a.kinds.get(k, 0.0), b.kinds.get(k, 0.0)) for k in {*a.kinds, *b.kinds}}
-  return Split(side(a.per_trip, b.per_trip), side(a.per_call, b.per_call), kinds)
+  return Split(side(a.per_trip, b.per_trip), side(a.per_call, b.per_call), kinds, (la, lb))
 
 
 def compile_texts(cfg, mcfg, mesh, names=PROGRAMS, lengths=None, log=print) -> dict:
@@ -286,17 +289,24 @@ def probe(cfg, mcfg, mesh, layers: tuple[int, int], names=PROGRAMS, lengths=None
   return out
 
 
-def from_saved(directory: str, layers: tuple[int, int], depth: int, names=PROGRAMS) -> dict:
-  """`probe`'s result from HLO texts it saved (`--save_hlo`): {program: Split at depth}."""
+def from_saved(directory: str, depth: int, names=PROGRAMS) -> dict:
+  """`probe`'s result from the HLO texts it saved (`--save_hlo`, `<name>_L<layers>.hlo.gz`):
+  {program: Split at depth}, per program from the two largest layer counts saved."""
+  import glob  # pylint: disable=import-outside-toplevel
   import gzip  # pylint: disable=import-outside-toplevel
-  la, lb = layers
   out = {}
   for name in names:
-    paths = [os.path.join(directory, f"{name}_L{n}.hlo.gz") for n in (la, lb)]
-    if not all(os.path.exists(p) for p in paths):
+    found = {}
+    for path in glob.glob(os.path.join(directory, f"{name}_L*.hlo.gz")):
+      m = re.search(r"_L(\d+)\.hlo\.gz$", path)
+      if m and os.path.getsize(path) > 0:
+        found[int(m.group(1))] = path
+    if len(found) < 2:
       continue
-    a, b = (split(gzip.open(p, "rt").read()) for p in paths)
-    out[name] = extrapolate(a, b, la, lb, depth)
+    la, lb = sorted(found)[-2:]
+    with gzip.open(found[la], "rt") as fa, gzip.open(found[lb], "rt") as fb:
+      out[name] = extrapolate(split(fa.read()), split(fb.read()), la, lb, depth)
+    out[name].probes = (la, lb)
   return out
 
 
@@ -313,7 +323,7 @@ def main(argv):
   layers = tuple(int(x) for x in f.layers)
   print(f"{s.name}, {mcfg.num_layers} layers, probes {layers}:")
   if f.from_hlo:
-    res = from_saved(f.from_hlo, layers, mcfg.num_layers, tuple(f.programs))
+    res = from_saved(f.from_hlo, mcfg.num_layers, tuple(f.programs))
   else:
     if not tpu_specs.libtpu_available():
       sys.exit('libtpu is not installed: pip install "jax[tpu]==<jax version>" (no TPU '
@@ -326,7 +336,7 @@ def main(argv):
       print(f"  {name:12s} {describe(sp)}")
   if f.json:
     with open(f.json, "w", encoding="utf-8") as fh:
-      json.dump({"slice": s.name, "layers": mcfg.num_layers, "probes": list(layers),
+      json.dump({"slice": s.name, "layers": mcfg.num_layers,
                  "programs": {k: v.as_dict() for k, v in res.items()}}, fh, indent=1)
 
 
