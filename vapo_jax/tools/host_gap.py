@@ -19,7 +19,7 @@ CPU to time here). The step model scales it by the chunk count (`gap_seconds`):
   gap = ⌈decode steps / chunk_steps⌉ · seconds per chunk
 
 (early exits of a chunk only add chunks, so this is a lower bound of the chunk count.)
-It is timed as this process's CPU time on whatever CPU runs it (a loaded machine inflates
+It is timed as the calling thread's CPU time on whatever CPU runs it (a loaded machine inflates
 wall time far more): a modelled term, not a result.
 """
 
@@ -44,20 +44,20 @@ def gap_seconds(per_chunk_s: float, decode_steps: int, chunk_steps: int) -> floa
 def measure_chunk(slots: int, page_size: int, max_pages: int, num_pages: int,
                   replicas: int = 1, chunk_steps: int = 16, live_tokens: int = 1024,
                   prompt_tokens: int = 256, finishing: int = 0, chunks: int = 8,
-                  clock=time.process_time) -> float:
+                  clock=time.thread_time) -> float:
   """Median seconds of the engine's host work per chunk (steps 1-4 of the module docstring).
 
   slots S, page_size, max_pages M (pages of one whole response), num_pages N (all replicas),
   replicas R: as `continuous.EngineConfig`. Every slot starts busy with `live_tokens` KV
   tokens (fewer slots if the pool is short, as in the engine); each chunk, `finishing`
   responses end and as many are admitted (prompt_tokens each). clock: the timer (tests pass
-  a fake one; default: this process's CPU time, which load inflates less than wall time).
+  a fake one; default: this thread's CPU time, which load inflates less than wall time).
   """
   from vapo_jax.sampler import paged  # pylint: disable=import-outside-toplevel
   from vapo_jax.sampler import slots as slots_lib  # pylint: disable=import-outside-toplevel
   num_pages -= num_pages % replicas
   pool = paged.PagePool(num_pages, page_size, slots, max_pages, groups=replicas)
-  pending = slots * (chunks + 2) + finishing * (chunks + 2)
+  pending = slots * (chunks + 3) + finishing * (chunks + 3)
   sched = slots_lib.Scheduler(pool, range(pending))
   cap = prompt_tokens + max_pages * page_size  # never the binding limit here
   sched.admit(lambda b: prompt_tokens, cap, chunk_steps)
@@ -71,8 +71,8 @@ def measure_chunk(slots: int, page_size: int, max_pages: int, num_pages: int,
   cur_lp = {b: [] for b in cur_tok}
   times = []
   nxt = 0
-  for _ in range(chunks):
-    t0 = clock()
+  for c in range(chunks + 1):   # chunk 0 warms up, untimed
+    t0 = clock() if c else 0.0
     for _, b in sched.admit(lambda b: prompt_tokens, cap, chunk_steps):
       cur_tok[b], cur_lp[b] = [], []
     sched.reserve(chunk_steps)
@@ -93,6 +93,7 @@ def measure_chunk(slots: int, page_size: int, max_pages: int, num_pages: int,
         cur_tok.pop(b)
         cur_lp.pop(b)
     nxt += 1
-    times.append(clock() - t0)
+    if c:
+      times.append(clock() - t0)
     del table
   return statistics.median(times)
