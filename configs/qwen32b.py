@@ -52,7 +52,7 @@ def get_config(preset: str = "vapo"):
   # not built yet: docs/engine.md; the step model's as-built engine is KV-bound late). Its
   # KV pool is sized from the HBM the train state leaves (~961k tokens, ~63 GB per v5p
   # chip: 44 whole 21.5k-token responses, ~150 at the late phase's mean length, more early
-  # on). The step model (tools/step_model --rollout=engine) puts 256 to 1,024 slots within
+  # on). The step model (tools/step_model --rollout=continuous) puts 256 to 1,024 slots within
   # ~7% of each other, KV-bound late; the compile check says it FITS (docs/engine.md).
   c.sampling.slots = 1024
 

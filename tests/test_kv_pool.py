@@ -165,8 +165,11 @@ def test_step_model_describes_the_built_engine():
   plan = programs.build(cfg, mcfg, _mesh())
   shapes = {k: step_model.EngineShape.of(plan.engines[k].ecfg) for k in ("rollout", "eval")}
   s = tpu_specs.parse("v5e-4")
-  st = step_model.Setup.of(cfg, mcfg, s, step_model.Knobs(rollout="engine"), shapes)
+  st = step_model.Setup.of(cfg, mcfg, s, step_model.Knobs(rollout="continuous"), shapes)
   assert st.engine == shapes["rollout"] and st.eval_engine == shapes["eval"]
+  # The step model's prompt buckets are the built engine's (`run.parts.build_sampler`): its
+  # prefill as it runs pads every prompt to them.
+  assert plan.engines["rollout"].cfg.prompt_buckets == st.prompt_buckets
   # Without the plan, the step model sizes the same engines itself (here: slot-bound).
   assert step_model.Setup.of(cfg, mcfg, s).engine == shapes["rollout"]
   # Every response to max_new_tokens: the compile check's decode steps.

@@ -150,14 +150,14 @@ def test_static_rollout_runs_each_call_to_its_longest_row():
 def test_qwen32b_today_in_the_reviews_range():
   cfg = config_lib.from_config_dict(_qwen32b())
   mcfg = archs.model_config(cfg, "qwen2.5-32b")
-  st = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-128"))
+  st = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-128"),
+                           step_model.Knobs(train="padded", rollout="static"))
   r = step_model.run(st, "late", "uniform:80,400")
   # The review's floor (2,682 s late) from the same counting rules, within 5%.
   assert r["floor_s"] == pytest.approx(2682, rel=0.05)
   assert 5 < r["ratio"] < 40
   packed = step_model.run(step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-128"),
-                                               step_model.Knobs(train="packed",
-                                                                rollout="engine")),
+                                               step_model.Knobs(host_chunk_ms=20.0)),
                           "early", "uniform:80,400")
   assert packed["estimate_s"] < r["estimate_s"] / 3
 
@@ -256,7 +256,7 @@ def test_compile_check_no_compile_prints_the_model():
   out = subprocess.run(
       [sys.executable, "-m", "vapo_jax.tools.compile_check", "--config=configs/qwen32b.py",
        "--topology=v5p-128", "--arch=qwen2.5-32b", "--no_compile", "--lengths=early",
-       "--decode_collectives=1362", "--train=packed"],
+       "--decode_collectives=1362", "--train=packed", "--rollout=static"],
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stderr[-2000:]

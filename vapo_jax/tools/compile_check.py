@@ -352,7 +352,7 @@ def model_report(cfg, mcfg, s: tpu_specs.Slice, *, compile_decode: bool, compile
         "chunks are undercounted; the standalone decode steps have no loop):")
     for line in step_model.crosscheck(st, compiled):
       log(line)
-  log("  assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knobs).items()))
+  log("  assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(st.knobs).items()))
   from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
   out = []
   for label, spec in lengths.phases(flags.FLAGS.lengths):

@@ -2,9 +2,14 @@
 time at stated efficiencies, and the step's physical floor beside it.
 
   python -m vapo_jax.tools.step_model --config=configs/qwen32b.py --topology=v5p-128 \
-      --arch=qwen2.5-32b --lengths=review --prompt_lengths=uniform:80,400
-  ... --train=packed --rollout=engine            # what the packing / engine issues would buy
+      --arch=qwen2.5-32b --lengths=review --prompt_lengths=uniform:80,400 \
+      --train_collectives=benchmarks/results/train_collectives_qwen32b_v5p-128.json
+  ... --train=padded --rollout=static            # the code paths before packing / the engine
   ... --lengths=/run/metrics.jsonl               # a run's logged length quantiles
+
+The code paths follow the config (rl.packing: packed train rows; sampling.engine: the
+continuous engine of `sampler/continuous.py`, or the static sampler of `sampler/static.py`);
+`--train` / `--rollout=static|continuous` override them.
 
 Everything is per chip and analytic (no compile; `decode_hlo` gives the collectives of the
 compiled decode loop, `--decode_collectives` takes its count). The FLOP counts are in
@@ -29,10 +34,10 @@ attention score bytes / (BW · bw_eff)) for the train side (the pure-JAX blocked
 its [B, K, G, T, C] float32 scores to HBM: `--attn_score_bytes` per (pair, head) forward), and
 per decode step max(FLOPs / (peak · MFU), bytes / (BW · bw_eff)) + collectives · latency.
 
-Today (`--train=padded --rollout=static`): every train row is P + R tokens; the rollout is
-B / (prompts_per_call · n) sampler calls, each a prefill of P-token prompts and the windowed
-while loops of `sampler.static._generate` (`ops.decode_windows`), which stop at the call's
-longest row (steps t = 1 .. max ℓ − 1); each step reads the weight shards in place
+Padded and static (`--train=padded --rollout=static`): every train row is P + R tokens; the
+rollout is B / (prompts_per_call · n) sampler calls, each a prefill of P-token prompts and
+the windowed while loops of `sampler.static._generate` (`ops.decode_windows`), which stop
+at the call's longest row (steps t = 1 .. max ℓ − 1); each step reads the weight shards in place
 (`--decode_weights=stationary`: the TPU compile shows no weight gather in the loop, and XLA
 hoists the fp32 -> bf16 casts out of it, so (N − untied embedding) · 2 / chips bytes,
 `--decode_weight_itemsize`; `gathered` adds a per-step gather of N · 4 / tensor) and the
@@ -41,7 +46,7 @@ Alternatives: `--train=packed` (the code's planner, `packing.plan`, on the sampl
 with each pass's PackSpec as the trainer builds it: rows of rl.packing_row_tokens, K packed
 micro-batches of n rows from the token budget, each computed whole: n K T tokens, the LM head
 at every slot, and the attention key blocks `attention._live_blocks` keeps for that layout,
-`step_counts.packed_pairs`), `--rollout=engine` (continuous batching, bf16 decode weights, KV
+`step_counts.packed_pairs`), `--rollout=continuous` (continuous batching, bf16 decode weights, KV
 read at live lengths, slots refilled FIFO while the live KV fits; one bf16 reshard per step).
 Its layout, `--engine_layout`: `built` (default) is `sampler/continuous.py` as it is: decode
 replicas of mesh.tensor chips (one per data x fsdp shard, `EngineConfig.replicas`), each with
@@ -54,6 +59,11 @@ of HBM less train state, weights and `--workspace_gb`.
 Floor: real tokens only, exact causal attention per sequence (T (T+1) / 2 pairs), no remat
 (fwd 1, bwd 2 matmul, 2.5 attention), LM head on response tokens, at `--mfu_ceiling`; rollout
 as the engine with 100 % bandwidth, no collective latency, compute at peak.
+
+Terms a real step pays beyond FLOPs and bytes (`step_terms`, each printed on its own line):
+the engine's prefill as it runs, the host gap per decode chunk, the Pallas decode kernel's
+KV blocks, the train programs' collectives from compiled HLO (`--train_collectives`). What
+is still not counted is printed as the report's last line (`step_terms.NOT_COUNTED`).
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ import types
 import numpy as np
 
 from vapo_jax.tools import step_counts
+from vapo_jax.tools import step_terms
 
 GB = 1e9
 
@@ -85,13 +96,24 @@ class Knobs:
   # Bytes per weight a decode step reads: XLA hoists the fp32 -> bf16 casts of the stationary
   # weight shards out of the decode loop (its carry holds bf16 shards: `decode_hlo`), so 2.
   decode_weight_itemsize: float = 2.0
-  train: str = "padded"              # or "packed"
-  rollout: str = "static"            # or "engine"
+  # The code paths; None: as the config says (Setup.of: rl.packing -> "packed" else
+  # "padded"; sampling.engine "continuous" (sampler/continuous.py) or "static"
+  # (sampler/static.py)). A Setup built by hand with None runs padded / static.
+  train: str | None = None           # "padded" | "packed"
+  rollout: str | None = None         # "static" | "continuous"
   engine_tp: int = 4
   engine_layout: str = "built"       # or "replicas" (see the module docstring)
   workspace_gb: float = 5.0          # per chip, kept free by the engine besides weights
   headroom: float = 0.05
   engine_admit: float = 0.9          # admit while live KV < this share of the KV budget
+  # Host work per decode chunk of the built engine, ms; None: measured on this CPU at the
+  # engine's sizes (`tools.host_gap`).
+  host_chunk_ms: float | None = None
+  # The train programs' collectives from compiled HLO (`tools.train_hlo --json`); None:
+  # not counted (the report says so).
+  train_collectives: str | None = None
+  # Share of a chip's ICI a collective gets (a ring over one torus axis: 2 of 6 links).
+  collective_bw_share: float = 1.0 / 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +146,10 @@ class Setup:
   # value forwards, as `run.learners.pass_spec` builds them (batch shards = chips / tensor).
   pack_steps: object = None
   pack_forward: object = None
+  # The engine's prompt buckets, as `run.parts.build_sampler` builds its SamplingConfig
+  # ((data.max_prompt_tokens,): every prompt padded to P); () = powers of two.
+  prompt_buckets: tuple = ()
+  micro_rows: int = 0         # rows per padded micro-batch of an update (0: a mini-batch)
 
   @classmethod
   def of(cls, cfg, mcfg, s, knobs: Knobs = Knobs(), engines: dict | None = None
@@ -143,6 +169,10 @@ class Setup:
     shards = max(1, s.chips // max(1, cfg.mesh.tensor))
     spec = lambda per_micro: packing.spec_for(  # noqa: E731
         p + r, per_micro, shards, cfg.rl.packing_row_tokens, cfg.rl.packing_tokens_per_device)
+    knobs = dataclasses.replace(
+        knobs, train=knobs.train or ("packed" if cfg.rl.packing else "padded"),
+        rollout=knobs.rollout or ("continuous" if cfg.sampling.engine == "continuous"
+                                  else "static"))
     st = cls(step_counts.Arch.of(mcfg), s.chips, cfg.mesh.tensor, s.gen.bf16_flops,
              s.gen.hbm_bandwidth, s.gen.hbm_bytes, s.gen.ici_bandwidth, rows, n, p, r,
              per_call, wins, cfg.rl.ppo_epochs, cfg.uses_critic,
@@ -150,7 +180,8 @@ class Setup:
              ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
              cfg.rl.num_minibatches, ev.samples_per_problem,
              pack_steps=spec(micro or rows // cfg.rl.num_minibatches),
-             pack_forward=spec(micro or rows))
+             pack_forward=spec(micro or rows), prompt_buckets=(p,),
+             micro_rows=micro or rows // cfg.rl.num_minibatches)
     engines = engines or engine_shapes(cfg, mcfg, st)
     return dataclasses.replace(st, engine=engines["rollout"], eval_engine=engines["eval"])
 
@@ -169,11 +200,13 @@ class EngineShape:
   kv_tokens: int              # the pool: whole pages (all replicas)
   chunk_steps: int
   replicas: int = 1           # decode replicas: each S / R slots and kv_tokens / R
+  kernel: str = "jax"         # decode attention: "tpu" (jax's Pallas kernel) or "jax"
+  pages_per_block: int = 8    # EngineConfig.pages_per_block
 
   @classmethod
   def of(cls, ecfg) -> "EngineShape":
     return cls(ecfg.slots, ecfg.page_size, ecfg.num_pages * ecfg.page_size, ecfg.chunk_steps,
-               ecfg.replicas)
+               ecfg.replicas, ecfg.kernel, ecfg.pages_per_block)
 
 
 def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
@@ -209,8 +242,23 @@ def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
     except ValueError:  # no room for one response: `estimate` says so if it needs the engine
       out[key] = None
       continue
-    out[key] = EngineShape(slots, sm.page_size, pool.tokens, sm.chunk_steps, reps)
+    out[key] = EngineShape(slots, sm.page_size, pool.tokens, sm.chunk_steps, reps,
+                           _kernel(sm.attention_kernel, mcfg, shards, sm.page_size))
   return out
+
+
+def _kernel(want: str, mcfg, tp: int, page_size: int) -> str:
+  """`continuous.attention_kernel` on a TPU slice, analytically: "tpu" unless "jax" is asked
+  for or jax's Pallas kernel refuses one shard's shapes (`paged_attention.tpu_kernel_refusal`)."""
+  if want == "jax":
+    return "jax"
+  from vapo_jax.models import paged_attention  # pylint: disable=import-outside-toplevel
+  k2, h = 2 * mcfg.num_kv_heads, mcfg.num_heads
+  if k2 % tp or (k2 // tp) % 2 or h % tp:
+    return "jax"
+  why = paged_attention.tpu_kernel_refusal(h // tp, k2 // tp // 2, mcfg.head_dim, mcfg.dtype,
+                                           page_size)
+  return "jax" if why else "tpu"
 
 
 @dataclasses.dataclass
@@ -224,6 +272,7 @@ class Program:
   terms: dict = dataclasses.field(default_factory=dict)   # seconds by cause
   note: str = ""
   steps: int = 0              # decode steps (the engine simulation's slowest replica)
+  lines: list = dataclasses.field(default_factory=list)  # the step_terms, one line each
 
   @property
   def time(self) -> float:
@@ -301,6 +350,23 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
   progs.append(_train_program(st, "policy_step", ep, False, True, floor))
   if st.use_critic:
     progs.append(_train_program(st, "critic_step", ep, True, True, floor))
+  if floor:
+    return progs
+  # Micro-batches and calls of each program per step, for its HLO collectives.
+  if k.train == "packed":
+    fwd_micro, upd_micro = len(groups), len(steps) * st.epochs
+  else:
+    per = max(1, st.micro_rows or st.rows // max(1, st.minibatches))
+    fwd_micro = upd_micro = -(-st.rows // per)
+    upd_micro *= st.epochs
+  upd_calls = max(1, st.minibatches) * st.epochs
+  for prog in progs:
+    update = prog.name.endswith("_step")
+    secs, line = step_terms.train_collectives(
+        st, prog.name, upd_micro if update else fwd_micro, upd_calls if update else 1)
+    if line:
+      prog.terms["collectives"] = secs
+      prog.lines.append(line)
   return progs
 
 
@@ -421,28 +487,39 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
   a_, b_ = w / bw, kvb / tp / bw
   per_tok = (a.matmul + a.head) / tp / rate
   lat = 0.0 if floor else (2.0 * a.layers + 2) * k.collective_latency_us * 1e-6
-  worst, worst_terms, flops, steps_max = 0.0, {}, 0.0, 0
+  # The engine as built: its prefill as it runs (every prompt at its bucket, on every
+  # replica: `step_terms.engine_prefill`) instead of real prompt tokens ÷ replicas; the
+  # Pallas kernel's KV blocks (a slot reads whole blocks: (Bt − 1) / 2 tokens more per step).
+  built = engine is not None and not floor
+  max_pages = -(-(st.prompt_len + st.max_new - 1) // engine.page_size) if built else 0
+  block = step_terms.kernel_block_tokens(engine, max_pages) if built else 0
+  pad = (block - 1) / 2.0 if block else 0.0
+  worst, worst_terms, flops, steps_max, worst_live = 0.0, {}, 0.0, 0, 0.0
   for r in range(reps):
     lens, ps = resp[r::reps], prompts[r::reps]
     if not len(lens):
       continue
     now, x, live, q, heap = 0, 0.0, 0, 0, []
     cost = pre = 0.0
-    w_time = kv_time = 0.0
+    w_time = kv_time = pad_time = live_sum = slot_steps = 0.0
     while q < len(lens) or heap:
       while q < len(lens) and (x + ps[q] < cap or live == 0) and (
           max_live is None or live < max_live):
         heapq.heappush(heap, (now + int(lens[q]), int(ps[q]) + int(lens[q])))
         x += ps[q]
-        pre += ps[q] * (a.matmul / tp) / (st.peak * (k.mfu_ceiling if floor else k.mfu)) / n
+        if not built:
+          pre += ps[q] * (a.matmul / tp) / (st.peak * (k.mfu_ceiling if floor else k.mfu)) / n
         live += 1
         q += 1
       nxt = heap[0][0]
       m = nxt - now
-      c = _interval_cost(m, x, live, a_, b_, live * per_tok)
+      c = _interval_cost(m, x + live * pad, live, a_, b_, live * per_tok)
       cost += c + m * lat
       w_time += m * a_
       kv_time += _interval_cost(m, x, live, 0.0, b_, 0.0)
+      pad_time += m * live * pad * b_
+      live_sum += m * x + live * m * (m - 1) / 2.0   # Σ over the m steps of live tokens
+      slot_steps += m * live
       x += live * m
       now = nxt
       while heap and heap[0][0] == now:
@@ -450,13 +527,16 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
         x -= tot
         live -= 1
     total = cost + pre
-    flops += (a.matmul + a.head) * float(lens.sum() + ps.sum() / n) / tp
+    flops += (a.matmul + a.head) * float(lens.sum() + (0 if built else ps.sum() / n)) / tp
     if total > worst:
       worst, steps_max = total, now
-      mem = w_time + kv_time
+      worst_live = live_sum / max(1.0, slot_steps)
+      mem = w_time + kv_time + pad_time
       worst_terms = {"decode weights": w_time, "decode KV": kv_time,
                      "decode compute": max(0.0, cost - now * lat - mem),
                      "decode latency": now * lat, "prefill": pre}
+      if built:
+        worst_terms["decode kernel blocks"] = pad_time
   mem_time = worst_terms.get("decode weights", 0.0) + worst_terms.get("decode KV", 0.0)
   prog = Program(name, flops / reps, mem_time * bw,
                  0 if floor else steps_max * (2 * a.layers + 2))
@@ -465,6 +545,17 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
     worst_terms["bf16 reshard"] = reshard
   prog.terms = worst_terms
   prog.steps = steps_max
+  if built:
+    secs, pf_flops, pf_coll, line = step_terms.engine_prefill(st, prompts[::n], tp, reps)
+    prog.terms["prefill"] = secs
+    prog.flops += pf_flops
+    prog.collectives += pf_coll
+    prog.lines.append(line)
+    secs, line = step_terms.host_gap(st, engine, steps_max, worst_live, len(resp))
+    prog.terms["host gap"] = secs
+    prog.lines.append(line)
+    line = step_terms.kernel_line(st, engine, block, prog.terms["decode kernel blocks"], tp)
+    prog.lines.append(line)
   if max_live is not None:
     prog.note = (f"as built: {reps} replicas × TP{tp} of {max_live} slots, a pool of "
                  f"{cap:.0f} tokens each ({cap * kvb / tp / GB:.1f} GB/chip), slowest "
@@ -500,10 +591,10 @@ def _eval_lengths(st: Setup, resp: np.ndarray) -> np.ndarray:
 def estimate(st: Setup, resp: np.ndarray, prompts: np.ndarray) -> Step:
   """One RL step with the knobs' code paths (today: padded, static)."""
   built = st.knobs.engine_layout == "built"
-  if built and st.knobs.rollout == "engine" and st.engine is None:
+  if built and st.knobs.rollout == "continuous" and st.engine is None:
     raise ValueError("the engine's KV pool cannot hold one whole response on this slice "
                      "(sampler.kv_pool); use a larger slice or --engine_layout=replicas")
-  if st.knobs.rollout == "engine":
+  if st.knobs.rollout == "continuous":
     roll = continuous_rollout(st, resp, prompts, floor=False,
                               engine=st.engine if built else None)
   else:
@@ -514,7 +605,7 @@ def estimate(st: Setup, resp: np.ndarray, prompts: np.ndarray) -> Step:
   if len(ev_resp):
     ev = (continuous_rollout(st, ev_resp, prompts[:len(ev_resp)], False, "evaluation",
                              st.eval_n, engine=st.eval_engine if built else None)
-          if st.knobs.rollout == "engine" else
+          if st.knobs.rollout == "continuous" else
           static_rollout(st, ev_resp, "evaluation", st.eval_per_call, st.eval_n))
     ev.terms = {k: v / st.eval_every for k, v in ev.terms.items()}
     ev.flops /= st.eval_every
@@ -615,10 +706,16 @@ def format_report(label: str, r: dict) -> str:
                  f"{p.collectives:12.0f} {p.time:9.0f}  {terms}")
     if p.note:
       lines.append(f"  {'':12s} {p.note}")
+    for extra in p.lines:
+      if extra:
+        lines.append(f"  {'':12s} + {extra}")
   fl = ", ".join(f"{p.name} {p.time:.0f}" for p in r["floor_programs"])
   lines.append(f"  step estimate {r['estimate_s']:.0f} s; floor {r['floor_s']:.0f} s ({fl}); "
                f"ratio {r['ratio']:.1f}×")
   lines.append("  dominant: " + "; ".join(f"{k} {v:.0f} s" for k, v in r["dominant"]))
+  if not any("collectives from compiled HLO" in x for p in r["programs"] for x in p.lines):
+    lines.append("  train collectives: not counted (--train_collectives=JSON of tools.train_hlo)")
+  lines.append("  " + step_terms.NOT_COUNTED)
   return "\n".join(lines)
 
 
@@ -638,6 +735,7 @@ def main(argv):
   print(f"{s.name}: {s.chips} chips; {mcfg.num_layers} layers, d={mcfg.hidden_size}, "
         f"{mcfg.num_params / 1e9:.2f} B parameters; {st.rows} rows of {st.prompt_len} + "
         f"{st.max_new} tokens")
+  knobs = st.knobs   # the code paths resolved from the config
   print("assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knobs).items()))
   from vapo_jax.tools import lengths  # pylint: disable=import-outside-toplevel
   rows = []
@@ -675,8 +773,17 @@ def define_flags(flags, lengths_default: str | None = "review"):
                     "Decode reads weights in place, or all-gathers them every step.")
   flags.DEFINE_float("decode_weight_itemsize", d.decode_weight_itemsize, "Bytes per weight "
                      "a decode step reads (2: the bf16 casts XLA hoists out of the loop).")
-  flags.DEFINE_enum("train", d.train, ["padded", "packed"], "Train-side rows.")
-  flags.DEFINE_enum("rollout", d.rollout, ["static", "engine"], "Rollout sampler.")
+  flags.DEFINE_enum("train", d.train, ["padded", "packed"], "Train-side rows (default: "
+                    "the config's rl.packing).")
+  flags.DEFINE_enum("rollout", d.rollout, ["static", "continuous"], "Rollout sampler: "
+                    "sampler/static.py or the engine of sampler/continuous.py (default: the "
+                    "config's sampling.engine).")
+  flags.DEFINE_float("host_chunk_ms", None, "The engine's host work per decode chunk, ms "
+                     "(default: measured on this CPU, tools.host_gap).")
+  flags.DEFINE_string("train_collectives", None, "The train programs' collectives from "
+                      "compiled HLO: a tools.train_hlo --json file (default: not counted).")
+  flags.DEFINE_float("collective_bw_share", d.collective_bw_share, "Share of a chip's ICI "
+                     "bandwidth one collective gets.")
   flags.DEFINE_integer("engine_tp", d.engine_tp, "Chips per engine replica "
                        "(--engine_layout=replicas).")
   flags.DEFINE_enum("engine_layout", d.engine_layout, ["built", "replicas"], "The engine as "
@@ -692,7 +799,9 @@ def knobs_from_flags(f) -> Knobs:
                decode_collective_bytes=f.decode_collective_bytes,
                decode_weights=f.decode_weights,
                decode_weight_itemsize=f.decode_weight_itemsize, train=f.train,
-               rollout=f.rollout,
+               rollout=f.rollout, host_chunk_ms=f.host_chunk_ms,
+               train_collectives=f.train_collectives,
+               collective_bw_share=f.collective_bw_share,
                engine_tp=f.engine_tp, workspace_gb=f.workspace_gb,
                engine_layout=f.engine_layout)
 

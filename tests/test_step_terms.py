@@ -1,0 +1,139 @@
+"""The step model's terms beyond FLOPs and bytes (`tools.step_terms`), on cases counted by hand:
+the engine's prefill as it runs, the host gap per decode chunk, the Pallas kernel's KV blocks,
+the train programs' HLO collectives, and code paths that follow the config."""
+
+import functools
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+from vapo_jax import config as config_lib
+from vapo_jax.tools import archs, host_gap, step_counts, step_model, step_terms, tpu_specs
+from vapo_jax.tools import train_hlo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# L 2, D 8, F 8, H 2, K 1, Dh 4, V 16: matmul 1,536 FLOPs per token, 64 per pair, head 256.
+ARCH = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1000.0, 900.0, 512, "blocked", False,
+                        untied=False)
+
+
+def _setup(**knobs):
+  return step_model.Setup(ARCH, chips=8, tensor=4, peak=1e6, bw=1e9, hbm=1e12, ici=1e9,
+                          rows=4, n=2, prompt_len=8, max_new=8, per_call=2,
+                          windows=((1, 8, 11),), epochs=1, use_critic=True, param_bytes=4,
+                          eval_rows=0, eval_per_call=2, eval_every=1,
+                          knobs=step_model.Knobs(mfu=0.5, **knobs), prompt_buckets=(8,))
+
+
+def test_arch_figures_used_below():
+  assert (ARCH.matmul, ARCH.pair, ARCH.head) == (1536.0, 64.0, 256.0)
+
+
+def test_engine_prefill_pads_to_the_bucket_on_every_replica():
+  st = _setup()
+  secs, flops, coll, line = step_terms.engine_prefill(st, np.array([3, 5]), tp=4, replicas=2)
+  # Per prompt at bucket 8: 8 tokens × 1,536 + 64 pairs (one 8-key block) × 64 + one head
+  # position × 256 = 16,640 FLOPs; two prompts over TP4: 8,320 per chip, at 0.5 × 1e6 FLOP/s.
+  assert flops == pytest.approx(8320.0)
+  # 2 prompts × (2L + 2) = 12 all-reduces at 7 µs; activations 2 L · 8 tokens · D · 2 bytes =
+  # 512 per prompt, ring factor 2 · 3/4, at ICI 1e9 × 1/3.
+  want = 8320 / 5e5 + 12 * 7e-6 + 1.5 * 2 * 512 / (1e9 / 3)
+  assert secs == pytest.approx(want) and coll == 12
+  assert "2 prompts padded to [8] tokens" in line and "all 2 decode replicas" in line
+
+
+def test_built_rollout_counts_prefill_host_gap_and_kernel_blocks():
+  st = _setup(host_chunk_ms=10.0)
+  eng = step_model.EngineShape(slots=4, page_size=4, kv_tokens=64, chunk_steps=4, replicas=2,
+                               kernel="tpu", pages_per_block=8)
+  resp, prompts = np.array([3, 5, 2, 6]), np.array([3, 3, 2, 2])
+  prog = step_model.continuous_rollout(st, resp, prompts, floor=False, engine=eng)
+  # Prefill: prompts 0 and 1 (one per n = 2 responses), both at bucket 8, on both replicas.
+  want, _, _, _ = step_terms.engine_prefill(st, np.array([3, 2]), 4, 2)
+  assert prog.terms["prefill"] == pytest.approx(want)
+  # Replica 0 runs responses 3 and 2, replica 1 runs 5 and 6: the slowest runs 6 steps,
+  # ⌈6 / 4⌉ = 2 chunks × 10 ms.
+  assert prog.steps == 6 and prog.terms["host gap"] == pytest.approx(0.02)
+  # max_pages = ⌈(8 + 8 − 1) / 4⌉ = 4, so blocks of 4 pages = 16 tokens: 7.5 tokens more per
+  # live slot and step; replica 1 has 2 live slots for 5 steps and 1 for one: 11 slot-steps,
+  # at kv_bytes / tp = 2·2·1·4·2 / 4 = 8 bytes per token and 0.7 × 1e9 B/s.
+  assert prog.terms["decode kernel blocks"] == pytest.approx(11 * 7.5 * 8 / 0.7e9)
+  assert any("16 tokens per KV block" in x for x in prog.lines)
+
+
+def test_kernel_block_tokens():
+  eng = step_model.EngineShape(1024, 16, 10**6, 16, 16, kernel="tpu", pages_per_block=8)
+  assert step_terms.kernel_block_tokens(eng, 1344) == 128      # 8 divides 1,344
+  assert step_terms.kernel_block_tokens(eng, 12) == 96          # 6: largest divisor <= 8
+  jax_eng = step_model.EngineShape(1024, 16, 10**6, 16, 16, kernel="jax")
+  assert step_terms.kernel_block_tokens(jax_eng, 1344) == 0
+
+
+def test_host_gap_scales_by_chunks():
+  # The audit's late phase: 65,720 decode steps in chunks of 16 = 4,108 chunks × 20 ms.
+  assert host_gap.gap_seconds(0.02, 65_720, 16) == pytest.approx(82.16)
+  assert host_gap.gap_seconds(0.5, 17, 16) == pytest.approx(1.0)   # 2 chunks
+  assert host_gap.gap_seconds(0.5, 0, 16) == 0.0
+
+
+def test_host_gap_measure_takes_the_median_chunk():
+  # A fake clock: the three chunks take 3, 1 and 2 units.
+  clock = functools.partial(next, iter([0.0, 3.0, 10.0, 11.0, 20.0, 22.0]))
+  per = host_gap.measure_chunk(4, 4, 8, 32, 1, 4, 8, 4, 1, 3, clock=clock)
+  assert per == 2.0
+  # With the real clock on a small engine it runs the engine's host calls and is positive.
+  assert host_gap.measure_chunk(8, 4, 8, 64, 2, 4, 8, 4, 2, 2) > 0
+
+
+def test_train_collectives_from_hlo_figures(tmp_path):
+  sp = train_hlo.Split(train_hlo.Side(exposed=3, exposed_wire=3e6, overlapped=2,
+                                      overlapped_wire=1e6),
+                       train_hlo.Side(exposed=1, exposed_wire=2e6), {"all-gather": 6})
+  path = tmp_path / "c.json"
+  path.write_text(json.dumps({"programs": {"policy_step": sp.as_dict(),
+                                           "logprobs": sp.as_dict()}}))
+  st = _setup(train_collectives=str(path))
+  secs, line = step_terms.train_collectives(st, "policy_step", 10, 2)
+  # 10 micro-batches × (3 × 7 µs + 3 MB / (1e9 / 3)) + 2 calls × (7 µs + 2 MB / (1e9 / 3)).
+  assert secs == pytest.approx(10 * (21e-6 + 3e6 / (1e9 / 3)) + 2 * (7e-6 + 2e6 / (1e9 / 3)))
+  # The overlapped ones are printed, not counted: 10 × (2 × 7 µs + 1 MB / (1e9 / 3)) = 0.03 s.
+  assert "overlapped by XLA's schedule 0 s" in line
+  # A program the file lacks is not counted, and the line says so.
+  assert step_terms.train_collectives(st, "critic_step", 10, 2)[0] == 0.0
+  assert "critic_step collectives: not counted" in step_terms.train_collectives(
+      st, "critic_step", 10, 2)[1]
+  progs = {p.name: p for p in step_model.train_side(st, np.array([3, 5, 2, 6]),
+                                                    np.array([3, 3, 2, 2]))}
+  # Padded rows, one mini-batch of 4 rows in one micro-batch: 1 trip, 1 call.
+  assert progs["policy_step"].terms["collectives"] == pytest.approx(
+      step_terms.train_collectives(st, "policy_step", 1, 1)[0])
+  assert "collectives" not in step_model.train_side(_setup(), np.array([3]), np.array([3]))[0].terms
+
+
+def _tiny(**over):
+  spec = importlib.util.spec_from_file_location("t", os.path.join(ROOT, "configs/tiny.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config()
+  for key, v in over.items():
+    sec, name = key.split(".")
+    c[sec][name] = v
+  return config_lib.from_config_dict(c)
+
+
+def test_code_paths_follow_the_config():
+  s = tpu_specs.parse("v5e-4")
+  cfg = _tiny()
+  assert cfg.rl.packing and cfg.sampling.engine == "continuous"
+  st = step_model.Setup.of(cfg, archs.model_config(cfg), s)
+  assert (st.knobs.train, st.knobs.rollout) == ("packed", "continuous")
+  old = _tiny(**{"rl.packing": False, "sampling.engine": "static"})
+  st = step_model.Setup.of(old, archs.model_config(old), s)
+  assert (st.knobs.train, st.knobs.rollout) == ("padded", "static")
+  # A flag still overrides the config.
+  st = step_model.Setup.of(cfg, archs.model_config(cfg), s, step_model.Knobs(train="padded"))
+  assert (st.knobs.train, st.knobs.rollout) == ("padded", "continuous")
+  assert st.prompt_buckets == (cfg.data.max_prompt_tokens,)

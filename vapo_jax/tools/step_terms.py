@@ -1,0 +1,160 @@
+"""Terms of `tools.step_model` that a real step pays besides its FLOPs and HBM bytes.
+
+Each is printed as its own line of the report (`Program.lines`). Notation of `step_model`;
+tp = chips per decode replica (mesh.tensor), R decode replicas, S slots, K chunk_steps.
+
+  engine prefill   as `continuous.Engine` runs it: every prompt right-padded to its bucket
+                   (`ops.prompt_bucket` with `run.parts.build_sampler`'s prompt_buckets =
+                   (data.max_prompt_tokens,)), one dense prefill per prompt, and the prefill
+                   program runs on the whole mesh, so every decode replica computes every
+                   prompt: per chip Σ_prompts F_fwd(1 × bucket) / tp at MFU, plus per prompt
+                   (2L + 2) collectives × latency and the tensor-parallel activation
+                   all-reduces, 2 L bucket D bf16 bytes, ring factor 2 (tp − 1) / tp, at the
+                   collective bandwidth.
+  host gap         ⌈decode steps / K⌉ chunks × the host work per chunk (`tools.host_gap`,
+                   measured on this CPU at the engine's sizes and the phase's mean live KV).
+  decode kernel    jax's Pallas ragged paged attention reads a slot's KV in blocks of
+   blocks          pages_per_block pages (`paged_attention.tpu_decode_attention`: the
+                   largest divisor of M not above EngineConfig.pages_per_block): a slot of ℓ
+                   KV tokens reads ⌈ℓ / Bt⌉ Bt, Bt = pages × page_size, on average
+                   (Bt − 1) / 2 tokens more per live slot and step (ℓ grows by one a step).
+  train            read from compiled HLO (`tools.train_hlo`, --train_collectives=JSON):
+   collectives     per program, micro-batches × per-trip + calls × per-call collectives;
+                   exposed ones count × latency + wire bytes / collective bandwidth, the
+                   overlapped ones (async, compute scheduled between start and done) are
+                   printed, not counted.
+Collective bandwidth = ICI per chip × `collective_bw_share` (a ring over one torus axis uses
+2 of a 3-D torus chip's 6 links: 1/3).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import types
+
+import numpy as np
+
+from vapo_jax.tools import step_counts
+
+
+def bucket_of(length: int, max_prompt: int, buckets: tuple) -> int:
+  """`ops.prompt_bucket` of a prompt of `length` tokens with the engine's buckets."""
+  from vapo_jax.sampler import ops  # pylint: disable=import-outside-toplevel
+  return ops.prompt_bucket(int(length), types.SimpleNamespace(
+      max_prompt_len=max_prompt, prompt_buckets=tuple(buckets), min_prompt_bucket=16))
+
+
+def collective_bw(st) -> float:
+  return st.ici * st.knobs.collective_bw_share
+
+
+def engine_prefill(st, prompt_lengths: np.ndarray, tp: int, replicas: int
+                   ) -> tuple[float, float, float, str]:
+  """(seconds, FLOPs per chip, collectives per chip, line) of the engine's prefills of
+  `prompt_lengths` (one per prompt) as it runs them (module docstring)."""
+  a, k = st.arch, st.knobs
+  bk = np.array([bucket_of(p, st.prompt_len, st.prompt_buckets) for p in prompt_lengths])
+  flops = sum(sum(step_counts.forward_flops(a, 1, int(b), 1).values()) for b in bk) / tp
+  compute = flops / (st.peak * k.mfu)
+  ncoll = len(bk) * (2 * a.layers + 2) if tp > 1 else 0
+  wire = (2.0 * (tp - 1) / tp) * float(bk.sum()) * 2 * a.layers * a.d * 2 if tp > 1 else 0.0
+  comm = ncoll * k.collective_latency_us * 1e-6 + wire / collective_bw(st)
+  line = (f"engine prefill as run: {len(bk)} prompts padded to {sorted(set(bk.tolist()))} "
+          f"tokens (real mean {np.mean(prompt_lengths):.0f}), each on all {replicas} decode "
+          f"replicas: compute {compute:.1f} s + TP collectives {comm:.1f} s "
+          f"({ncoll:.0f}, {wire / 1e9:.1f} GB per chip)")
+  return compute + comm, flops, ncoll, line
+
+
+def host_gap(st, engine, steps: int, live_tokens: float, responses: int
+             ) -> tuple[float, str]:
+  """(seconds, line): the engine's host work per chunk × its chunks (`tools.host_gap`)."""
+  from vapo_jax.sampler import paged  # pylint: disable=import-outside-toplevel
+  from vapo_jax.tools import host_gap as hg  # pylint: disable=import-outside-toplevel
+  chunks = math.ceil(steps / max(1, engine.chunk_steps)) if steps > 0 else 0
+  if st.knobs.host_chunk_ms is not None:
+    per, how = st.knobs.host_chunk_ms * 1e-3, "given (--host_chunk_ms)"
+  else:
+    max_pages = paged.pages_for(st.prompt_len + st.max_new - 1, engine.page_size)
+    per = hg.measure_chunk(
+        engine.slots, engine.page_size, max_pages, engine.kv_tokens // engine.page_size,
+        engine.replicas, engine.chunk_steps, int(max(1, live_tokens)), st.prompt_len // 4,
+        max(0, round(responses / max(1, chunks))))
+    how = "CPU time of the engine's host loop replayed on this machine"
+  secs = hg.gap_seconds(per, steps, engine.chunk_steps)
+  return secs, (f"host gap per decode chunk: {chunks:,} chunks × {per * 1e3:.1f} ms ({how}; "
+                f"{engine.slots} slots, mean live KV {live_tokens:,.0f} tokens/slot) = "
+                f"{secs:.0f} s, chips idle")
+
+
+def kernel_block_tokens(engine, max_pages: int) -> int:
+  """Tokens per KV block the Pallas kernel reads (0 with the pure-JAX attention)."""
+  if engine is None or engine.kernel != "tpu":
+    return 0
+  ppb = max(d for d in range(1, min(engine.pages_per_block, max_pages) + 1)
+            if max_pages % d == 0)
+  return ppb * engine.page_size
+
+
+def queries_per_block() -> int:
+  """`tpu_decode_attention`'s default queries per block (the engine passes none)."""
+  from vapo_jax.models import paged_attention  # pylint: disable=import-outside-toplevel
+  return inspect.signature(paged_attention.tpu_decode_attention).parameters[
+      "queries_per_block"].default
+
+
+def kernel_line(st, engine, block_tokens: int, extra_s: float, tp: int) -> str:
+  if engine is None:
+    return ""
+  if not block_tokens:
+    return ("decode kernel: pure-JAX paged attention (no Pallas kernel for this model or "
+            "platform); KV read at live length")
+  a = st.arch
+  page_bytes = engine.page_size * 2 * a.k / tp * a.dh * 2
+  return (f"decode kernel blocks: Pallas ragged paged attention, {block_tokens // engine.page_size}"
+          f" pages × {engine.page_size} tokens = {block_tokens} tokens per KV block "
+          f"({page_bytes / 1e3:.0f} KB per page DMA per chip), {queries_per_block()} queries "
+          f"per block; KV reads rounded up to whole blocks: +{extra_s:.0f} s; bandwidth "
+          f"efficiency {st.knobs.bw_efficiency} assumed (unmeasured)")
+
+
+def train_collectives(st, name: str, micro_batches: float, calls: float) -> tuple[float, str]:
+  """(exposed seconds, line) of one train program from the HLO figures (--train_collectives)."""
+  from vapo_jax.tools import train_hlo  # pylint: disable=import-outside-toplevel
+  path = st.knobs.train_collectives
+  if not path:
+    return 0.0, ""
+  figs = _load(path)
+  if name not in figs:
+    return 0.0, (f"{name} collectives: not counted (not compiled into {path}; "
+                 f"tools.train_hlo --programs={name})")
+  sp: train_hlo.Split = figs[name]
+  lat, bw = st.knobs.collective_latency_us * 1e-6, collective_bw(st)
+  t, c = sp.per_trip, sp.per_call
+  exposed = (micro_batches * (t.exposed * lat + t.exposed_wire / bw)
+             + calls * (c.exposed * lat + c.exposed_wire / bw))
+  hidden = (micro_batches * (t.overlapped * lat + t.overlapped_wire / bw)
+            + calls * (c.overlapped * lat + c.overlapped_wire / bw))
+  probes = f", {sp.probes[0]}- and {sp.probes[1]}-layer probes" if sp.probes else ""
+  return exposed, (
+      f"{name} collectives from compiled HLO{probes}: {micro_batches:,.0f} micro-batches × "
+      f"{t.count:,.0f} ({t.nbytes / 1e9:.1f} GB) + {calls:,.0f} calls × {c.count:,.0f}; "
+      f"exposed {exposed:.0f} s, overlapped by XLA's schedule {hidden:.0f} s (not counted)")
+
+
+_CACHE: dict = {}
+
+
+def _load(path: str) -> dict:
+  from vapo_jax.tools import train_hlo  # pylint: disable=import-outside-toplevel
+  if path not in _CACHE:
+    _CACHE[path] = train_hlo.load(path)
+  return _CACHE[path]
+
+
+NOT_COUNTED = ("not counted: the page-table upload, chunk dispatch and device_get per chunk; "
+               "one `insert` per response; evictions and a chunk's early exits (more chunks); "
+               "the reshard's and the optimizer's collectives beyond the HLO's; checkpoints; "
+               "recompiles for a new packed shape; every efficiency (MFU, bandwidth, latency) "
+               "is assumed, none measured")
