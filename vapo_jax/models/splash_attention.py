@@ -84,7 +84,7 @@ def _walk(live_BxPxQ: jax.Array):
   order = jnp.argsort(~live_BxPxQ, axis=-1, stable=True).astype(jnp.int32)
   count = jnp.sum(live_BxPxQ, axis=-1, dtype=jnp.int32)        # >= 1 (the diagonal)
   step = jnp.arange(q, dtype=jnp.int32)
-  on = step < count[..., None]
+  on = step[None, None, :] < count[..., None]
   last = jnp.take_along_axis(order, jnp.maximum(count - 1, 0)[..., None], axis=-1)
   return jnp.where(on, order, last), on.astype(jnp.int32)
 
@@ -169,3 +169,87 @@ def sharded_splash_attention(q, k, v, seg, block: int = 512, interpret: bool = F
   heads = P(batch_axes, None, head_axis, None)
   return jax.shard_map(fn, mesh=mesh, in_specs=(heads, heads, heads, P(batch_axes, None)),
                        out_specs=heads, check_vma=False)(q, k, v, seg)
+
+
+_SAID: set[str] = set()
+
+
+def refusal(num_heads: int, num_kv_heads: int, head_dim: int, dtype, rows: int = 1,
+            t: int = 256, block: int = 512, target: str | None = None,
+            mesh_rules=None) -> str | None:
+  """Why the train passes' self-attention cannot run on the splash kernel here, or None.
+
+  target: the platform traced for (default `platform.target()`); mesh_rules: (mesh, rules)
+  of the activation sharding, or None. The kernel's own Python checks decide the rest,
+  by tracing `sharded_splash_attention` on abstract arrays (no TPU, no compile).
+  """
+  from vapo_jax.models import platform  # pylint: disable=import-outside-toplevel
+  return _refusal(num_heads, num_kv_heads, head_dim, jnp.dtype(dtype).name, rows, t, block,
+                  target or platform.target(), mesh_rules)
+
+
+@functools.lru_cache(maxsize=64)
+def _refusal(num_heads, num_kv_heads, head_dim, dtype, rows, t, block, target, mesh_rules):
+  if target != "tpu":
+    return f"it runs on TPU only, and this program is traced for {target}"
+  mesh, batch_axes, head_axis = _layout(mesh_rules, rows, num_heads, num_kv_heads)
+  if head_axis == "refuse":
+    return (f"{num_kv_heads} kv heads do not split over the mesh like the {num_heads} q "
+            "heads (a query head would sit apart from its kv head)")
+  shape = lambda n: jax.ShapeDtypeStruct((rows, t, n, head_dim), dtype)  # noqa: E731
+  try:
+    jax.eval_shape(functools.partial(sharded_splash_attention, block=block, mesh=mesh,
+                                     batch_axes=batch_axes, head_axis=head_axis),
+                   shape(num_heads), shape(num_kv_heads), shape(num_kv_heads),
+                   jax.ShapeDtypeStruct((rows, t), jnp.int32))
+  except Exception as e:  # pylint: disable=broad-except  (the kernel asserts, or raises)
+    why = str(e).strip().split("\n")[0][:200] or type(e).__name__
+    return (f"jax's splash attention refuses {num_heads} q heads, {num_kv_heads} kv heads, "
+            f"head_dim {head_dim} at {jnp.dtype(dtype).name} ({why})")
+  return None
+
+
+def _layout(mesh_rules, rows, num_heads, num_kv_heads):
+  """(mesh, batch mesh axes, head mesh axis) of the activations; head axis "refuse" when
+  q and kv heads would not split alike."""
+  if mesh_rules is None:
+    return None, None, None
+  from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
+  mesh, rules = mesh_rules
+  batch = shd.logical_to_spec(("batch",), rules, mesh, (rows,))[0]
+  heads = shd.logical_to_spec(("heads",), rules, mesh, (num_heads,))[0]
+  kv_heads = shd.logical_to_spec(("kv_heads",), rules, mesh, (num_kv_heads,))[0]
+  return mesh, batch, (heads if heads == kv_heads else "refuse")
+
+
+def choose(want: str, num_heads: int, num_kv_heads: int, head_dim: int, dtype,
+           rows: int = 1, t: int = 256, block: int = 512, mesh_rules=None,
+           log=print, target: str | None = None) -> str:
+  """"tpu" (the splash kernel) or "jax" (the pure-JAX paths) for a setting.
+
+  want: "auto" -> "tpu" where `refusal` finds no reason against it (on TPU one line per
+  reason says why not, once per process), else "jax"; "jax"; "tpu" -> ValueError with the
+  reason where the kernel cannot run.
+  """
+  if want == "jax":
+    return "jax"
+  why = refusal(num_heads, num_kv_heads, head_dim, dtype, rows, t, block, target,
+                mesh_rules)
+  if want == "tpu":
+    if why:
+      raise ValueError(f"model.attention_kernel='tpu': {why}; use 'auto' or 'jax'")
+    return "tpu"
+  if want != "auto":
+    raise ValueError(f"attention kernel {want!r}: must be 'auto', 'jax' or 'tpu'")
+  if why and not why.startswith("it runs on TPU only") and why not in _SAID:
+    _SAID.add(why)
+    log(f"[model] pure-JAX blocked attention in the train passes, not splash: {why}",
+        flush=True)
+  return "jax" if why else "tpu"
+
+
+def self_attention(q, k, v, seg, block: int = 512, mesh_rules=None):
+  """`sharded_splash_attention` laid out over the activation mesh (`mesh_rules`)."""
+  mesh, batch_axes, head_axis = _layout(mesh_rules, q.shape[0], q.shape[2], k.shape[2])
+  return sharded_splash_attention(q, k, v, seg, block, mesh=mesh, batch_axes=batch_axes,
+                                  head_axis=head_axis)
