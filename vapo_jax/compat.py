@@ -10,6 +10,12 @@ What the range needs today (checked on jax 0.10.2 and 0.12.0.1):
   * jax's TPU Pallas kernel `ragged_paged_attention` (and its reference): the same module
     path and the same signature (q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
     *, sm_scale, num_kv_pages_per_block, num_queries_per_block, ...) in both.
+  * jax's TPU Pallas splash attention (`splash_attention_kernel`, `splash_attention_mask_info`):
+    the same files in both apart from scratch-buffer plumbing inside the kernels. vapo_jax
+    builds the kernel's block tables (`MaskInfo`: data_next, mask_next, block_mask,
+    partial_mask_blocks, q_sequence) itself and constructs `SplashAttentionKernel(fwd, dq,
+    dkv, **options)` directly, both the same in 0.10.2 and 0.12.0.1; `splash_attention`
+    below is the one place that knows these names.
   * TPU topologies from libtpu without a TPU (`jax.experimental.topologies`): the same
     `get_topology_desc` keywords in both; libtpu must match the installed jax
     (`pip install "jax[tpu]==<jax version>"`: libtpu 0.0.42.1 for 0.10.2, 0.0.50.1 for
@@ -70,6 +76,37 @@ def ragged_paged_attention_kernel():
   # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel
   return kernel
+
+
+class _Splash:
+  """jax's splash attention as vapo_jax uses it (`models.splash_attention`)."""
+
+  def __init__(self):
+    # pylint: disable=import-outside-toplevel
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel, splash_attention_mask_info)
+    self.kernel = splash_attention_kernel
+    self.mask_info = splash_attention_mask_info
+
+  def make_kernel(self, fwd, dq, dkv, *, block: int, mask_function, interpret: bool = False):
+    """A `SplashAttentionKernel` from our own (forward, dq, dkv) `MaskInfo` tables, one
+    block size c everywhere (separate dq and dk/dv kernels: the fused backward keeps a
+    [n, H, L, Dh] dq buffer); called as kernel(q [H, L, Dh], k, v [K, L, Dh], SegmentIds)."""
+    sk = self.kernel
+    c = block
+    sizes = sk.BlockSizes(block_q=c, block_kv=c, block_kv_compute=c, block_q_dkv=c,
+                          block_kv_dkv=c, block_kv_dkv_compute=c, block_q_dq=c,
+                          block_kv_dq=c)
+    return sk.SplashAttentionKernel(
+        fwd, dq, dkv, block_sizes=sizes, is_mqa=False, save_residuals=False,
+        mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
+        residual_checkpoint_name=None, mask_function=mask_function, interpret=interpret)
+
+
+def splash_attention() -> _Splash:
+  """jax's TPU Pallas splash attention: `.kernel`, `.mask_info` (modules) and
+  `.make_kernel(...)`; importing it needs no TPU."""
+  return _Splash()
 
 
 def tpu_topology_devices(topology_name: str, host_bounds, chip_config_name: str | None = None):

@@ -82,6 +82,10 @@ class ModelSection:
   remat: bool = False
   attention_impl: str = "auto"  # dense | blocked | auto (blocked from 4 × attention_block keys)
   attention_block: int = 512    # keys per block of the blocked attention
+  # The train passes' self-attention: "auto" (jax's Pallas splash kernel on TPU where it
+  # takes the shapes, one line says why not; the pure-JAX path on CPU and GPU), "jax", or
+  # "tpu" (an error where the kernel cannot run).
+  attention_kernel: str = "auto"
   lora: LoraSection = LoraSection()
 
 
@@ -524,6 +528,8 @@ def validate(cfg: Config) -> None:
          getattr(m, name), "float32, bfloat16 or float16")
   need(m.attention_impl in ("auto", "dense", "blocked"), "model.attention_impl",
        m.attention_impl, "auto, dense or blocked")
+  need(m.attention_kernel in ("auto", "jax", "tpu"), "model.attention_kernel",
+       m.attention_kernel, "one of auto, jax, tpu")
   need(m.attention_block >= 1, "model.attention_block", m.attention_block, ">= 1")
   need(m.lora.rank >= 0, "model.lora.rank", m.lora.rank, ">= 0 (0: no LoRA)")
   need(m.lora.alpha > 0, "model.lora.alpha", m.lora.alpha, "> 0")

@@ -211,6 +211,11 @@ def activation_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES):
     _ACTIVATION_MESH.pop()
 
 
+def activation_mesh() -> tuple[Mesh, Rules] | None:
+  """(mesh, rules) of the innermost `activation_sharding` context, or None outside one."""
+  return _ACTIVATION_MESH[-1] if _ACTIVATION_MESH else None
+
+
 def traced_under(fn: Callable, mesh: Mesh | None,
                  rules: Rules = DEFAULT_RULES) -> Callable:
   """fn, run (so traced, under jit) inside `activation_sharding(mesh, rules)`.

@@ -50,6 +50,10 @@ skipped, not merely masked:
   - `dense_attention`, `causal_dense_attention`: the segment rule is one more
     mask term; nothing dynamic is skipped (the causal one skips the static
     causally hidden key ranges only).
+  - `splash_causal_attention` (TPU, `model.attention_kernel`): jax's fused Pallas
+    splash kernel with block tables built per row and per query block from the
+    segment ids (`models.splash_attention`): the key blocks of padding, of other
+    segments and after the query block are never visited.
 """
 
 from __future__ import annotations
@@ -286,6 +290,32 @@ def blocked_attention(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array,
               segment_ids_BxS, qseg)
   return o.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh).astype(
       q_BxTxHxDh.dtype)
+
+
+def splash_causal_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array,
+                            v_BxTxKxDh: jax.Array, mask: jax.Array,
+                            segment_ids_BxT: jax.Array | None = None, block: int = 512,
+                            mesh_rules=None, interpret: bool = False) -> jax.Array:
+  """`causal_blocked_attention` by jax's splash kernel (TPU; `models.splash_attention`).
+
+  mask: the [B, T] key mask, or the dense [B, 1, T, T] causal mask of
+  `transformer.attention_mask` (its last query row is the key mask). Same values as
+  `causal_blocked_attention(q, k, v, key_mask, block, segment_ids)` up to float
+  rounding (0 for a query that sees no key); mesh_rules: the activation (mesh, rules)
+  it runs under (`sharding.activation_mesh`), or None.
+  """
+  from vapo_jax.models import splash_attention  # pylint: disable=import-outside-toplevel
+  t = q_BxTxHxDh.shape[1]
+  key_mask = (mask if mask.ndim == 2 else mask[:, 0, -1, :]).astype(bool)
+  _check_segments(segment_ids_BxT, key_mask.shape[1], t, "splash_causal_attention")
+  seg = (jnp.ones(key_mask.shape, jnp.int32) if segment_ids_BxT is None
+         else segment_ids_BxT.astype(jnp.int32))
+  seg = jnp.where(key_mask, seg, 0)
+  if interpret:
+    return splash_attention.splash_attention(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, seg,
+                                             block, interpret=True)
+  return splash_attention.self_attention(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, seg, block,
+                                         mesh_rules)
 
 
 def _query_groups(t: int, block: int, groups: int = 8) -> list[tuple[int, int]]:

@@ -60,7 +60,12 @@ class ModelConfig:
       backward, O(T x attention_block) memory) or "auto": blocked for a
       multi-token call whose key length S >= 4 * attention_block, dense
       otherwise (short sequences and one-token decode steps).
-    attention_block: keys per block of the blocked path.
+    attention_block: keys per block of the blocked path (and, rounded down to a multiple
+      of 128, the splash kernel's block).
+    attention_kernel: the cache-free causal self-attention of the train passes (packed or
+      padded rows): "auto" (jax's Pallas splash kernel where it runs: TPU, with one line
+      when it refuses the shapes; the pure-JAX path of `attention_impl` on CPU and GPU),
+      "jax" (always the pure-JAX path) or "tpu" (the kernel; an error where it cannot run).
     lora_rank: r of the LoRA adapters (`models.lora`); 0: none.
     lora_alpha: adapters are scaled by lora_alpha / lora_rank.
     lora_targets: the adapted projections, of q, k, v, o, gate, up, down.
@@ -89,6 +94,7 @@ class ModelConfig:
   remat: bool = False
   attention_impl: str = "auto"
   attention_block: int = 512
+  attention_kernel: str = "auto"
   lora_rank: int = 0
   lora_alpha: float = 16.0
   lora_targets: tuple[str, ...] = ()
@@ -113,6 +119,9 @@ class ModelConfig:
     if self.attention_impl not in ("auto", "dense", "blocked"):
       raise ValueError(f"attention_impl={self.attention_impl!r}; allowed: "
                        "'auto', 'dense', 'blocked'.")
+    if self.attention_kernel not in ("auto", "jax", "tpu"):
+      raise ValueError(f"attention_kernel={self.attention_kernel!r}; allowed: "
+                       "'auto', 'jax', 'tpu'.")
     if self.attention_block < 1:
       raise ValueError(f"attention_block={self.attention_block} must be >= 1.")
     object.__setattr__(self, "lora_targets", tuple(self.lora_targets))

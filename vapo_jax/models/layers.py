@@ -24,6 +24,7 @@ from vapo_jax.models import attention
 from vapo_jax.models import lora
 from vapo_jax.models import paged_attention
 from vapo_jax.models import platform
+from vapo_jax.models import splash_attention
 from vapo_jax.models.config import ModelConfig
 
 _INIT_STD = 0.02
@@ -237,7 +238,9 @@ class Attention(nnx.Module):
     slots (S = T, every key after its query hidden; no cache, or a prefill
     at slot 0 into a cache of T slots): both paths then skip those keys
     (`attention.causal_dense_attention`, `attention.causal_blocked_attention`).
-    `transformer.Transformer` sets it for such calls.
+    `transformer.Transformer` sets it for such calls. A cache-free such call (a train
+    pass) runs jax's splash kernel instead where `cfg.attention_kernel` selects it
+    (`splash_attention.choose`: "auto" = on TPU; `attention.splash_causal_attention`).
 
     `mask_Bx1xTxS` is either the dense boolean mask of
     `transformer.attention_mask`, or a [B, S] key mask: then the blocked
@@ -309,7 +312,16 @@ class Attention(nnx.Module):
       k = jnp.swapaxes(k_all, 1, 2).astype(dt)
       v = jnp.swapaxes(v_all, 1, 2).astype(dt)
     seg = segment_ids
-    if mask_Bx1xTxS.ndim == 2 and causal:
+    splash = kv is None and causal and q.shape[1] > 1 and cfg.attention_kernel != "jax"
+    if splash:  # a train pass's self-attention: jax's splash kernel where it runs (TPU)
+      rules = shd.activation_mesh()
+      splash = splash_attention.choose(
+          cfg.attention_kernel, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dt,
+          q.shape[0], q.shape[1], cfg.attention_block, rules) == "tpu"
+    if splash:
+      out = attention.splash_causal_attention(q, k, v, mask_Bx1xTxS, seg,
+                                              cfg.attention_block, rules)
+    elif mask_Bx1xTxS.ndim == 2 and causal:
       out = attention.causal_blocked_attention(q, k, v, mask_Bx1xTxS,
                                                cfg.attention_block, seg)
     elif mask_Bx1xTxS.ndim == 2:
