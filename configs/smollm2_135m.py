@@ -33,6 +33,9 @@ first run's note gave them, and nothing else:
     easier, only shorter).
 Reading, fixed now: held-out lenient avg@8 at RL step 20 minus RL step 0 (the run's own
 evaluations, 48 problems x 8); the issue's bar is +10 points. Reported whichever way it falls.
+Outcome (docs/real_model.md): 11.5% -> 20.6%, +9.1 points, below the bar; pass@8 and greedy
+accuracy did not rise, responses shortened (66 -> 26 tokens) and the critic's explained
+variance stayed within [-0.20, +0.095]. Peak RSS 20 GB (recompiles of new packed shapes).
 """
 
 from vapo_jax import config as config_lib
