@@ -29,6 +29,8 @@ setuptools.setup(
         # Parity tests use transformers (PyTorch, CPU) as the oracle for the model.
         "test": [
             "pytest>=8",
+            # CI runs the suite on both cores, one test file per worker (`-n 2 --dist loadfile`).
+            "pytest-xdist>=3.5",
             "torch>=2.5",
             "transformers>=5,<6",
             "tokenizers>=0.20",
