@@ -104,6 +104,7 @@ def test_conversion_is_an_hf_directory_cached_once(converted, cache_base, monkey
   assert os.path.getmtime(os.path.join(converted, "model.safetensors")) == stamp
 
 
+@pytest.mark.floor
 def test_logits_equal_transformers(models):
   import jax.numpy as jnp
   import torch
