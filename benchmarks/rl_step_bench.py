@@ -64,8 +64,9 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   p = tokens.shape[1] - batch.response_mask_BxR.shape[1]
   t0 = time.perf_counter()
   ex = t.parts.experience
-  jax.block_until_ready(ex.logprobs(t.state.policy_params, tokens, mask, prompt_len=p,
-                                    temperature=cfg.sampling.temperature))
+  if cfg.old_logprobs == "recompute":  # "exact" / "behaviour" run no old-policy pass
+    jax.block_until_ready(ex.logprobs(t.state.policy_params, tokens, mask, prompt_len=p,
+                                      temperature=cfg.sampling.temperature))
   if t.state.ref_params is not None:  # the KL penalty's reference (grpo)
     jax.block_until_ready(ex.logprobs(t.state.ref_params, tokens, mask, prompt_len=p,
                                       temperature=cfg.sampling.temperature))

@@ -24,7 +24,9 @@ epsilon = rl.eps_low; the gradient clip and weight decay of the config).
 
 Per RL step, the split of each side (seconds, medians over the timed steps):
   ours  rollout: the trainer's rollout engine, as `Trainer.experience` times it;
-        forwards: the old and the reference policy's log-probs, timed again alone;
+        forwards: the old (rl.old_logprobs "recompute" only: `--old-logprobs=exact` takes
+        π_old inside the update and skips it, as TRL) and the reference policy's
+        log-probs, timed again alone;
         reward: the checker on the step's responses, timed again alone;
         step = rollout + experience rest (reward and forwards overlapped, advantages) + update
         (`benchmarks/rl_step_bench.one_step`, the same pieces the trainer runs).
@@ -131,6 +133,8 @@ def our_config(path: str, preset: str, model_dir: str, args):
   if c.rl.micro_batch_size and rows % c.rl.micro_batch_size:
     c.rl.micro_batch_size = 0  # one pass over the whole mini-batch, as TRL's P·G rows
   c.optim.policy_lr, c.optim.warmup_steps = args.lr, 0
+  if args.old_logprobs:  # e.g. "exact": π_old from the update, as TRL (one update per batch)
+    c.rl.old_logprobs = args.old_logprobs
   c.value_pretrain.enabled = False
   c.eval.every = 0
   c.checkpoint.every = 0
@@ -290,7 +294,8 @@ def measure(args, load) -> tuple[list[str], dict]:
   med_ours, med_trl = medians(ours[1:n], OUR_PHASES), medians(trl_runs[1:n], TRL_PHASES)
   lines = [f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} responses, "
            f"max prompt {args.max_prompt}, max new tokens {args.max_new}, temperature 1.0, "
-           f"beta {cfg.rl.kl_coef}, lr {args.lr}, full fine-tuning, float32, remat "
+           f"beta {cfg.rl.kl_coef}, lr {args.lr}, our old log-probs {cfg.old_logprobs}, "
+           f"full fine-tuning, float32, remat "
            f"{cfg.model.remat}; medians of "
            f"{n - 1} timed RL step(s) after 1 warm-up"]
   lines += split_lines("ours (vapo_jax grpo)", med_ours)
@@ -395,6 +400,10 @@ def main(argv=None):
   ap.add_argument("--steps", type=int, default=3, help="timed RL steps (after 1 warm-up)")
   ap.add_argument("--rollout-rounds", type=int, default=3, help="timed rollout-alone rounds")
   ap.add_argument("--lr", type=float, default=1e-6)
+  ap.add_argument("--old-logprobs", default=None,
+                  choices=["recompute", "exact", "auto", "behaviour"],
+                  help="our rl.old_logprobs (default: the config's; exact skips the old "
+                  "policy's forward as TRL does)")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--trl-dir", default="/tmp/trl_bench_out", help="TRL's output_dir")
   quiet.add_flags(ap)

@@ -275,6 +275,20 @@ class RLSection:
   behaviour_correction: str = "none"
   behaviour_cap: float = 2.0
   behaviour_band: tuple = (0.5, 2.0)
+  # Where the PPO ratio's π_old comes from (`Config.old_logprobs`; tools/step_model counts
+  # the policy forward over the rollout that the last three save):
+  #   "recompute": a forward of the sampling weights over the rollout (today's default).
+  #   "exact": stop_gradient of the update's own log-probs, with no approximation where
+  #     every rollout batch takes one optimizer step (rl.ppo_epochs = rl.num_minibatches = 1;
+  #     micro-batches are fine: the weights do not move inside a step); a config error
+  #     otherwise. The gap metrics and behaviour_correction come from the update's forward.
+  #   "auto": "exact" where it is exact, else "recompute".
+  #   "behaviour": the sampler's log-probs π_b, so the ratio is π_θ / π_b. Allowed only where
+  #     the sampler computes in float32 like the train programs (model.dtype float32 and
+  #     the decode copy float32: the gap is float rounding), or with a behaviour_correction,
+  #     then taken in the update on r = sg(π_θ) / π_b per mini-batch: "tis" w = min(1, C / r)
+  #     (the ratio's weight capped at C), "mask" w = [r in behaviour_band]. No gap metrics.
+  old_logprobs: str = "recompute"
   # The baselines' extras (off in VAPO; see PRESETS):
   kl_coef: float = 0.0                  # β of GRPO's k3 KL to the initial policy; 0: off
   dynamic_sampling: bool = False        # DAPO: keep groups of mixed scores, sample to fill
@@ -398,6 +412,16 @@ class Config:
     return self.rl.overlong_cache_tokens or dapo.default_cache_len(self.sampling.max_new_tokens)
 
   @property
+  def old_logprobs(self) -> str:
+    """rl.old_logprobs resolved: "recompute", "exact" or "behaviour" ("auto": "exact" when
+    every rollout batch takes one optimizer step, else "recompute")."""
+    mode = self.rl.old_logprobs
+    if mode == "auto":
+      one_step = self.rl.ppo_epochs == 1 and self.rl.num_minibatches == 1
+      return "exact" if one_step else "recompute"
+    return mode
+
+  @property
   def uses_critic(self) -> bool:
     """The advantage estimator reads a critic's values: the run trains a critic."""
     return uses_critic(self.rl.advantage_estimator)
@@ -509,6 +533,10 @@ def from_command_line(config: ml_collections.ConfigDict) -> Config:
   except ConfigError as e:
     sys.stderr.write(f"error: Invalid config: {e}\n")
     sys.exit(2)
+
+
+# rl.old_logprobs: where π_old comes from (RLSection's comment).
+OLD_LOGPROBS = ("recompute", "exact", "auto", "behaviour")
 
 
 def validate(cfg: Config) -> None:
@@ -651,6 +679,19 @@ def validate(cfg: Config) -> None:
   need(rl.behaviour_cap > 0, "rl.behaviour_cap", rl.behaviour_cap, "> 0")
   need(len(rl.behaviour_band) == 2 and 0 <= rl.behaviour_band[0] < 1 < rl.behaviour_band[1],
        "rl.behaviour_band", rl.behaviour_band, "(lo, hi) with 0 <= lo < 1 < hi")
+  need(rl.old_logprobs in OLD_LOGPROBS, "rl.old_logprobs", rl.old_logprobs,
+       f"one of {OLD_LOGPROBS}")
+  need(rl.old_logprobs != "exact" or (rl.ppo_epochs == 1 and rl.num_minibatches == 1),
+       "rl.old_logprobs", rl.old_logprobs,
+       '"exact" only with one optimizer step per rollout batch (rl.ppo_epochs = 1 and '
+       f'rl.num_minibatches = 1, not {rl.ppo_epochs} and {rl.num_minibatches}); "auto" '
+       'falls back to "recompute"')
+  f32 = m.dtype == "float32" and (s.engine == "static" or s.decode_dtype in ("auto", "float32"))
+  need(rl.old_logprobs != "behaviour" or f32 or rl.behaviour_correction != "none",
+       "rl.old_logprobs", rl.old_logprobs,
+       '"behaviour" only with rl.behaviour_correction "tis" or "mask", or a float32 sampler '
+       f'(model.dtype={m.dtype!r}, sampling.decode_dtype={s.decode_dtype!r}); "exact" or '
+       '"auto" saves the same pass with no approximation when each batch takes one update')
   need(not rl.dynamic_sampling or cfg.responses_per_prompt >= 2, "rl.dynamic_sampling",
        rl.dynamic_sampling, "False without groups (rl.group_sampling, responses_per_prompt >= 2)")
   need(rl.dynamic_sampling_max_rounds >= 0, "rl.dynamic_sampling_max_rounds",

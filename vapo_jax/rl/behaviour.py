@@ -13,9 +13,16 @@ Corrections (off by default), a per-token weight w_t on the policy loss:
   masked ("mask"):                        w_t = [lo ≤ r_t ≤ hi]
 Both are 1 where the two policies agree (r_t = 1), so they are no-ops without a gap.
 
+Without a recomputed π_old (rl.old_logprobs "exact" / "behaviour", `update_weights`) the
+update takes them per mini-batch from its own forward, r_t = sg(π_θ) / π_b: with "exact"
+π_θ = π_old and the weights are the ones above; with "behaviour" the surrogate's ratio is
+π_θ / π_b already, so "tis" scales it by w_t = min(1, C / r_t) (its weight r_t w_t =
+min(r_t, C), the truncated ratio) and "mask" is as above.
+
 Shapes: [B, R] response-aligned, float32; m is the response mask.
 """
 
+import jax
 import jax.numpy as jnp
 
 CORRECTIONS = ("none", "tis", "mask")
@@ -60,3 +67,23 @@ def correction_weights(old_logp_BxR, behaviour_logp_BxR, mask_BxR, *, mode: str,
   if mode == "tis":
     return jnp.minimum(r, cap) * m
   return ((r >= band[0]) & (r <= band[1])).astype(jnp.float32) * m
+
+
+def update_weights(current_logp_BxR, behaviour_logp_BxR, mask_BxR, *, mode: str,
+                   anchor: str, cap: float = 2.0, band=(0.5, 2.0)):
+  """The correction's weights taken inside the update, from r_t = sg(π_θ) / π_b (float32
+  [B, R]; 0 on padding; no gradient).
+
+  anchor: the ratio's denominator, "current" (rl.old_logprobs="exact": sg(π_θ) = π_old, so
+    `correction_weights` as they are) or "behaviour" (the ratio is π_θ / π_b: "tis" gives
+    w = min(1, cap / r), "mask" the band as in `correction_weights`).
+  """
+  if anchor not in ("current", "behaviour"):
+    raise ValueError(f"anchor must be 'current' or 'behaviour', got {anchor!r}")
+  current = jax.lax.stop_gradient(current_logp_BxR)
+  if anchor == "current" or mode != "tis":
+    return correction_weights(current, behaviour_logp_BxR, mask_BxR, mode=mode, cap=cap,
+                              band=band)
+  m = mask_BxR.astype(jnp.float32)
+  lr = log_ratio(current, behaviour_logp_BxR, m)
+  return jnp.minimum(1.0, cap * jnp.exp(-lr)) * m

@@ -65,6 +65,11 @@ class Experience:
     advantages, which is the same as scaling each token's clipped-surrogate term (the PPO,
     dual-clip surrogates are positively homogeneous in A); the critic's targets and value
     pretraining are untouched.
+  old_logprobs: `Config.old_logprobs` (resolved). "recompute": the old-log-prob pass runs
+    here, with the gap metrics and the correction. "exact" / "behaviour": no pass; the
+    batch's old_logp_BxR holds the sampler's log-probs (0 on padding) and the update takes
+    π_old, the correction and ("exact") the gap metrics from its own forward
+    (`rl.update.old_policy`); the entropy then comes from the update too.
   """
   sampler: types_lib.RolloutSampler
   text: Any
@@ -78,6 +83,7 @@ class Experience:
   dynamic_rounds: int = -1
   group_size: int = 1
   correction: tuple = ("none", 2.0, (0.5, 2.0))
+  old_logprobs: str = "recompute"
 
   def __call__(self, policy_params, examples, key, *, values: Callable | None = None,
                for_value_pretraining: bool = False, ref_params=None,
@@ -109,8 +115,13 @@ class Experience:
     self.sampler.clear_cache()
     t1 = time.perf_counter()
     # Device work first (asynchronous), then the host scores the responses meanwhile.
-    old_logp, entropy = self.logprobs(policy_params, tokens, mask, prompt_len=p,
-                                      temperature=self.temperature)
+    recompute = self.old_logprobs == "recompute"
+    if recompute:
+      old_logp, entropy = self.logprobs(policy_params, tokens, mask, prompt_len=p,
+                                        temperature=self.temperature)
+    else:  # the pass this saves; the update takes π_old (rl.update.old_policy)
+      old_logp = jnp.where(rollout.response_mask_BxR > 0, rollout.logp_BxR, 0.0)
+      entropy = None
     ref_logp = (self.logprobs(ref_params, tokens, mask, prompt_len=p,
                               temperature=self.temperature)[0]
                 if ref_params is not None else None)
@@ -122,9 +133,11 @@ class Experience:
     resp_mask = rollout.response_mask_BxR
     if keep_B is not None:
       resp_mask = resp_mask * keep_B[:, None]
-    # The sampler's log-probs against the recomputed ones (rl/behaviour.py), every step.
-    rewards_B, on_device = scores_B, behaviour.gap_metrics(old_logp, rollout.logp_BxR,
-                                                           resp_mask)
+    # The sampler's log-probs against the recomputed ones (rl/behaviour.py), every step
+    # where they are recomputed ("exact": the update logs them).
+    rewards_B = scores_B
+    on_device = (behaviour.gap_metrics(old_logp, rollout.logp_BxR, resp_mask) if recompute
+                 else {})
     if self.overlong is not None:
       penalty_B = dapo.overlong_penalty(rollout.lengths_B, *self.overlong)
       rewards_B = scores_B + penalty_B
@@ -132,7 +145,7 @@ class Experience:
     fn = self.monte_carlo if for_value_pretraining else self.advantages
     adv = fn(rewards_B, rollout.lengths_B, resp_mask, values, rollout.group_ids_B)
     mode, cap, band = self.correction
-    if mode != "none" and not for_value_pretraining:
+    if mode != "none" and not for_value_pretraining and recompute:
       w = behaviour.correction_weights(old_logp, rollout.logp_BxR, resp_mask, mode=mode,
                                        cap=cap, band=band)
       on_device["rollout/correction_weight_mean"] = (jnp.sum(w * resp_mask)
@@ -144,11 +157,11 @@ class Experience:
         old_values_BxR=values if values is not None else jnp.zeros_like(old_logp),
         response_mask_BxR=resp_mask, scores_B=scores_B, ref_logp_BxR=ref_logp)
     lengths, truncated = dist.to_host((rollout.lengths_B, rollout.truncated_B))
-    ent = jnp.sum(entropy * resp_mask) / jnp.maximum(jnp.sum(resp_mask), 1)
+    if entropy is not None:
+      on_device["entropy"] = jnp.sum(entropy * resp_mask) / jnp.maximum(jnp.sum(resp_mask), 1)
     metrics = {**all_scores.metrics(), **extra, **{  # the rollout engine's own (docs/engine.md)
                    f"rollout/{k}": v for k, v in getattr(self.sampler, "last_stats", {}).items()},
-               **{k: float(v) for k, v in dist.to_host({**adv.metrics, **on_device,
-                                                           "entropy": ent}).items()}}
+               **{k: float(v) for k, v in dist.to_host({**adv.metrics, **on_device}).items()}}
     # The forwards ran asynchronously beside the host's scoring; wait for them here so the
     # split below covers them (before, ~25% of a long-CoT CPU step was counted nowhere).
     jax.block_until_ready(batch)

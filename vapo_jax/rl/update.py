@@ -27,6 +27,7 @@ import numpy as np
 
 from vapo_jax import distributed
 from vapo_jax import losses
+from vapo_jax.rl import behaviour
 from vapo_jax.rl import train_state
 from vapo_jax.rl.batch import RolloutBatch
 from vapo_jax.rl.train_state import Learner, TrainState
@@ -45,6 +46,13 @@ class PolicyHParams:
   kl_coef: float = 0.0    # β of GRPO's k3 KL penalty to the reference policy; 0: off
   vocab_chunk: int = 128  # not a config setting: the policy's memory bound over the vocab
   policy_loss: str = "ppo"  # a key of losses.POLICY_LOSSES
+  # Config.old_logprobs (resolved): what the batch's old_logp_BxR holds and π_old is:
+  # "recompute" (log π_old), "exact" (the sampler's log π_b; π_old = sg(π_θ) of this step's
+  # forward) or "behaviour" (log π_b, the ratio's π_old); `old_policy`.
+  old_logprobs: str = "recompute"
+  # (mode, cap, band) of rl.behaviour_correction, taken here unless old_logprobs is
+  # "recompute" (then the experience scaled the advantages already).
+  correction: tuple = ("none", 2.0, (0.5, 2.0))
 
 
 # The policy loss's token-mean metrics the step logs (weighted by each micro-batch's tokens),
@@ -98,6 +106,36 @@ def policy_objective(hp: PolicyHParams, logp, entropy, m, old_logp, advantages, 
   return loss, metrics
 
 
+def old_policy(hp: PolicyHParams, ratio_logp, batch_logp, advantages, m, *, tokens
+               ) -> tuple[jax.Array, jax.Array, dict]:
+  """(π_old's log-probs for the ratio, the advantages, metrics) of one micro-batch.
+
+  ratio_logp: the micro-batch's log π_θ [B, R] (finite stand-ins outside m); batch_logp: the
+  batch's old_logp_BxR, log π_old ("recompute") or the sampler's log π_b ("exact",
+  "behaviour"); advantages, m: [B, R]; tokens: the mini-batch's response tokens.
+  "exact": π_old = sg(π_θ) (the weights that sampled, when each batch takes one update),
+  and the gap metrics of `behaviour.gap_metrics` come from this forward, weighted by the
+  micro-batch's token share. hp.correction scales the advantages here unless "recompute".
+  """
+  if hp.old_logprobs == "recompute":
+    return batch_logp, advantages, {}
+  metrics = {}
+  if hp.old_logprobs == "exact":
+    old = jax.lax.stop_gradient(ratio_logp)
+    share = jnp.sum(m) / jnp.maximum(tokens, 1.0)
+    metrics = {k: v * share for k, v in behaviour.gap_metrics(old, batch_logp, m).items()}
+  else:
+    old = batch_logp
+  mode, cap, band = hp.correction
+  if mode != "none":
+    w = behaviour.update_weights(
+        ratio_logp, batch_logp, m, mode=mode, cap=cap, band=band,
+        anchor="current" if hp.old_logprobs == "exact" else "behaviour")
+    metrics["rollout/correction_weight_mean"] = jnp.sum(w * m) / jnp.maximum(tokens, 1.0)
+    advantages = advantages * w
+  return old, advantages, metrics
+
+
 def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams, layout,
                 state: TrainState, rows) -> tuple[TrainState, dict, jax.Array]:
   """One policy update on a mini-batch: L = L_PPO (eq. 4) + μ·L_NLL (eq. 3) [+ β·L_KL].
@@ -108,7 +146,8 @@ def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams, layout,
   RolloutBatch / a PackedBatch of it). The batch: tokens_BxL (int32), mask_BxL,
   old_logp_BxR, advantages_BxR, response_mask_BxR, scores_B, and ref_logp_BxR when
   hp.kl_coef > 0 (GRPO's k3 penalty to the reference policy, `losses.kl_penalty`,
-  aggregated and normalised like L_PPO). The prompt length is L − R.
+  aggregated and normalised like L_PPO). The prompt length is L − R. What old_logp_BxR
+  holds and what π_old is: hp.old_logprobs (`old_policy`).
   """
   batch = _padded(rows)
   resp_mask = batch.response_mask_BxR
@@ -121,12 +160,15 @@ def policy_step(graphdef, tx: train_state.Optimizer, hp: PolicyHParams, layout,
   def loss_fn(params, mb, view):
     model = nnx.merge(graphdef, params)
     logp, entropy = view.logprobs(model, temperature=hp.temperature, chunk=hp.vocab_chunk)
-    ref = mb.ref_logp_BxR
-    return policy_objective(
-        hp, logp, entropy, view.mine(mb.response_mask_BxR), mb.old_logp_BxR, mb.advantages_BxR,
-        mb.scores_B, ref, pg_count=pg_count, nll_count=nll_count, tokens=tokens,
-        ratio_logp=view.pick(logp, mb.old_logp_BxR),
+    ref, m = mb.ref_logp_BxR, view.mine(mb.response_mask_BxR)
+    ratio_logp = view.pick(logp, mb.old_logp_BxR)
+    old, adv, extra = old_policy(hp, ratio_logp, mb.old_logp_BxR, mb.advantages_BxR, m,
+                                 tokens=tokens)
+    loss, metrics = policy_objective(
+        hp, logp, entropy, m, old, adv, mb.scores_B, ref, pg_count=pg_count,
+        nll_count=nll_count, tokens=tokens, ratio_logp=ratio_logp,
         kl_logp=view.pick(logp, ref) if hp.kl_coef else None)
+    return loss, {**metrics, **extra}
 
   loss, grads, metrics = layout.accumulate(loss_fn, state.params, rows)
   state, grad_norm, skipped = train_state.apply_update(tx, state, grads, loss)

@@ -301,7 +301,8 @@ def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Exp
       dynamic_rounds=cfg.rl.dynamic_sampling_max_rounds if cfg.rl.dynamic_sampling else -1,
       group_size=cfg.responses_per_prompt,
       correction=(cfg.rl.behaviour_correction, cfg.rl.behaviour_cap,
-                  tuple(cfg.rl.behaviour_band)))
+                  tuple(cfg.rl.behaviour_band)),
+      old_logprobs=cfg.old_logprobs)
 
 
 @dataclasses.dataclass

@@ -150,6 +150,9 @@ class Setup:
   # ((data.max_prompt_tokens,): every prompt padded to P); () = powers of two.
   prompt_buckets: tuple = ()
   micro_rows: int = 0         # rows per padded micro-batch of an update (0: a mini-batch)
+  # The old-log-prob forward runs (Config.old_logprobs "recompute"); "exact" / "behaviour"
+  # save it: no `logprobs` program in the estimate or the floor.
+  old_logprobs_pass: bool = True
 
   @classmethod
   def of(cls, cfg, mcfg, s, knobs: Knobs = Knobs(), engines: dict | None = None
@@ -181,7 +184,8 @@ class Setup:
              cfg.rl.num_minibatches, ev.samples_per_problem,
              pack_steps=spec(micro or rows // cfg.rl.num_minibatches),
              pack_forward=spec(micro or rows), prompt_buckets=(p,),
-             micro_rows=micro or rows // cfg.rl.num_minibatches)
+             micro_rows=micro or rows // cfg.rl.num_minibatches,
+             old_logprobs_pass=cfg.old_logprobs == "recompute")
     engines = engines or engine_shapes(cfg, mcfg, st)
     return dataclasses.replace(st, engine=engines["rollout"], eval_engine=engines["eval"])
 
@@ -329,7 +333,8 @@ def packed_groups(st: Setup, spec, prompts: np.ndarray, resp: np.ndarray, calls:
 
 def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = False
                ) -> list[Program]:
-  """logprobs, values, policy_step (all mini-batches × epochs), critic_step."""
+  """logprobs (unless st.old_logprobs_pass is off), values, policy_step (all mini-batches ×
+  epochs), critic_step."""
   a, k = st.arch, st.knobs
   t_row = st.prompt_len + st.max_new
   if floor:
@@ -343,7 +348,8 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
     groups = [(st.rows, t_row, pr, step_counts.padded_head_positions(st.max_new))]
   if floor or k.train != "packed":
     steps = groups
-  progs = [_train_program(st, "logprobs", groups, False, False, floor)]
+  progs = ([_train_program(st, "logprobs", groups, False, False, floor)]
+           if st.old_logprobs_pass else [])
   if st.use_critic:
     progs.append(_train_program(st, "values", groups, True, False, floor))
   ep = [(c * st.epochs, t, pr, hp) for c, t, pr, hp in steps]
