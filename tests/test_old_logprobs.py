@@ -66,7 +66,10 @@ def test_exact_equals_recompute_without_the_pass(monkeypatch, packing):
   got, gm, got_calls = _rl_step(tiny(**over, **{"rl.old_logprobs": "exact"}))
   assert (want_calls, got_calls) == (2, 1)  # old + reference vs the reference only
   assert wm["policy_grad_norm"] > 0
-  assert_trees_close(want, got, atol=2e-5 if packing else 1e-6)
+  # One Adam step: g / (sqrt(v) + eps) turns a float-rounding difference in a near-zero
+  # gradient into up to ~1e-5 of a parameter (seen on jax 0.12, padded); a π_old read from
+  # the shifted π_b would move most parameters by O(lr) = 2e-4 and the ratio metrics below.
+  assert_trees_close(want, got, atol=2e-5)
   for k in ("policy_loss", "pg_loss", "kl_ref", "ratio_mean", "entropy"):
     np.testing.assert_allclose(gm[k], wm[k], rtol=1e-5, atol=1e-6)
   for k in ("rollout/logp_gap_abs", "rollout/logp_gap_k3", "rollout/ratio_outside_frac"):
