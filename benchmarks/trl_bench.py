@@ -10,6 +10,11 @@ config's `model.hf_path` is resolved by `vapo_jax.hub.resolve` (which converts t
 smoke run on a loaded machine was the command above with `--prompts=2 --group=2
 --max-prompt=128 --max-new=8 --steps=1 --rollout-rounds=1`.
 
+On a GPU (`benchmarks/gpu_check.sh` runs it there): `--device=auto` puts TRL's model on CUDA,
+ours runs on JAX's default backend, and float32 matmuls are TF32 on both sides (JAX's default
+precision on GPUs; torch's allow_tf32 is set to match) unless JAX_DEFAULT_MATMUL_PRECISION is
+set.
+
 Both sides, in one process, on the same converted model, the same P prompts (word problems of
 `configs/smollm2_135m.py` through the chat template, the same token ids), group size G, the
 same maximum prompt and response lengths, temperature 1.0 with no top-k / top-p, the same
@@ -223,7 +228,8 @@ def build_trl(model_dir: str, rendered: list[str], answers: list[str], cfg, args
       temperature=1.0, top_p=1.0, top_k=0, use_vllm=False, bf16=False, fp16=False,
       report_to="none", learning_rate=args.lr, lr_scheduler_type="constant",
       max_steps=args.steps + 1, logging_steps=1, save_strategy="no", seed=args.seed,
-      num_iterations=1, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+      num_iterations=1, use_cpu=args.device == "cpu", dataloader_num_workers=0,
+      disable_tqdm=True,
       # TRL turns it on by default; ours follows model.remat (off in the smollm2 config).
       gradient_checkpointing=cfg.model.remat,
       # The objective of the grpo preset: per-sequence means, the group's std, one clip range.
@@ -292,7 +298,10 @@ def measure(args, load) -> tuple[list[str], dict]:
   rounds = quiet.Rounds({"ours": [r["step"] for r in ours[1:n]],
                          "trl": [r["step"] for r in trl_runs[1:n]]}, [])
   med_ours, med_trl = medians(ours[1:n], OUR_PHASES), medians(trl_runs[1:n], TRL_PHASES)
-  lines = [f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} responses, "
+  lines = [f"devices: ours {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), "
+           f"TRL {trainer.model.device} ({_torch_kind(torch, trainer.model.device)}); "
+           f"float32 matmuls: {_matmul_note(args.device)}",
+           f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} responses, "
            f"max prompt {args.max_prompt}, max new tokens {args.max_new}, temperature 1.0, "
            f"beta {cfg.rl.kl_coef}, lr {args.lr}, our old log-probs {cfg.old_logprobs}, "
            f"full fine-tuning, float32, remat "
@@ -315,7 +324,7 @@ def measure(args, load) -> tuple[list[str], dict]:
                                n=args.group, rows=args.prompts * args.group)
   hf_model = trainer.model.eval()
   enc = tok(rendered, add_special_tokens=False, padding=True, padding_side="left",
-            return_tensors="pt")
+            return_tensors="pt").to(hf_model.device)
   times, toks = {"engine": [], "static": [], "generate": []}, {"engine": [], "static": [],
                                                                 "generate": []}
   key = jax.random.key(args.seed + 11)
@@ -337,7 +346,7 @@ def measure(args, load) -> tuple[list[str], dict]:
         out = hf_model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                                 max_new_tokens=args.max_new, num_return_sequences=args.group,
                                 pad_token_id=tok.pad_token_id, eos_token_id=list(text.eos_ids))
-      return float(response_tokens(out[:, enc["input_ids"].shape[1]:].numpy(),
+      return float(response_tokens(out[:, enc["input_ids"].shape[1]:].cpu().numpy(),
                                    text.eos_ids).sum())
     return _timed_into(go, "generate", times, toks)
 
@@ -361,7 +370,9 @@ def measure(args, load) -> tuple[list[str], dict]:
                                    "(tokens/s; the issue: must be >= 1)"))
   results = {
       "model": model_dir, "config": args.config, "preset": args.preset,
-      "settings": {"prompts": args.prompts, "group": args.group, "max_prompt": args.max_prompt,
+      "settings": {"device": args.device, "jax_platform": jax.devices()[0].platform,
+                   "torch_device": str(trainer.model.device),
+                   "prompts": args.prompts, "group": args.group, "max_prompt": args.max_prompt,
                    "max_new_tokens": args.max_new, "temperature": 1.0,
                    "beta": cfg.rl.kl_coef, "lr": args.lr, "lora": False, "dtype": "float32",
                    "remat": cfg.model.remat, "micro_batch_size": cfg.rl.micro_batch_size,
@@ -378,6 +389,29 @@ def _our_step(rl_step_bench, t, i: int) -> dict:
   out = rl_step_bench.one_step(t, i)
   out["step"] = out["rollout"] + out["overlapped"] + out["updates"]
   return out
+
+
+def resolve_device(device: str) -> str:
+  """--device: "auto" is cuda where torch sees a GPU, else cpu."""
+  import torch  # pylint: disable=import-outside-toplevel
+  if device == "auto":
+    return "cuda" if torch.cuda.is_available() else "cpu"
+  if device == "cuda" and not torch.cuda.is_available():
+    sys.exit("error: --device=cuda but torch sees no GPU (a CPU build of torch?)")
+  return device
+
+
+def _torch_kind(torch, device) -> str:
+  return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _matmul_note(device: str) -> str:
+  if device == "cpu":
+    return "float32 on both"
+  return ("TF32 on both (JAX's default precision on GPUs; torch's allow_tf32 set to match)"
+          if os.environ.get("JAX_DEFAULT_MATMUL_PRECISION") is None else
+          f"JAX_DEFAULT_MATMUL_PRECISION={os.environ['JAX_DEFAULT_MATMUL_PRECISION']}, "
+          "torch float32")
 
 
 def _timed_into(fn, name, times, toks):
@@ -404,6 +438,9 @@ def main(argv=None):
                   choices=["recompute", "exact", "auto", "behaviour"],
                   help="our rl.old_logprobs (default: the config's; exact skips the old "
                   "policy's forward as TRL does)")
+  ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                  help="TRL's torch device (auto: cuda where torch sees one); ours is JAX's "
+                  "default backend (JAX_PLATFORMS)")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--trl-dir", default="/tmp/trl_bench_out", help="TRL's output_dir")
   quiet.add_flags(ap)
@@ -417,6 +454,12 @@ def main(argv=None):
   for name in ("trl", "torch", "transformers"):
     if importlib.util.find_spec(name) is None:
       sys.exit(f"error: {name} is missing: pip install -e \".[bench]\"")
+  args.device = resolve_device(args.device)
+  if args.device == "cuda" and os.environ.get("JAX_DEFAULT_MATMUL_PRECISION") is None:
+    import torch  # pylint: disable=import-outside-toplevel
+    # JAX's default precision rounds float32 matmul inputs to TF32 on GPUs; torch's does not.
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
   facts = quiet.machine_facts(PEERS)
   load = quiet.Load()
   with load:
