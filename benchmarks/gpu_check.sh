@@ -222,7 +222,7 @@ else
   SELECT="not eight_devices and not 8_devices and not activation_sharding"
 fi
 PYTEST_LOG=/tmp/gpu_check_pytest.log
-run_step pytest 110 "$LATE_RESERVE" env JAX_PLATFORMS=$TEST_PLATFORM JAX_DEFAULT_MATMUL_PRECISION=highest \
+want pytest && run_step pytest 110 "$LATE_RESERVE" env JAX_PLATFORMS=$TEST_PLATFORM JAX_DEFAULT_MATMUL_PRECISION=highest \
   bash -c 'set -o pipefail; "$@" 2>&1 | tee '$PYTEST_LOG _ \
   $PY -m pytest -q -p no:cacheprovider --maxfail=5 -rfE --tb=short --durations=8 \
   "${XDIST[@]}" -k "$SELECT" "${TESTS[@]}"

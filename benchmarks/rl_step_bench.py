@@ -51,15 +51,38 @@ def _timed(fn):
   return time.perf_counter() - t0
 
 
+_COMPILE_S = [0.0]
+
+
+def _on_duration(event: str, duration: float, **_):
+  if event.startswith("/jax/core/compile/"):
+    _COMPILE_S[0] += duration
+
+
+def compile_seconds() -> float:
+  """Seconds JAX has spent tracing, lowering and compiling in this process since the first
+  call (its "/jax/core/compile/..." duration events). A step's time minus the compile
+  seconds inside it is its time once every shape it meets has compiled: packed passes
+  compile once per packed shape (`rl.layout`), so short benchmarks meet new ones."""
+  if not getattr(compile_seconds, "registered", False):
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+    compile_seconds.registered = True
+  return _COMPILE_S[0]
+
+
 def one_step(t: trainer_lib.Trainer, i: int) -> dict:
-  """One RL step, then its forward passes and reward scoring again, each timed alone."""
+  """One RL step, then its forward passes and reward scoring again, each timed alone;
+  "compile": the seconds of the step (its rollout, experience and updates, not the passes
+  timed again) that JAX spent compiling."""
   cfg = t.cfg
   examples = next(t.state.prompts)
+  c0 = compile_seconds()
   t0 = time.perf_counter()
   batch, em = t.experience(examples)
   jax.block_until_ready(batch)
   out = {"rollout": em["time/rollout_s"],
          "overlapped": time.perf_counter() - t0 - em["time/rollout_s"]}
+  compiled = compile_seconds() - c0
   tokens, mask = batch.tokens_BxL, batch.mask_BxL
   p = tokens.shape[1] - batch.response_mask_BxR.shape[1]
   t0 = time.perf_counter()
@@ -81,11 +104,12 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
   t.parts.scorer.score_batch([ex.problem for ex in examples for _ in range(n)], texts,
                        [ex.answer for ex in examples for _ in range(n)])
   out["reward"] = time.perf_counter() - t0
-  t0 = time.perf_counter()
+  t0, c1 = time.perf_counter(), compile_seconds()
   t.update(batch, stage="rl", step=i, policy=True)
   t.state.policy_params = t.state.train_state("policy").params
   jax.block_until_ready(t.state.policy_params)
   out["updates"] = time.perf_counter() - t0
+  out["compile"] = compiled + compile_seconds() - c1
   out["response_tokens"] = float(rmask.sum())
   out["train_tokens"] = float(np.asarray(mask).sum()) * cfg.rl.ppo_epochs
   return out
@@ -142,6 +166,9 @@ def measure(args, load):
   for k in phases:
     lines.append(f"  {names[k]:44s} {med[k]:8.3f} s  {med[k] / total:6.1%}")
   lines.append(f"  {'step':44s} {total:8.3f} s")
+  if med["compile"] > 0.05:
+    lines.append(f"  of which compiling (a packed shape met the first time) {med['compile']:.3f} "
+                 f"s; the step without it {total - med['compile']:.3f} s")
   lines.append(f"  alone: reward scoring {med['reward']:.3f} s, forward passes (old log-probs "
                f"+ reference's + values) {med['forward']:.3f} s")
   peak = matmul_peak()

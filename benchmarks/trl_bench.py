@@ -42,6 +42,10 @@ Per RL step, the split of each side (seconds, medians over the timed steps):
         reward: `_calculate_rewards`;
         update: the rest of the step (loss forward, backward, clipping, AdamW);
         step: `on_step_begin` to `on_step_end` of a trainer callback.
+Ours packs each pass's sequences into rows and compiles once per packed shape (`rl.layout`):
+a timed step that meets a new shape compiles inside it. Its `compile` seconds (JAX's compile
+events, `rl_step_bench.compile_seconds`) are recorded, and where they are not ~0 the ratio is
+printed again without them (a long run meets each shape once).
 The sides interleave round by round (benchmarks/quiet.py): TRL's `train()` runs warm-up + N
 steps and a callback runs our step k before TRL's step k on odd rounds and after it on even
 ones, outside TRL's timed span. Round 0 (compiles, first calls) is excluded from every figure.
@@ -78,7 +82,7 @@ if importlib.util.find_spec("vapo_jax") is None:  # a checkout that is not insta
 import quiet  # noqa: E402  pylint: disable=wrong-import-position
 
 PEERS = ("trl", "torch", "transformers", "accelerate")
-OUR_PHASES = ("rollout", "forward", "reward", "updates", "step")
+OUR_PHASES = ("rollout", "forward", "reward", "updates", "step", "compile", "step_nocompile")
 TRL_PHASES = ("rollout", "forward", "reward", "updates", "step")
 KL = 0.04  # the grpo preset's rl.kl_coef; TRL's beta is set to the value the config has
 
@@ -310,6 +314,13 @@ def measure(args, load) -> tuple[list[str], dict]:
   lines += split_lines("ours (vapo_jax grpo)", med_ours)
   lines += split_lines("TRL GRPOTrainer", med_trl)
   lines.append(rounds.describe_ratio("ours", "trl", "RL step, TRL's time / ours"))
+  if med_ours.get("compile", 0.0) > 0.05:  # a packed shape met the first time: XLA compiled
+    rounds_nc = quiet.Rounds({"ours": [r["step_nocompile"] for r in ours[1:n]],
+                              "trl": [r["step"] for r in trl_runs[1:n]]}, [])
+    lines.append(f"  ours compiled {med_ours['compile']:.3f} s per timed step (median; packed "
+                 "passes compile once per packed shape, and these steps met new ones)")
+    lines.append(rounds_nc.describe_ratio("ours", "trl", "RL step without our compiles, "
+                                          "TRL's time / ours"))
   for k in ("rollout", "forward", "updates"):
     if med_ours.get(k) and med_trl.get(k):
       lines.append(f"  {k}: TRL / ours {med_trl[k] / med_ours[k]:.2f}x")
@@ -388,6 +399,7 @@ def measure(args, load) -> tuple[list[str], dict]:
 def _our_step(rl_step_bench, t, i: int) -> dict:
   out = rl_step_bench.one_step(t, i)
   out["step"] = out["rollout"] + out["overlapped"] + out["updates"]
+  out["step_nocompile"] = out["step"] - out["compile"]
   return out
 
 
