@@ -60,6 +60,19 @@ elapsed() { echo $(( $(date +%s) - START )); }
 record() { $PY benchmarks/gpu_check.py step --json "$JSON" --name "$1" --status "$2" \
              --seconds "$3" ${4:+--pytest-log "$4"} >/dev/null 2>&1; }
 
+want() { case " ${GPU_CHECK_SKIP:-} " in *" $1 "*) echo "### $1: skipped (GPU_CHECK_SKIP)"; \
+  record "$1" skipped 0; return 1;; esac; return 0; }
+skips_all() { local n; for n; do case " ${GPU_CHECK_SKIP:-} " in *" $n "*) ;; *) return 1;; esac
+  done; return 0; }
+# The seconds kept for the steps after the tests: none when all of them are skipped (the real
+# model's step and a full run do not fit one 10-minute call together).
+LATE_RESERVE=265
+skips_all pytest_default_precision tiny bench_train bench_sample longcot && LATE_RESERVE=5
+EARLY_RESERVE=300   # kept by the smoke test and env for the steps after them
+[ "$LATE_RESERVE" = 5 ] && EARLY_RESERVE=60
+TESTS_RESERVE=110   # kept by the real model's step for the GPU tests
+skips_all pytest && TESTS_RESERVE=0
+
 # run_step NAME CAP RESERVE CMD...: CMD under `timeout`, at most CAP seconds and never into
 # the RESERVE seconds kept for the steps after it. GPU_CHECK_DEADLINE (epoch s) tells the
 # Python side when it will be stopped. Sets STEP_RC and STEP_S.
@@ -129,7 +142,7 @@ print("### versions:", ", ".join(f"{n} {v(n)}" for n in names))
 EOF
 
 PIN=device
-run_step smoke 90 300 $PY benchmarks/gpu_check.py smoke
+run_step smoke 90 "$EARLY_RESERVE" $PY benchmarks/gpu_check.py smoke
 if [ "$STEP_RC" != 0 ] || [ "${GPU_CHECK_FORCE_PIN:-0}" = 1 ]; then
   echo "### smoke failed (or GPU_CHECK_FORCE_PIN=1): pinned flax/optax/orbax from .whl-pin"
   if ls .whl-pin/*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-index --no-deps \
@@ -137,7 +150,7 @@ if [ "$STEP_RC" != 0 ] || [ "${GPU_CHECK_FORCE_PIN:-0}" = 1 ]; then
     OLD_PYTHONPATH=${PYTHONPATH:-}
     export PYTHONPATH=$SITE2${PYTHONPATH:+:$PYTHONPATH}
     PIN=pinned
-    if ! run_step smoke_pinned 90 300 $PY benchmarks/gpu_check.py smoke; then
+    if ! run_step smoke_pinned 90 "$EARLY_RESERVE" $PY benchmarks/gpu_check.py smoke; then
       echo "### pinned wheels fail the smoke test too: back to the device's own packages"
       export PYTHONPATH=$OLD_PYTHONPATH
       PIN=device
@@ -153,7 +166,7 @@ export GPU_CHECK_PACKAGES=$PIN
 if command -v nvidia-smi >/dev/null; then nvidia-smi; else echo "### no nvidia-smi"; fi
 echo "### /dev/nvidia*: $(ls /dev/nvidia* 2>/dev/null | tr '\n' ' ')"
 echo "### /proc/driver/nvidia/gpus: $(ls /proc/driver/nvidia/gpus 2>/dev/null | tr '\n' ' ')"
-run_step env 60 300 $PY benchmarks/gpu_check.py env --json "$JSON"
+run_step env 60 "$EARLY_RESERVE" $PY benchmarks/gpu_check.py env --json "$JSON"
 
 # --- 1b. the real model (issue 42): SmolLM2-135M-Instruct, one GRPO step beside TRL -------
 # The GGUF file (98 MB) is over one call's 64 MiB, so it travels in two halves: a first call
@@ -162,14 +175,6 @@ run_step env 60 300 $PY benchmarks/gpu_check.py env --json "$JSON"
 # .whl/ must hold gguf, trl, datasets, dill and multiprocess. Then the conversion
 # (tools.import_gguf) and benchmarks/trl_bench.py with TRL on CUDA: ours vs TRL per RL step
 # with its split, and the engine / static sampler / `generate` in response tokens/s.
-want() { case " ${GPU_CHECK_SKIP:-} " in *" $1 "*) echo "### $1: skipped (GPU_CHECK_SKIP)"; \
-  record "$1" skipped 0; return 1;; esac; return 0; }
-skips_all() { local n; for n; do case " ${GPU_CHECK_SKIP:-} " in *" $n "*) ;; *) return 1;; esac
-  done; return 0; }
-# The seconds kept for the steps after the tests: none when all of them are skipped (the real
-# model's step and a full run do not fit one 10-minute call together).
-LATE_RESERVE=265
-skips_all pytest_default_precision tiny bench_train bench_sample longcot && LATE_RESERVE=5
 SMOL=/tmp/gpu_check_smollm2.gguf
 rm -f "$SMOL"
 P0=.gpu_a/smollm2.part00; [ -f "$P0" ] || P0=/tmp/smollm2.part00
@@ -195,7 +200,7 @@ if want real_model; then
     else
       TRL+=(--prompts=16 --group=8 --max-new=256 --steps=2 --rollout-rounds=2)
     fi
-    run_step real_model "${GPU_CHECK_REAL_CAP:-330}" $((LATE_RESERVE + 110)) bash -c "$PY -m vapo_jax.tools.import_gguf \
+    run_step real_model "${GPU_CHECK_REAL_CAP:-330}" $((LATE_RESERVE + TESTS_RESERVE)) bash -c "$PY -m vapo_jax.tools.import_gguf \
 --gguf=$SMOL --out=$SMOL_HF && $PY benchmarks/trl_bench.py ${TRL[*]}"
   else
     echo "### real model: no GGUF file (carry .gpu_b after a call that copied .gpu_a): skipped"
