@@ -2,6 +2,7 @@
 benchmark)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -213,7 +214,10 @@ def test_decode_split_runs(tmp_path):
       timeout=600, env=_SMOKE_ENV)
   assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
   ms = json.loads(out.read_text())["results"]["per_step_ms"]
-  assert ms["step"] > 0 and ms["layer_matmuls"] > 0 and set(ms) >= {"head", "rest"}, ms
+  # step, head and rest are differences of single timings (one round of a 2-layer model):
+  # on a loaded machine any can come out <= 0, so only the direct timing must be positive.
+  assert set(ms) == {"step", "head", "layer_matmuls", "rest"}, ms
+  assert ms["layer_matmuls"] > 0 and all(math.isfinite(v) for v in ms.values()), ms
 
 
 def test_ab_bench_runs_and_loads_each_checkout(tmp_path):
