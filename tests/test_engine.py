@@ -186,6 +186,90 @@ def test_page_pool_groups_keep_each_slot_in_its_replica():
     paged.PagePool(num_pages=6, page_size=4, slots=4, max_pages=3, groups=4)
 
 
+def _table_from_owned(pool):
+  """The page table rebuilt from each slot's pages, as `PagePool.table()` did until it was
+  kept incrementally: the oracle of the kept table and of its changes."""
+  out = np.full((pool.slots, pool.max_pages), pool.group_pages, np.int32)
+  for s, pages in enumerate(pool._owned):  # pylint: disable=protected-access
+    out[s, :len(pages)] = pages
+  return out
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_page_table_changes_replay_the_table(groups):
+  # Random grows and releases (schedulers' and evictions' patterns: a release and a regrow
+  # of one slot between two reads); the kept table equals the rebuilt one, and the changes
+  # set into the previous copy give it, each entry once.
+  rng = np.random.default_rng(groups)
+  pool = paged.PagePool(num_pages=24, page_size=4, slots=6, max_pages=5, groups=groups)
+  copy = pool.table()
+  assert pool.changes()[0].size == 0
+  for _ in range(300):
+    for _ in range(int(rng.integers(0, 4))):
+      slot = int(rng.integers(0, 6))
+      if rng.random() < 0.3:
+        pool.release(slot)
+      else:
+        pool.grow(slot, pool.held(slot) * 4 + int(rng.integers(1, 9)))
+    want = _table_from_owned(pool)
+    np.testing.assert_array_equal(pool.table(), want)
+    rows, cols, vals = pool.changes()
+    assert len(set(zip(rows.tolist(), cols.tolist()))) == len(rows)  # each entry once
+    copy[rows, cols] = vals
+    np.testing.assert_array_equal(copy, want)
+    assert pool.changes()[0].size == 0  # handed out once
+  idx, col, val = paged.padded_changes(np.array([1, 2, 2]), np.array([0, 0, 1]),
+                                       np.array([5, 6, 7]), 6, min_width=2)
+  np.testing.assert_array_equal(idx, [1, 2, 2, 6])  # W = 4; slot 6 = S: dropped
+  np.testing.assert_array_equal(val, [5, 6, 7, 0])
+  assert len(paged.padded_changes(*pool.changes(), 6)[0]) == 64  # min_width
+
+
+def test_the_engine_uploads_changed_entries_not_the_table(ckpt, monkeypatch):
+  # The full table is built once per rollout (all NO_PAGE); after that the device copy,
+  # updated from the changes alone, equals the pool's table before every chunk, evictions
+  # included; the samples are the same as with the whole table sent each chunk.
+  _, graphdef, state, mcfg = ckpt
+  cfg = _sampled_cfg(eos=(40, 7, 22))
+  pools, tables, checked = [], [], []
+  table, changes = paged.PagePool.table, paged.PagePool.changes
+  update = continuous.Engine._update_table  # pylint: disable=protected-access
+
+  def counted_table(self):
+    tables.append(1)
+    return table(self)
+
+  def kept_changes(self):
+    pools.append(self)
+    return changes(self)
+
+  def checked_update(self, *args):
+    out = update(self, *args)
+    np.testing.assert_array_equal(np.asarray(out), table(pools[-1]))
+    checked.append(1)
+    return out
+
+  monkeypatch.setattr(paged.PagePool, "table", counted_table)
+  monkeypatch.setattr(paged.PagePool, "changes", kept_changes)
+  monkeypatch.setattr(continuous.Engine, "_update_table", checked_update)
+  eng = continuous.Engine(graphdef, mcfg, cfg, ecfg(slots=4, kv_tokens=16 + R + 3))
+  got = np_tree(eng(state, PROMPTS, jax.random.key(3)))
+  assert tables == [1] and len(checked) == eng.last_stats["decode_chunks"] > 2
+  assert eng.last_stats["evictions"] > 0
+  monkeypatch.undo()
+
+  class WholeTable(continuous.Engine):  # the old path: the whole table every chunk
+    def _update_table(self, table_SxM, *changes_):
+      del table_SxM, changes_
+      return self._replicated(pools[-1].table())
+
+  monkeypatch.setattr(paged.PagePool, "changes", kept_changes)
+  want = np_tree(WholeTable(graphdef, mcfg, cfg, ecfg(slots=4, kv_tokens=16 + R + 3))(
+      state, PROMPTS, jax.random.key(3)))
+  np.testing.assert_array_equal(got.response_BxR, want.response_BxR)
+  np.testing.assert_array_equal(got.logp_BxR, want.logp_BxR)
+
+
 def test_scheduler_with_replicas_never_starves_and_admits_past_a_full_replica():
   # 2 replicas of 2 slots, 4 pages each (one whole response of 13 + 3 - 1 = 15 tokens).
   pool = paged.PagePool(num_pages=8, page_size=4, slots=4, max_pages=4, groups=2)

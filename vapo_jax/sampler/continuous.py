@@ -219,6 +219,12 @@ def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
   return pages, state, toks, lps, steps
 
 
+@jax.jit
+def _set_entries(table_SxM, slot_E, column_E, page_E):
+  """table_SxM with [slot_E[e], column_E[e]] set to page_E[e]; a slot >= S is dropped."""
+  return table_SxM.at[slot_E, column_E].set(page_E, mode="drop")
+
+
 def kv_head_shards(model_cfg, mesh, rules: shd.Rules = shd.DEFAULT_RULES) -> int:
   """How many ways the pool's combined kv-heads axis (2K) is split over the mesh."""
   head = shd.logical_to_spec(("kv_heads",), rules, mesh, (2 * model_cfg.num_kv_heads,))[0]
@@ -479,6 +485,16 @@ class Engine:
     x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
+  def _update_table(self, table_SxM, slot_E, column_E, page_E):
+    """The device page table with the entries `PagePool.changes()` gives set (padded by
+    `paged.padded_changes`)."""
+    if len(slot_E) == 0:
+      return table_SxM
+    padded = paged.padded_changes(slot_E, column_E, page_E, table_SxM.shape[0])
+    # No wait on a CPU mesh (`_paced`): one small scatter per chunk, no collectives in it,
+    # and the chunk's device_get follows.
+    return _set_entries(table_SxM, *(self._replicated(x) for x in padded))
+
   def clear_cache(self):
     """Frees the KV pool and the decode copy (e.g. before big train steps)."""
     self._pages = None
@@ -520,6 +536,8 @@ class Engine:
     if sorted(order) != list(range(b_total)):
       raise ValueError(f"order must be a permutation of range({b_total})")
     sched = slots_lib.Scheduler(pool, order)
+    table = self._replicated(pool.table())  # every entry NO_PAGE; then only changed rows
+    pool.changes()
     out_tok = [None] * b_total
     out_lp = [None] * b_total
     cur_tok: dict[int, list] = {}
@@ -564,8 +582,8 @@ class Engine:
       # Once enough slots have freed up for waiting responses the chunk ends early.
       exit_below = max(0, sched.busy() - max(1, s // 8)) if sched.pending else 0
       kv_used += pool.used / pool.num_pages
-      pages, state, toks, lps, steps = dec(dparams, pages, self._replicated(pool.table()),
-                                           state, np.int32(exit_below))
+      table = self._update_table(table, *pool.changes())
+      pages, state, toks, lps, steps = dec(dparams, pages, table, state, np.int32(exit_below))
       toks, lps, t_a, act, steps, placed = jax.device_get(
           (toks, lps, state["t_S"], state["active_S"], steps, placed))
       for b, (t0v, l0v) in placed.items():

@@ -12,6 +12,11 @@ into R equal groups, slot s in group s // (S / R), and a slot takes pages of its
 only. Page ids in `table()` are then local to the group (0..N/R - 1, NO_PAGE = N/R), which
 is how each replica's shard of the device pool indexes them; `global_row` maps a row back
 to ids of the whole pool.
+
+The table is kept, not rebuilt: `grow` and `release` write the entries they change and mark
+them, and `changes()` hands out the marked entries once (about one per running slot per
+chunk), so the engine updates its device copy with those alone instead of uploading all
+S × M entries every chunk.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class PagePool:
     for heap in self._free:
       heapq.heapify(heap)
     self._owned: list[list[int]] = [[] for _ in range(slots)]
+    self._table = np.full((slots, max_pages), self.group_pages, np.int32)
+    self._dirty: dict[int, tuple[int, int]] = {}  # slot -> columns [lo, hi) changed
 
   def group(self, slot: int) -> int:
     return slot // self.group_slots
@@ -73,28 +80,50 @@ class PagePool:
     heap = self._free[self.group(slot)]
     if need > len(heap):
       return False
-    self._owned[slot] += [heapq.heappop(heap) for _ in range(need)]
+    if need:
+      held = len(self._owned[slot])
+      self._owned[slot] += [heapq.heappop(heap) for _ in range(need)]
+      self._table[slot, held:held + need] = self._owned[slot][held:]
+      self._mark(slot, held, held + need)
     return True
 
   def release(self, slot: int) -> None:
     heap = self._free[self.group(slot)]
     for page in self._owned[slot]:
       heapq.heappush(heap, page)
+    if self._owned[slot]:
+      self._table[slot, :len(self._owned[slot])] = self.group_pages
+      self._mark(slot, 0, len(self._owned[slot]))
     self._owned[slot] = []
 
   def row(self, slot: int) -> np.ndarray:
     """int32 [max_pages]: `table()[slot]` without building the whole table."""
-    out = np.full(self.max_pages, self.group_pages, np.int32)
-    out[:len(self._owned[slot])] = self._owned[slot]
-    return out
+    return self._table[slot].copy()
 
   def table(self) -> np.ndarray:
     """int32 [slots, max_pages]: each slot's pages in order (ids local to its group),
     NO_PAGE (= N / groups) after them."""
-    out = np.full((self.slots, self.max_pages), self.group_pages, np.int32)
-    for s, pages in enumerate(self._owned):
-      out[s, :len(pages)] = pages
-    return out
+    return self._table.copy()
+
+  def _mark(self, slot: int, lo: int, hi: int) -> None:
+    # A slot's changes since the last `changes()` are one run of columns: a release covers
+    # [0, held) and a grow [held, held + need), which starts where the last one ended.
+    old = self._dirty.get(slot)
+    self._dirty[slot] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
+  def changes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(slot_E, column_E, page_E), int32: every table entry written since the last call,
+    each once, with its value now; then forgets them. Set into the table as it was at the
+    last call (`table[slot_E, column_E] = page_E`), they give `table()`."""
+    if not self._dirty:
+      empty = np.zeros(0, np.int32)
+      return empty, empty, empty
+    slots = sorted(self._dirty)
+    cols = [np.arange(*self._dirty[s], dtype=np.int32) for s in slots]
+    rows = np.repeat(np.asarray(slots, np.int32), [len(c) for c in cols])
+    cols = np.concatenate(cols)
+    self._dirty.clear()
+    return rows, cols, self._table[rows, cols]
 
   def global_row(self, slot: int, row: np.ndarray) -> np.ndarray:
     """A slot's table row as ids of the whole pool (group g's page i is g N/R + i),
@@ -102,3 +131,16 @@ class PagePool:
     row = np.asarray(row, np.int32)
     base = self.group(slot) * self.group_pages
     return np.where(row < self.group_pages, row + base, self.num_pages).astype(np.int32)
+
+
+def padded_changes(slot_E, column_E, page_E, slots: int, min_width: int = 64
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`PagePool.changes()` padded to W = the power of two >= E (at least `min_width`), so
+  that a few scatter programs serve every chunk: slot `slots` (out of range: dropped by a
+  scatter with mode="drop"), column and page 0 on the padding."""
+  e = len(slot_E)
+  width = max(min_width, 1 << max(e - 1, 0).bit_length())
+  out = (np.full(width, slots, np.int32), np.zeros(width, np.int32), np.zeros(width, np.int32))
+  for o, x in zip(out, (slot_E, column_E, page_E)):
+    o[:e] = x
+  return out

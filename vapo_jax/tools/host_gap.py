@@ -5,16 +5,19 @@ chunks and with the chips idle (nothing is dispatched ahead):
 
   1. admit: free slots take pending responses (`slots.Scheduler.admit`);
   2. reserve: pages for one chunk in every running slot (`Scheduler.reserve`);
-  3. the page table: `paged.PagePool.table()`, the whole S × M int32 table rebuilt in Python;
+  3. the page table: the entries that changed (`paged.PagePool.changes()`, padded by
+     `paged.padded_changes`); the engine sends only those to its device copy (until
+     2026-12-04 it rebuilt and uploaded the whole S × M table every chunk);
   4. the slot loop: per slot, its chunk's tokens and log-probs appended with `.tolist()` and
      `Scheduler.advance`.
 
 `measure_chunk` replays exactly these calls, with the engine's own classes at the engine's
 sizes, on a pool in steady state (every busy slot holding `live_tokens`, `finishing` responses
 ending and as many admitted per chunk), and returns the median seconds per chunk. Not in it:
-the table's upload (`make_array_from_callback`, replicated), the dispatch of the chunk, its
-`device_get`, the `insert` and `prefill` dispatches of admitted responses (device work, no
-CPU to time here). The step model scales it by the chunk count (`gap_seconds`):
+the changed entries' upload (`make_array_from_callback`, replicated) and their scatter, the
+dispatch of the chunk, its `device_get`, the `insert` and `prefill` dispatches of admitted
+responses (device work, no CPU to time here). The step model scales it by the chunk count
+(`gap_seconds`):
 
   gap = ⌈decode steps / chunk_steps⌉ · seconds per chunk
 
@@ -76,7 +79,7 @@ def measure_chunk(slots: int, page_size: int, max_pages: int, num_pages: int,
     for _, b in sched.admit(lambda b: prompt_tokens, cap, chunk_steps):
       cur_tok[b], cur_lp[b] = [], []
     sched.reserve(chunk_steps)
-    table = pool.table()
+    table = paged.padded_changes(*pool.changes(), slots)
     busy = sched.busy()
     ended = 0
     for slot in range(slots):
