@@ -49,6 +49,15 @@ def _short_lengths(b=32, seed=0):
   return p, r
 
 
+def _mid_lengths(b=32, seed=0):
+  """Real prompt lengths in [9, 12] and responses of 4 (one empty): 9 to 16 tokens, one per
+  row of 16 or of 24 (two rarely fit 24), so rows of 16 compute the fewest slots."""
+  rng = np.random.default_rng(seed)
+  p, r = rng.integers(9, 13, b), np.full(b, 4)
+  r[0] = 0
+  return p, r
+
+
 def _compiled(plan):
   """{name: compile_check.Result} from XLA's cost of each program × its trips (CPU)."""
   out = {}
@@ -70,7 +79,7 @@ def built():
   for label, packed, lengths, steps in (("padded", False, None, 1),
                                         ("packed_full", True, None, 1),
                                         ("packed_short", True, _short_lengths(), 1),
-                                        ("packed_steps", True, _short_lengths(), 3)):
+                                        ("packed_steps", True, _mid_lengths(), 3)):
     cfg = _config(**{"rl.packing": packed, "rl.packing_row_steps": steps})
     mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
     plan = programs.build(cfg, mcfg, mesh, TRAIN, lengths=lengths)
@@ -108,13 +117,13 @@ def test_packed_programs_are_the_trainers_at_the_planners_shapes(built):
 
 
 def test_row_steps_compile_the_planners_shorter_rows(built):
-  """rl.packing_row_steps = 3 on rows of P + R = 24: lengths 8, 16, 24; the short sequences
-  (at most 12 tokens) plan into rows of 16, shorter than P + R, and those programs compile
-  (the fixture compiled every one) with the planner's K as trips; rows of 24 are compiled
-  for the fit only."""
+  """rl.packing_row_steps = 3 on rows of P + R = 24: lengths 8, 16, 24; sequences of 9 to 16
+  tokens plan into rows of 16, shorter than P + R, and those programs compile (the fixture
+  compiled every one) with the planner's K as trips; rows of 24 are compiled for the fit
+  only."""
   mesh, out = built
   cfg, plan, res = out["packed_steps"]
-  p_B, l_B = _short_lengths()
+  p_B, l_B = _mid_lengths()
   rules = parts.rules_of(cfg)
   spec = learners.pass_spec(cfg, "policy", mesh, rules)
   assert (spec.row_len, spec.row_steps, spec.row_lens()) == (24, 3, [8, 16, 24])
@@ -128,13 +137,11 @@ def test_row_steps_compile_the_planners_shorter_rows(built):
     assert by_name[f"{name}[rows=4x24]"].trips == 0                     # the fit
   whole = packing.plan(p_B, l_B, learners.pass_spec(cfg, "logprobs", mesh, rules)).shape
   assert whole[2] == 16 and by_name[f"logprobs[rows={whole[0]}x16]"].trips == whole[1]
-  assert res and all(r.flops > 0 and not r.error for r in res.values())
-  # Fewer computed slots than the one-length plan of the same lengths, so less work.
-  s = tpu_specs.parse("v5p-16")
-  steps = compile_check.step_time(res, plan, cfg, s, 0.4, 0.7)
-  short = compile_check.step_time(out["packed_short"][2], out["packed_short"][1],
-                                  out["packed_short"][0], s, 0.4, 0.7)
-  assert steps < short, (steps, short)
+  assert res and not any(r.error for r in res.values())
+  assert all(res[p.name].flops > 0 for p in plan.programs if p.trips)
+  # Two thirds of the one-length plan's slots: 16 rows of 16 against 16 of 24.
+  one = packing.plan(p_B[:16], l_B[:16], spec.at(24))
+  assert mini[0] == (4, 4, 16) and one.shape == (4, 4, 24)
 
 
 def test_step_estimate_follows_the_lengths_with_packing(built):
