@@ -118,6 +118,9 @@ class Knobs:
   train_collectives: str | None = None
   # Share of a chip's ICI a collective gets (a ring over one torus axis: 2 of 6 links).
   collective_bw_share: float = 1.0 / 3.0
+  # Also print the packed train side on FSDP × tensor (mesh.tensor) and FSDP-only meshes
+  # (`step_terms.train_layout`; the estimate stays the config's).
+  compare_layouts: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -761,7 +764,21 @@ def run(st: Setup, spec: str, prompt_spec: str) -> dict:
   return {"spec": spec, "mean_length": float(resp.mean()),
           "truncated": float((resp >= st.max_new).mean()),
           "estimate_s": est.time, "floor_s": flo.time, "ratio": est.time / flo.time,
-          "dominant": est.dominant(), "programs": est.programs, "floor_programs": flo.programs}
+          "dominant": est.dominant(), "programs": est.programs, "floor_programs": flo.programs,
+          "layouts": layouts(st, est, resp, prompts) if st.knobs.compare_layouts else []}
+
+
+def layouts(st: Setup, est: Step, resp: np.ndarray, prompts: np.ndarray) -> list[str]:
+  """`step_terms.layout_line` of the packed train side on FSDP × mesh.tensor and on
+  FSDP-only meshes of the same chips (issue 44 item 3; arithmetic, not a compile)."""
+  if st.knobs.train != "packed":
+    return ["train layouts: compared for packed rows only (--train=packed)"]
+  compute = sum(p.terms.get("matmul", 0.0) + p.terms.get("attention", 0.0)
+                for p in est.programs if p.name in ("logprobs", "values", "policy_step",
+                                                    "critic_step"))
+  tps = sorted({st.tensor, 1}, reverse=True)
+  return [step_terms.layout_line(st, step_terms.train_layout(st, tp, resp, prompts), compute)
+          for tp in tps]
 
 
 def format_report(label: str, r: dict) -> str:
@@ -785,6 +802,8 @@ def format_report(label: str, r: dict) -> str:
   lines.append("  dominant: " + "; ".join(f"{k} {v:.0f} s" for k, v in r["dominant"]))
   if not any("collectives from compiled HLO" in x for p in r["programs"] for x in p.lines):
     lines.append("  train collectives: not counted (--train_collectives=JSON of tools.train_hlo)")
+  for line in r.get("layouts", []):
+    lines.append("  train layout " + line)
   lines.append("  " + step_terms.NOT_COUNTED)
   return "\n".join(lines)
 
@@ -851,6 +870,8 @@ def define_flags(flags, lengths_default: str | None = "review"):
   flags.DEFINE_enum("train_attention", d.train_attention, ["splash", "jax"], "The train "
                     "passes' self-attention kernel (default: as model.attention_kernel picks "
                     "it on the TPU slice: splash where jax's kernel takes the heads).")
+  flags.DEFINE_bool("compare_layouts", False, "Also print the packed train side on "
+                    "FSDP × mesh.tensor and FSDP-only meshes (collectives, memory, time).")
   flags.DEFINE_float("host_chunk_ms", None, "The engine's host work per decode chunk, ms "
                      "(default: measured on this CPU, tools.host_gap).")
   flags.DEFINE_string("train_collectives", None, "The train programs' collectives from "
@@ -873,6 +894,7 @@ def knobs_from_flags(f) -> Knobs:
                decode_weights=f.decode_weights,
                decode_weight_itemsize=f.decode_weight_itemsize, train=f.train,
                rollout=f.rollout, train_attention=f.train_attention,
+               compare_layouts=f.compare_layouts,
                host_chunk_ms=f.host_chunk_ms,
                train_collectives=f.train_collectives,
                collective_bw_share=f.collective_bw_share,
