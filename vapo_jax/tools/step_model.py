@@ -31,8 +31,13 @@ FLOPs (2 per multiply-add):
                      chunks of 128 positions over the R response positions)
 Time of a program = its matmul FLOPs / (peak · MFU) + max(attention FLOPs / (peak · MFU),
 attention score bytes / (BW · bw_eff)) for the train side (the pure-JAX blocked scan writes
-its [B, K, G, T, C] float32 scores to HBM: `--attn_score_bytes` per (pair, head) forward), and
-per decode step max(FLOPs / (peak · MFU), bytes / (BW · bw_eff)) + collectives · latency.
+its [B, K, G, T, C] float32 scores to HBM: `--attn_score_bytes` per (pair, head) forward;
+where model.attention_kernel runs jax's Pallas splash kernel on the TPU slice, `train_kernel`,
+the pairs are its per-row live blocks × c² (`step_counts.splash_pairs`), 5.5 a per pair in
+an update with remat, and its bytes the key / value blocks it reads, 4 Dh / c per pair and
+head), and per decode step max(FLOPs / (peak · MFU), bytes / (BW · bw_eff)) + collectives ·
+latency. `--compare_layouts` also prints the packed train side on FSDP × tensor and
+FSDP-only meshes (`step_terms.train_layout`).
 
 Padded and static (`--train=padded --rollout=static`): every train row is P + R tokens; the
 rollout is B / (prompts_per_call · n) sampler calls, each a prefill of P-token prompts and
