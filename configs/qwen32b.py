@@ -74,6 +74,11 @@ def get_config(preset: str = "vapo"):
   c.rl.responses_per_prompt = 16
   c.rl.num_minibatches = 16          # mini-batches of 512 responses
   c.rl.micro_batch_size = 16         # one response per batch shard (fsdp 16 on v5p-128)
+  # Each packing plan picks its rows among 8 lengths (2,688 · s slots, s = 1..8) at the same
+  # token budget per device, so short early-run responses pack into short rows instead of
+  # rounding the micro-batch count up over 21.5k-slot rows: update token efficiency 0.70 ->
+  # 0.93 early in the step model (docs/step_model.md); up to 8× the compiled packed shapes.
+  c.rl.packing_row_steps = 8
   c.rl.ppo_epochs = 1
   c.rl.alpha = 0.05
   c.rl.gamma = 1.0

@@ -73,6 +73,58 @@ def test_bucket_and_shapes_are_a_small_fixed_set():
     assert rows <= k * n <= 1.25 * (rows + spec.max_rows)
 
 
+def test_row_steps_lengths_counted_by_hand():
+  # qwen32b's updates: rows of 21,504, a budget of one row per device, 8 steps of 2,688.
+  spec = packing.spec_for(21504, 16, 16, row_steps=8)
+  assert (spec.align, spec.tokens_per_device) == (128, 21504)
+  assert spec.row_lens() == [2688 * s for s in range(1, 9)]
+  assert [spec.at(t).rows_per_device for t in (2688, 8064, 10752, 21504)] == [8, 2, 2, 1]
+  # Small rows: a = the largest power of two <= 20 / 2 = 10 -> 8; T_s = 16, 20.
+  small = packing.PackSpec.from_budget(40, 20, 1, 2)
+  assert (small.align, small.row_lens()) == (8, [16, 20])
+  assert packing.PackSpec.from_budget(40, 20, 1).row_lens() == [20]
+
+
+def test_row_steps_plan_picks_the_fewest_computed_slots():
+  # Sequences of 10, 5, 5, 2, 8, 5, 7, 5 tokens (47), 40 tokens per device, one shard.
+  # Rows of 20 (2 per micro-batch): FFD fills 10+8+2 | 7+5+5 | 5+5 -> 3 rows -> K 2, n 2:
+  # 80 slots. Rows of 16 (2 per micro-batch): 10+5 | 8+7 | 5+5+5 | 2 -> 4 rows -> K 2,
+  # n 2: 64 slots, the plan kept.
+  one = packing.plan(PROMPTS, RESPS, packing.PackSpec.from_budget(40, 20, 1))
+  assert one.shape == (2, 2, 20)
+  steps = packing.plan(PROMPTS, RESPS, packing.PackSpec.from_budget(40, 20, 1, 2))
+  assert steps.shape == (2, 2, 16) and steps.real_tokens == 47
+  assert steps.efficiency == pytest.approx(47 / 64)
+  # A 17-token sequence fits only the rows of 20.
+  long = packing.plan([9, 1], [8, 1], packing.PackSpec.from_budget(40, 20, 1, 2))
+  assert long.row_len == 20
+  # Two sequences of 8: one row of 16 (16 slots) beats one row of 20.
+  assert packing.plan([8, 8], [0, 0], packing.PackSpec.from_budget(40, 20, 1, 2)).shape == (
+      1, 1, 16)
+  # Two sequences of 10: one row of 20 (20 slots) beats two rows of 16 (32).
+  assert packing.plan([5, 5], [5, 5], packing.PackSpec.from_budget(40, 20, 1, 2)).shape == (
+      1, 1, 20)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_row_steps_plan_is_a_valid_plan_no_larger_than_one_length(seed):
+  rng = np.random.default_rng(seed)
+  b, d = int(rng.choice([32, 96])), int(rng.choice([1, 2, 4]))
+  p, r = _mix(rng, b, 8, int(rng.integers(4, 40)))
+  t = int((p + r).max()) * int(rng.integers(1, 4)) + int(rng.integers(0, 9))
+  spec = packing.PackSpec.from_budget(t * int(rng.integers(1, 4)), t, d, int(rng.integers(2, 9)))
+  plan = packing.plan(p, r, spec)
+  n, k, tt = plan.shape
+  assert tt in spec.row_lens() and tt >= (p + r).max()
+  assert (k, n) in spec.at(tt).shapes(b) and n * tt <= d * spec.tokens_per_device
+  single = packing.plan(p, r, packing.PackSpec.from_budget(spec.tokens_per_device, t, d))
+  assert n * k * tt <= np.prod(single.shape)
+  occupied = np.zeros((n, k, tt), int)
+  for i in range(b):
+    occupied[plan.row_B[i], plan.micro_B[i], plan.offset_B[i]:plan.offset_B[i] + p[i] + r[i]] += 1
+  assert occupied.max() == 1 and occupied.sum() == (p + r).sum()
+
+
 def test_planner_errors_before_any_compile():
   with pytest.raises(ValueError, match="sequence 1 has 9 tokens"):
     packing.plan([2, 4], [3, 5], packing.PackSpec(8, 1))
@@ -226,6 +278,16 @@ def test_packed_equals_padded_one_device(impl, which):
   _check(fwd, steps, which)
 
 
+def test_packed_with_row_steps_equals_padded_one_device():
+  """rl.packing_row_steps: the plan runs the batch in rows of 16 of the spec's 20 (its
+  shape and the compiled step follow the plan), and equals the padded path."""
+  mesh = shd.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  fwd, steps, plan = _run(CFGS["dense"], mesh, packing.PackSpec.from_budget(40, 20, 1, 2),
+                          ("policy", "critic"))
+  assert plan.shape == (2, 2, 16)
+  _check(fwd, steps, ("policy", "critic"))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_packed_policy_step_equals_padded_in_every_loss_mode(mode):
   """Every rl.loss_mode with the KL and NLL terms on: the normalisers and aggregation of the
@@ -245,6 +307,15 @@ def test_packed_equals_padded_on_a_2x2x2_mesh():
   fwd, steps, plan = _run(CFGS["blocked"], mesh, packing.PackSpec(12, 1, 4),
                           ("policy", "critic"))
   assert plan.micro_batches > 1 and plan.rows == 4
+  _check(fwd, steps, ("policy", "critic"))
+
+
+def test_packed_with_row_steps_equals_padded_on_a_2x2x2_mesh():
+  # Rows of 12 in 6 steps of 2: the plan keeps rows of 10 (5 rows either way, K 2, n 4).
+  mesh = shd.make_mesh(2, 2, 2)
+  fwd, steps, plan = _run(CFGS["blocked"], mesh, packing.PackSpec.from_budget(12, 12, 4, 6),
+                          ("policy", "critic"))
+  assert plan.shape == (4, 2, 10)
   _check(fwd, steps, ("policy", "critic"))
 
 
@@ -270,4 +341,8 @@ def test_config_switch_is_validated_before_any_compile():
   c.rl.packing_row_tokens = 0
   c.rl.packing_tokens_per_device = 5
   with pytest.raises(config_lib.ConfigError, match="rl.packing_tokens_per_device"):
+    config_lib.from_config_dict(c)
+  c.rl.packing_tokens_per_device = 0
+  c.rl.packing_row_steps = 0
+  with pytest.raises(config_lib.ConfigError, match="rl.packing_row_steps"):
     config_lib.from_config_dict(c)

@@ -49,6 +49,15 @@ def _short_lengths(b=32, seed=0):
   return p, r
 
 
+def _mid_lengths(b=32, seed=0):
+  """Real prompt lengths in [9, 12] and responses of 4 (one empty): 9 to 16 tokens, one per
+  row of 16 or of 24 (two rarely fit 24), so rows of 16 compute the fewest slots."""
+  rng = np.random.default_rng(seed)
+  p, r = rng.integers(9, 13, b), np.full(b, 4)
+  r[0] = 0
+  return p, r
+
+
 def _compiled(plan):
   """{name: compile_check.Result} from XLA's cost of each program × its trips (CPU)."""
   out = {}
@@ -67,9 +76,11 @@ def built():
   from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
   mesh = shd.make_mesh(2, 2, 2)
   out = {}
-  for label, packed, lengths in (("padded", False, None), ("packed_full", True, None),
-                                 ("packed_short", True, _short_lengths())):
-    cfg = _config(**{"rl.packing": packed})
+  for label, packed, lengths, steps in (("padded", False, None, 1),
+                                        ("packed_full", True, None, 1),
+                                        ("packed_short", True, _short_lengths(), 1),
+                                        ("packed_steps", True, _mid_lengths(), 3)):
+    cfg = _config(**{"rl.packing": packed, "rl.packing_row_steps": steps})
     mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
     plan = programs.build(cfg, mcfg, mesh, TRAIN, lengths=lengths)
     out[label] = (cfg, plan, _compiled(plan))
@@ -105,24 +116,53 @@ def test_packed_programs_are_the_trainers_at_the_planners_shapes(built):
   assert prog.args[3]["src"].shape == (4, max(k for k, n in spec.shapes(32) if n == 4), 24)
 
 
+def test_row_steps_compile_the_planners_shorter_rows(built):
+  """rl.packing_row_steps = 3 on rows of P + R = 24: lengths 8, 16, 24; sequences of 9 to 16
+  tokens plan into rows of 16, shorter than P + R, and those programs compile (the fixture
+  compiled every one) with the planner's K as trips; rows of 24 are compiled for the fit
+  only."""
+  mesh, out = built
+  cfg, plan, res = out["packed_steps"]
+  p_B, l_B = _mid_lengths()
+  rules = parts.rules_of(cfg)
+  spec = learners.pass_spec(cfg, "policy", mesh, rules)
+  assert (spec.row_len, spec.row_steps, spec.row_lens()) == (24, 3, [8, 16, 24])
+  mini = [packing.plan(p_B[i:i + 16], l_B[i:i + 16], spec).shape for i in (0, 16)]
+  assert {s[2] for s in mini} == {16}
+  by_name = {p.name: p for p in plan.programs}
+  for name in ("policy_step", "critic_step"):
+    used = [p for p in plan.programs if p.name.startswith(name) and p.trips]
+    assert all(p.name.endswith("x16]") for p in used), [p.name for p in used]
+    assert sum(p.trips for p in used) == pytest.approx(sum(s[1] for s in mini) / 2)
+    assert by_name[f"{name}[rows=4x24]"].trips == 0                     # the fit
+  whole = packing.plan(p_B, l_B, learners.pass_spec(cfg, "logprobs", mesh, rules)).shape
+  assert whole[2] == 16 and by_name[f"logprobs[rows={whole[0]}x16]"].trips == whole[1]
+  assert res and not any(r.error for r in res.values())
+  assert all(res[p.name].flops > 0 for p in plan.programs if p.trips)
+  # Two thirds of the one-length plan's slots: 16 rows of 16 against 16 of 24.
+  one = packing.plan(p_B[:16], l_B[:16], spec.at(24))
+  assert mini[0] == (4, 4, 16) and one.shape == (4, 4, 24)
+
+
 def test_step_estimate_follows_the_lengths_with_packing(built):
   _, out = built
   s = tpu_specs.parse("v5p-16")
   est = {k: compile_check.step_time(res, plan, cfg, s, 0.4, 0.7)
-         for k, (cfg, plan, res) in out.items()}
+         for k, (cfg, plan, res) in out.items() if k != "packed_steps"}
   # Sequences at full length: each fills its own row, the packed micro-batches hold the
   # padded ones' rows; within the few-% difference of the programs' bodies.
   assert est["packed_full"] == pytest.approx(est["padded"], rel=0.3)
   # Short sequences: ~4 to a row, a quarter of the micro-batches or fewer.
   assert est["packed_short"] < 0.6 * est["packed_full"], est
   trips = {k: sum(p.trips for p in plan.programs if p.name.startswith("logprobs"))
-           for k, (_, plan, _) in out.items()}
+           for k, (_, plan, _) in out.items() if k != "packed_steps"}
   assert trips["padded"] == trips["packed_full"] == 8 and trips["packed_short"] <= 3
 
 
 def test_step_model_packed_is_the_codes_planner_and_kernel():
   """`step_model --train=packed` plans with the trainer's PackSpecs and counts the key blocks
-  the blocked kernel's own `_live_blocks` keeps on the planner's layout."""
+  the blocked kernel's own `_live_blocks` keeps on the planner's layout (model.attention_kernel
+  jax), or the splash kernel's own block tables per row (auto on a TPU slice)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vapo_jax.models import attention  # pylint: disable=import-outside-toplevel
   from vapo_jax.tools import step_model  # pylint: disable=import-outside-toplevel
@@ -132,7 +172,8 @@ def test_step_model_packed_is_the_codes_planner_and_kernel():
   mesh = shd.make_mesh(2, 2, 2)
   rules = parts.rules_of(cfg)
   st = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-16"),
-                           step_model.Knobs(train="packed"))
+                           step_model.Knobs(train="packed", train_attention="jax"))
+  assert st.arch.kernel == "jax"
   assert st.pack_steps == learners.pass_spec(cfg, "policy", mesh, rules)
   assert st.pack_forward == learners.pass_spec(cfg, "logprobs", mesh, rules)
   p_B, l_B = _short_lengths()
@@ -151,6 +192,19 @@ def test_step_model_packed_is_the_codes_planner_and_kernel():
       live = attention._live_blocks(keys > 0, slot, keys, jnp.arange(a, e), s_BxT[:, a:e])
       want += float(jnp.sum(live)) * (e - a) * c
     assert pairs == want, (mk, pairs, want)
+  # The splash kernel (what model.attention_kernel=auto runs on TPU): Σ_rows of its live
+  # (query block, key block) pairs × c², c = 128 (attention_block 8 rounded up to a lane).
+  from vapo_jax.models import splash_attention  # pylint: disable=import-outside-toplevel
+  sp = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-16"),
+                           step_model.Knobs(train="packed"))
+  assert sp.arch.kernel == "splash"
+  c = splash_attention.block_for(t, sp.arch.block)
+  assert c == 128
+  tp = -(-t // c) * c
+  for mk, (_, _, pairs, _) in enumerate(step_model.packed_groups(sp, sp.pack_forward, p_B,
+                                                                 l_B)):
+    s_BxTp = jnp.pad(jnp.asarray(seg[:, mk, :]), ((0, 0), (0, tp - t)))
+    assert pairs * n == float(jnp.sum(splash_attention.live_blocks(s_BxTp, c))) * c * c
   # And the estimate falls with the lengths, as the compiled programs' does.
   short = step_model.train_side(st, l_B, p_B)
   full = step_model.train_side(st, np.full(32, 8), np.full(32, 16))

@@ -101,6 +101,87 @@ def test_attention_pairs_of_the_kernels():
   assert step_counts.attention_pairs(d, 256) == 64 * (64 + 128 + 192 + 256)
 
 
+def test_splash_blocks_counted_by_hand():
+  # One segment filling 1,024 slots in blocks of 256: the lower triangle of 4 blocks, 10.
+  assert step_counts.splash_blocks([(0, 1024)], 1024, 256) == 10
+  # Segments of 300 and 200 tokens: block 0 (segment 1) and block 1 (segments 1 and 2)
+  # meet: (0, 0), (1, 0), (1, 1); blocks 2 and 3 are padding and run their diagonal only.
+  assert step_counts.splash_blocks([(0, 300), (300, 200)], 1024, 256) == 5
+  # Segments ending on a block edge: block 1 holds only segment 2, so (1, 0) is skipped.
+  assert step_counts.splash_blocks([(0, 256), (256, 256)], 1024, 256) == 4
+  # A row of 1,000 slots is padded to 4 blocks; a left-padded prompt (padded rows): one
+  # segment on slots [700, 1000) -> blocks 2, 3 -> (2, 2), (3, 2), (3, 3) + diagonals 0, 1.
+  assert step_counts.splash_blocks([(700, 300)], 1000, 256) == 5
+  a = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1.0, 1.0, 512, "blocked", True, kernel="splash")
+  # attention_block 512 on rows of 1,024: c = 512, one block pair per half: 3 blocks · 512².
+  assert step_counts.splash_pairs(a, [(0, 1024)], 1024) == 3 * 512 ** 2
+  assert step_counts.splash_block(a, 300) == 384          # rows shorter than C: 128-rounded
+  assert step_counts.train_factors(True, "splash")["attention"] == 5.5
+  assert step_counts.train_factors(False, "splash")["attention"] == 4.5
+  assert step_counts.train_factors(True)["attention"] == 4.5
+  # 4 Dh / c bytes per (pair, head): a bf16 key and value block per c² pairs.
+  assert a.splash_score_bytes(1024) == 4 * 4 / 512
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_splash_blocks_are_the_kernels_tables(seed):
+  """`splash_blocks` on a packed plan's rows = the live entries of the kernel's own
+  `splash_attention.live_blocks` on the plan's segment ids."""
+  from vapo_jax import packing  # pylint: disable=import-outside-toplevel
+  from vapo_jax.models import splash_attention  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  p, r = rng.integers(1, 200, 64), rng.integers(0, 900, 64)
+  plan = packing.plan(p, r, packing.PackSpec(1536, 8, 2, 1))
+  n, k, t = plan.shape
+  segs = packing.row_segments(plan)
+  seg = packing.pack_indices(plan, 200, 1100)["segment_ids"]
+  for c in (128, 256, 512):
+    for mk in range(k):
+      live = splash_attention.live_blocks(jnp.asarray(seg[:, mk, :]), c)     # [n, i, j]
+      want = np.asarray(live).reshape(n, -1).sum(-1)
+      got = [step_counts.splash_blocks(segs.get((mk, row), []), t, c) for row in range(n)]
+      np.testing.assert_array_equal(got, want)
+
+
+def test_splash_train_pass_counted_by_hand():
+  """A train pass on the splash kernel: FLOPs = live blocks · c² · 4 L H Dh × (1 + 1 + 3.5)
+  with remat, time compute-bound (its key / value reads are 4 Dh / c bytes per pair and
+  head); the pure-JAX path on the same rows pays the f32 score traffic."""
+  arch = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1000.0, 900.0, 512, "blocked", True,
+                         untied=False, kernel="splash")
+  st = dataclasses.replace(_hand_setup(attn_score_bytes=16.0), arch=arch, peak=1e11)
+  # One row of 2,048 slots holding a 1,024-token sequence at slot 0: key blocks of 512,
+  # 3 live pairs in the segment's 2 blocks + 2 padding diagonals = 5 blocks.
+  pairs = step_counts.splash_pairs(arch, [(0, 1024)], 2048)
+  assert pairs == 5 * 512 ** 2
+  prog = step_model._train_program(st, "policy_step", [(1, 2048, pairs, 128)], False, True,
+                                   False)
+  fl = 5.5 * pairs * arch.pair
+  assert prog.terms["attention"] == pytest.approx(fl / st.chips / (1e11 * 0.4))
+  jax_arch = dataclasses.replace(arch, kernel="jax")
+  old = step_model._train_program(dataclasses.replace(st, arch=jax_arch), "policy_step",
+                                  [(1, 2048, pairs, 128)], False, True, False)
+  score = 4.5 * pairs * arch.layers * arch.h * 16.0 / st.chips
+  assert old.terms["attention"] == pytest.approx(score / (st.bw * 0.7))
+  assert "score traffic" in old.note and not prog.note
+
+
+def test_setup_picks_the_train_kernel_as_the_config_does():
+  cfg = config_lib.from_config_dict(_qwen32b())
+  mcfg = archs.model_config(cfg, "qwen2.5-32b")
+  s = tpu_specs.parse("v5p-128")
+  assert cfg.model.attention_kernel == "auto"
+  st = step_model.Setup.of(cfg, mcfg, s, step_model.Knobs(host_chunk_ms=20.0))
+  assert st.arch.kernel == "splash" and st.knobs.train_attention == "splash"
+  assert step_model.Setup.of(cfg, mcfg.replace(attention_kernel="jax"), s).arch.kernel == "jax"
+  # 40 q heads split over tensor 4 but 10 kv heads do not: the layer would refuse.
+  assert step_model.train_kernel(mcfg.replace(num_kv_heads=10), 4) == "jax"
+  forced = step_model.Setup.of(cfg, mcfg, s, step_model.Knobs(train_attention="jax"))
+  assert forced.arch.kernel == "jax"
+  # The packed passes' specs carry rl.packing_row_steps (8 in configs/qwen32b.py).
+  assert st.pack_steps.row_steps == st.pack_forward.row_steps == cfg.rl.packing_row_steps == 8
+
+
 def _hand_setup(**knobs):
   arch = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1000.0, 900.0, 512, "blocked", False,
                          untied=False)

@@ -2,6 +2,7 @@
 the engine's prefill as it runs, the host gap per decode chunk, the Pallas kernel's KV blocks,
 the train programs' HLO collectives, and code paths that follow the config."""
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -137,3 +138,49 @@ def test_code_paths_follow_the_config():
   st = step_model.Setup.of(cfg, archs.model_config(cfg), s, step_model.Knobs(train="padded"))
   assert (st.knobs.train, st.knobs.rollout) == ("padded", "continuous")
   assert st.prompt_buckets == (cfg.data.max_prompt_tokens,)
+
+
+def test_train_layouts_counted_by_hand():
+  """`train_layout` on 4 sequences of 8 + 8 tokens, rows of 16, one row per device, on 8
+  chips: FSDP 2 × TP 4 (K 2 micro-batches of 2 rows) and FSDP 8 only (one of 8 rows)."""
+  from vapo_jax import packing  # pylint: disable=import-outside-toplevel
+  spec = packing.PackSpec(16, 1, 2)
+  st = dataclasses.replace(_setup(), pack_forward=spec, pack_steps=spec)
+  resp, prompts = np.full(4, 8), np.full(4, 8)
+  bw, lat = 1e9 / 3, 7e-6
+  tp4 = step_terms.train_layout(st, 4, resp, prompts)
+  assert (tp4["shards"], tp4["fwd_micro"], tp4["upd_micro"]) == (2, 2, 2)
+  # Per micro-batch, (D - 1) / (D tp) = 1/8 of W · 4 bytes, W = 1,000 + 900 (both learners):
+  # forwards (old log-probs, values) 2 × 1,900 · 0.5; updates 2 × 2 gathers (no remat).
+  assert tp4["gather_bytes"] == pytest.approx(2 * 1900 * 0.5 + 2 * 2 * 1900 * 0.5)
+  assert tp4["scatter_bytes"] == pytest.approx(2 * 1900 * 0.5)
+  # TP all-reduces of t_dev · D_model · 2 = 16 · 8 · 2 = 256 bytes, wire 1.5×: forwards 2
+  # passes × 2 per layer × 2 layers × 2 micro-batches, updates 2 × 4 × 2 × 2.
+  assert (tp4["ar_count"], tp4["ar_bytes"]) == (16 + 32, pytest.approx(48 * 384))
+  assert tp4["fsdp_count"] == 2 * 2 * 2 + 2 * 2 * 3 * 2
+  assert tp4["ar_s"] == pytest.approx(48 * lat + 48 * 384 / bw)
+  assert tp4["fsdp_s"] == pytest.approx(32 * lat + (5700 + 1900) / bw)
+  # Memory: states 3 · 4 · 1,900 / 8, no remat checkpoints, MLP 3 · 16 · 8 · 2 / 4.
+  assert (tp4["checkpoint_bytes"], tp4["mlp_bytes"]) == (0.0, 192.0)
+  assert tp4["memory_bytes"] == pytest.approx(2850 + 192)
+  fsdp = step_terms.train_layout(st, 1, resp, prompts)
+  assert (fsdp["shards"], fsdp["fwd_micro"], fsdp["upd_micro"]) == (8, 1, 1)
+  assert fsdp["gather_bytes"] == pytest.approx((1900 + 2 * 1900) * 4 * 7 / 8)
+  assert fsdp["scatter_bytes"] == pytest.approx(1900 * 4 * 7 / 8)
+  assert fsdp["ar_bytes"] == fsdp["ar_count"] == fsdp["ar_s"] == 0
+  assert fsdp["mlp_bytes"] == 3 * 16 * 8 * 2
+  line = step_terms.layout_line(st, fsdp, 10.0)
+  assert line.startswith("FSDP 8 only: 1 forward / 1 update micro-batches")
+
+
+def test_compare_layouts_prints_both_meshes():
+  cfg = _tiny(**{"mesh.tensor": 2})
+  st = step_model.Setup.of(cfg, archs.model_config(cfg), tpu_specs.parse("v5e-4"),
+                           step_model.Knobs(compare_layouts=True, host_chunk_ms=1.0))
+  r = step_model.run(st, "fixed:4", "fixed:4")
+  assert [x.split(":")[0] for x in r["layouts"]] == ["FSDP 2 × TP 2", "FSDP 4 only"]
+  report = step_model.format_report("t", r)
+  assert report.count("  train layout FSDP") == 2
+  plain = step_model.run(dataclasses.replace(st, knobs=dataclasses.replace(
+      st.knobs, compare_layouts=False)), "fixed:4", "fixed:4")
+  assert plain["layouts"] == [] and plain["estimate_s"] == pytest.approx(r["estimate_s"])

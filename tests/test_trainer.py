@@ -81,6 +81,22 @@ def test_micro_batches_do_not_change_the_update(packing):
     assert whole[2]["policy_grad_norm"] == pytest.approx(micro[2]["policy_grad_norm"], rel=1e-5)
 
 
+def test_packing_row_steps_run_shorter_rows_and_the_same_update(capsys):
+  """rl.packing_row_steps in the trainer: its plan runs rows of 32 of P + R = 40 (the
+  printed packed shape [n, K, T]), with fewer computed tokens, and the update is the one-length
+  plan's to float noise (another summation order, as above)."""
+  one = run_rl_step(tiny(**{"rl.packing": True}))
+  capsys.readouterr()
+  steps = run_rl_step(tiny(**{"rl.packing": True, "rl.packing_row_steps": 4}))
+  printed = capsys.readouterr().out
+  shape = printed.split("policy: packed shape [n, K, T] = ")[1].split("]")[0]
+  assert int(shape.split(",")[-1]) == 32, printed
+  assert steps[2]["perf/policy_token_efficiency"] > one[2]["perf/policy_token_efficiency"]
+  assert_trees_close(one[0], steps[0], atol=2e-5)
+  assert_trees_close(one[1], steps[1], atol=2e-5)
+  np.testing.assert_allclose(one[2]["policy_loss"], steps[2]["policy_loss"], rtol=1e-5)
+
+
 def test_positive_nll_switch():
   with_nll = run_rl_step(tiny(**{"rl.nll_coef": 0.5}))[2]
   without = run_rl_step(tiny(**{"rl.nll_coef": 0.0}))[2]

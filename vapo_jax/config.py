@@ -267,6 +267,11 @@ class RLSection:
   packing: bool = True
   packing_row_tokens: int = 0           # 0: max_prompt_tokens + max_new_tokens
   packing_tokens_per_device: int = 0    # 0: the padded micro-batch's tokens per device
+  # Row lengths a packing plan may choose from: S > 1 lets each plan run its batch in rows
+  # of ⌈s T / S⌉ (s = 1 .. S, 128-aligned; T = the row length above) where its longest
+  # sequence fits, at the same token budget (more, shorter rows), whichever computes the
+  # fewest slots (`packing.plan`). 1: always rows of T. More lengths, more compiled shapes.
+  packing_row_steps: int = 1
   gae_impl: str = "blocked"
   # The sampler's behaviour log-probs against the recomputed old ones are logged every step
   # (rollout/logp_gap_*, rl/behaviour.py). Optional correction of that gap, a per-token
@@ -671,6 +676,8 @@ def validate(cfg: Config) -> None:
        or rl.packing_tokens_per_device >= max(rl.packing_row_tokens, seq),
        "rl.packing_tokens_per_device", rl.packing_tokens_per_device,
        f"0 or >= the packed row length ({max(rl.packing_row_tokens, seq)} tokens)")
+  need(rl.packing_row_steps >= 1, "rl.packing_row_steps", rl.packing_row_steps,
+       ">= 1 (1: rows of one length)")
   need(rl.gae_impl in ("scan", "associative", "blocked"), "rl.gae_impl", rl.gae_impl,
        "scan, associative or blocked")
   need(rl.kl_coef >= 0, "rl.kl_coef", rl.kl_coef, ">= 0 (0: off)")

@@ -129,14 +129,15 @@ def learner(cfg, name: str, graphdef, params, mesh, rules) -> train_state.Learne
 
 
 def pack_spec(cfg, mesh, rules, rows_per_micro: int) -> packing.PackSpec:
-  """Rows of rl.packing_row_tokens (default P + R) and a token budget per device of
+  """Rows of rl.packing_row_tokens (default P + R), or of one of rl.packing_row_steps
+  shorter lengths a plan picks, and a token budget per device of
   rl.packing_tokens_per_device (default: what a padded micro-batch of `rows_per_micro`
   rows puts on each device)."""
   axes = shd.batch_axes(mesh, rules)
   shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
   return packing.spec_for(cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens,
                           rows_per_micro, shards, cfg.rl.packing_row_tokens,
-                          cfg.rl.packing_tokens_per_device)
+                          cfg.rl.packing_tokens_per_device, cfg.rl.packing_row_steps)
 
 
 FORWARDS = ("logprobs", "values")  # the forward passes over a whole rollout

@@ -225,27 +225,30 @@ def _abstract_plan(n: int, k: int, t: int, b: int, rows_sh) -> dict:
 
 
 def packed_shapes(spec: packing.PackSpec, calls: list[tuple[np.ndarray, np.ndarray]],
-                  rows: int) -> list[tuple[int, int, float]]:
-  """(n, K to compile at, trips) of the programs one packed pass needs.
+                  rows: int) -> list[tuple[int, int, int, float]]:
+  """(n, K to compile at, T, trips) of the programs one packed pass needs.
 
   The pass runs len(calls) times per RL step (a mini-batch of `rows` sequences each; calls
-  holds their (prompt, response) lengths). Of the planner's fixed shapes (K, n)
-  (`PackSpec.shapes(rows)`), each n the calls' plans use is compiled once, at the largest K
-  the set has for that n (its plan arrays are the largest), and its trips are the calls'
-  micro-batches K summed over the calls with that n, per call (so the step estimate's
-  calls × trips is every packed micro-batch of the step). The set's largest n is always
-  compiled, for the fit (trips 0 when no call uses it). One compiled micro-batch body is
-  the same program for every K (K is the scan's trip count).
+  holds their (prompt, response) lengths). Of the planner's fixed shapes (K, n) in rows of
+  T (`PackSpec.at(T).shapes(rows)`; T is spec.row_len, or with rl.packing_row_steps the
+  row length each plan picks), each (n, T) the calls' plans use is compiled once, at the
+  largest K the set has for it (its plan arrays are the largest), and its trips are the
+  calls' micro-batches K summed over the calls with that (n, T), per call (so the step
+  estimate's calls × trips is every packed micro-batch of the step). The largest n in rows
+  of spec.row_len is always compiled, for the fit (trips 0 when no call uses it; a shorter
+  row holds more rows of the same token budget). One compiled micro-batch body is the same
+  program for every K (K is the scan's trip count).
   """
-  by_n: dict[int, int] = {}
-  for k, n in spec.shapes(rows):
-    by_n[n] = max(by_n.get(n, 0), k)
-  trips: dict[int, float] = {}
+  def largest_k(n, t):
+    return max(k for k, m in spec.at(t).shapes(rows) if m == n)
+
+  trips: dict[tuple[int, int], float] = {}
   for p_B, l_B in calls:
-    shape = packing.plan(p_B, l_B, spec).shape
-    trips[shape[0]] = trips.get(shape[0], 0.0) + shape[1] / len(calls)
-  trips.setdefault(max(by_n), 0.0)
-  return [(n, by_n[n], trips[n]) for n in sorted(trips)]
+    n, k, t = packing.plan(p_B, l_B, spec).shape
+    trips[(n, t)] = trips.get((n, t), 0.0) + k / len(calls)
+  trips.setdefault((max(n for _, n in spec.at(spec.row_len).shapes(rows)), spec.row_len), 0.0)
+  return [(n, largest_k(n, t), t, trips[(n, t)])
+          for n, t in sorted(trips, key=lambda nt: (nt[1], nt[0]))]
 
 
 def _train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy, critic,
@@ -272,11 +275,11 @@ def _train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy, criti
       fn, args, kwargs, held = make(None)
       out.append(Program(name, fn, args, kwargs, held, trips=layout.micro_batches))
       return
-    t = layout.spec.row_len
-    for n, k, trips in packed_shapes(layout.spec, calls, b):
+    for n, k, t, trips in packed_shapes(layout.spec, calls, b):
       fn, args, kwargs, held = make(_abstract_plan(n, k, t, b, rows_sh))
       out.append(Program(f"{name}[rows={n}x{t}]", fn, args, kwargs, held, trips=trips))
-    shapes[f"{name}_packed_shapes"] = [list(s) for s in layout.spec.shapes(b)]
+    shapes[f"{name}_packed_shapes"] = [[k, n, t] for t in layout.spec.row_lens()
+                                       for k, n in layout.spec.at(t).shapes(b)]
 
   tokens, mask = batch(rows.rollout).tokens_BxL, batch(rows.rollout).mask_BxL
   steps = [("policy_step", "policy", graphdef, p_tx, p_state, True),

@@ -10,6 +10,13 @@ embedding rows included), C = attention_block.
                      dense = per `causal_query_blocks` block (e − a) · e; decode = W keys per
                      row at window W
   train pass         fwd + remat fwd + bwd: 4 m − down per token, 4.5 a per pair, 4× head
+  splash (TPU)       the train passes' self-attention where `model.attention_kernel` picks
+                     jax's Pallas splash kernel (`models.splash_attention`): per row, the
+                     live (query block, key block) pairs of its block tables × c² pairs
+                     (`splash_blocks`, c = `splash_attention.block_for(T, C)`); train pass
+                     fwd + remat fwd + bwd = 1 + 1 + 3.5 a per pair (the dq kernel's three
+                     block products qk, do vᵀ, ds k and the dk/dv kernel's four qk, pᵀ do,
+                     do vᵀ, dsᵀ q), no score traffic through HBM
 
 `tests/test_step_model.py` checks these against XLA's cost analysis of the run's own programs
 compiled with every loop at one trip.
@@ -18,6 +25,8 @@ compiled with every loop at one trip.
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Arch:
@@ -35,6 +44,9 @@ class Arch:
   impl: str                # "blocked" | "dense" | "auto"
   remat: bool
   untied: bool = True      # the LM head is its own matrix (not the embedding)
+  # The train passes' self-attention on the modelled slice: "splash" (jax's Pallas kernel,
+  # `model.attention_kernel` auto / tpu where it runs) or "jax" (the pure-JAX paths).
+  kernel: str = "jax"
 
   @classmethod
   def of(cls, m) -> "Arch":
@@ -43,6 +55,12 @@ class Arch:
     return cls(m.num_layers, m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads,
                m.head_dim, m.vocab_size, n, n - head + m.hidden_size, m.attention_block,
                m.attention_impl, bool(m.remat), not m.tie_word_embeddings)
+
+  def splash_score_bytes(self, t: int) -> float:
+    """HBM bytes per (pair, head) of the splash kernel's forward: per live block and query
+    head it reads a bf16 key and value block (2 c Dh · 2 bytes) for c² pairs, 4 Dh / c;
+    its scores stay in VMEM."""
+    return 4.0 * self.dh / splash_block(self, t)
 
   @property
   def matmul(self) -> float:
@@ -116,9 +134,47 @@ def forward_flops(arch: Arch, rows: int, t: int, head_positions: int, critic: bo
           "head": rows * head_positions * (2.0 * arch.d if critic else arch.head)}
 
 
-def train_factors(remat: bool) -> dict:
-  """Multiples of the forward FLOPs in one fwd + bwd (with block remat: one more fwd)."""
-  return {"matmul": 4.0 if remat else 3.0, "attention": 4.5 if remat else 3.5, "head": 4.0}
+def train_factors(remat: bool, kernel: str = "jax") -> dict:
+  """Multiples of the forward FLOPs in one fwd + bwd (with block remat: one more fwd). The
+  attention backward: 2.5 a per pair on the pure-JAX paths (five pair products), 3.5 a in
+  the splash kernel (its dq and dk/dv kernels recompute the scores apart: seven)."""
+  bwd = 3.5 if kernel == "splash" else 2.5
+  return {"matmul": 4.0 if remat else 3.0, "attention": bwd + (2.0 if remat else 1.0),
+          "head": 4.0}
+
+
+def splash_block(arch: Arch, t: int) -> int:
+  """The splash kernel's block c for rows of t slots (`splash_attention.block_for`)."""
+  from vapo_jax.models import splash_attention  # pylint: disable=import-outside-toplevel
+  return splash_attention.block_for(t, arch.block)
+
+
+def splash_blocks(segs: list[tuple[int, int]], t: int, c: int) -> int:
+  """Live (query block, key block) pairs the splash kernel runs on one row of t slots
+  (`splash_attention.live_blocks`): the row padded to n = ⌈t / c⌉ blocks; query block i
+  runs key block j iff j <= i and both hold real slots whose segment-id ranges [min, max]
+  overlap, or j == i. segs: [(first slot, tokens)] of the row's segments in slot order
+  (ids 1, 2, ... along the row, as `packing.pack_indices` numbers them)."""
+  n = -(-t // c)
+  lo = np.full(n, np.iinfo(np.int64).max)
+  hi = np.full(n, -1)
+  for sid, (o, m) in enumerate(segs, 1):
+    if m > 0:
+      b0, b1 = o // c, (o + m - 1) // c + 1
+      lo[b0:b1] = np.minimum(lo[b0:b1], sid)
+      hi[b0:b1] = np.maximum(hi[b0:b1], sid)
+  real = hi >= 0
+  meet = ((lo[None, :] <= hi[:, None]) & (lo[:, None] <= hi[None, :])
+          & real[:, None] & real[None, :])
+  i = np.arange(n)
+  live = (meet & (i[None, :] <= i[:, None])) | (i[:, None] == i[None, :])
+  return int(live.sum())
+
+
+def splash_pairs(arch: Arch, segs: list[tuple[int, int]], t: int) -> float:
+  """(query, key) pairs the splash kernel computes on one row: live blocks × c²."""
+  c = splash_block(arch, t)
+  return float(splash_blocks(segs, t, c) * c * c)
 
 
 def padded_head_positions(r: int, chunk: int = 128) -> int:
@@ -140,9 +196,12 @@ def packed_pairs(arch: Arch, rows: list[list[tuple[int, int]]], t: int) -> float
   (`attention._live_blocks`): per query group [a, e) and key block c < ⌈e / C⌉, the block
   is computed for all rows iff in some row the segment ids of its real keys and of the
   group's real queries overlap ([kmin, kmax] ∩ [qmin, qmax]: the predicate is one scalar for
-  the whole micro-batch), then (e − a) · C pairs per row.
+  the whole micro-batch), then (e − a) · C pairs per row. The splash kernel (arch.kernel
+  "splash"): its block tables per row, Σ_rows `splash_pairs`.
   """
   n = len(rows)
+  if arch.kernel == "splash":
+    return sum(splash_pairs(arch, segs, t) for segs in rows)
   if not arch.uses_blocked(t, t):
     return n * attention_pairs(arch, t, t)
   c = max(1, min(arch.block, t))

@@ -31,8 +31,13 @@ FLOPs (2 per multiply-add):
                      chunks of 128 positions over the R response positions)
 Time of a program = its matmul FLOPs / (peak · MFU) + max(attention FLOPs / (peak · MFU),
 attention score bytes / (BW · bw_eff)) for the train side (the pure-JAX blocked scan writes
-its [B, K, G, T, C] float32 scores to HBM: `--attn_score_bytes` per (pair, head) forward), and
-per decode step max(FLOPs / (peak · MFU), bytes / (BW · bw_eff)) + collectives · latency.
+its [B, K, G, T, C] float32 scores to HBM: `--attn_score_bytes` per (pair, head) forward;
+where model.attention_kernel runs jax's Pallas splash kernel on the TPU slice, `train_kernel`,
+the pairs are its per-row live blocks × c² (`step_counts.splash_pairs`), 5.5 a per pair in
+an update with remat, and its bytes the key / value blocks it reads, 4 Dh / c per pair and
+head), and per decode step max(FLOPs / (peak · MFU), bytes / (BW · bw_eff)) + collectives ·
+latency. `--compare_layouts` also prints the packed train side on FSDP × tensor and
+FSDP-only meshes (`step_terms.train_layout`).
 
 Padded and static (`--train=padded --rollout=static`): every train row is P + R tokens; the
 rollout is B / (prompts_per_call · n) sampler calls, each a prefill of P-token prompts and
@@ -101,6 +106,10 @@ class Knobs:
   # (sampler/static.py)). A Setup built by hand with None runs padded / static.
   train: str | None = None           # "padded" | "packed"
   rollout: str | None = None         # "static" | "continuous"
+  # The train passes' self-attention kernel; None: as model.attention_kernel picks it on
+  # the TPU slice (`train_kernel`: "auto" -> jax's Pallas splash kernel where it takes one
+  # shard's heads). "splash" | "jax" override it.
+  train_attention: str | None = None
   engine_tp: int = 4
   engine_layout: str = "built"       # or "replicas" (see the module docstring)
   workspace_gb: float = 5.0          # per chip, kept free by the engine besides weights
@@ -114,6 +123,9 @@ class Knobs:
   train_collectives: str | None = None
   # Share of a chip's ICI a collective gets (a ring over one torus axis: 2 of 6 links).
   collective_bw_share: float = 1.0 / 3.0
+  # Also print the packed train side on FSDP × tensor (mesh.tensor) and FSDP-only meshes
+  # (`step_terms.train_layout`; the estimate stays the config's).
+  compare_layouts: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,12 +183,16 @@ class Setup:
     rows, micro = cfg.prompts_per_step * n, cfg.rl.micro_batch_size
     shards = max(1, s.chips // max(1, cfg.mesh.tensor))
     spec = lambda per_micro: packing.spec_for(  # noqa: E731
-        p + r, per_micro, shards, cfg.rl.packing_row_tokens, cfg.rl.packing_tokens_per_device)
+        p + r, per_micro, shards, cfg.rl.packing_row_tokens, cfg.rl.packing_tokens_per_device,
+        cfg.rl.packing_row_steps)
     knobs = dataclasses.replace(
         knobs, train=knobs.train or ("packed" if cfg.rl.packing else "padded"),
         rollout=knobs.rollout or ("continuous" if cfg.sampling.engine == "continuous"
                                   else "static"))
-    st = cls(step_counts.Arch.of(mcfg), s.chips, cfg.mesh.tensor, s.gen.bf16_flops,
+    kernel = knobs.train_attention or train_kernel(mcfg, cfg.mesh.tensor)
+    knobs = dataclasses.replace(knobs, train_attention=kernel)
+    arch = dataclasses.replace(step_counts.Arch.of(mcfg), kernel=kernel)
+    st = cls(arch, s.chips, cfg.mesh.tensor, s.gen.bf16_flops,
              s.gen.hbm_bandwidth, s.gen.hbm_bytes, s.gen.ici_bandwidth, rows, n, p, r,
              per_call, wins, cfg.rl.ppo_epochs, cfg.uses_critic,
              np.dtype(mcfg.param_dtype).itemsize, eval_rows,
@@ -251,6 +267,24 @@ def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
   return out
 
 
+def train_kernel(mcfg, tp: int) -> str:
+  """The train passes' self-attention kernel on a TPU slice, analytically, as
+  `splash_attention.choose` picks it in `layers.Attention`: "jax" when
+  model.attention_kernel is "jax", when the q and kv heads do not split alike over
+  mesh.tensor, or when jax's splash kernel refuses one shard's heads
+  (`splash_attention.refusal`, traced for TPU on abstract arrays); else "splash"."""
+  if mcfg.attention_kernel == "jax":
+    return "jax"
+  from vapo_jax.models import splash_attention  # pylint: disable=import-outside-toplevel
+  h, k = mcfg.num_heads, mcfg.num_kv_heads
+  if (h % tp == 0) != (k % tp == 0):
+    return "jax"
+  split = tp if h % tp == 0 else 1
+  why = splash_attention.refusal(h // split, k // split, mcfg.head_dim, mcfg.dtype,
+                                 block=mcfg.attention_block, target="tpu")
+  return "jax" if why else "splash"
+
+
 def _kernel(want: str, mcfg, tp: int, page_size: int) -> str:
   """`continuous.attention_kernel` on a TPU slice, analytically: "tpu" unless "jax" is asked
   for or jax's Pallas kernel refuses one shard's shapes (`paged_attention.tpu_kernel_refusal`)."""
@@ -289,8 +323,9 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
   """rows_t: [(count, T, pairs per row, head positions per row)]."""
   a, k = st.arch, st.knobs
   mfu = k.mfu_ceiling if floor else k.mfu
-  fac = (step_counts.train_factors(a.remat and not floor) if train
-         else {"matmul": 1.0, "attention": 1.0, "head": 1.0})
+  splash = a.kernel == "splash" and not floor
+  fac = (step_counts.train_factors(a.remat and not floor, "splash" if splash else "jax")
+         if train else {"matmul": 1.0, "attention": 1.0, "head": 1.0})
   if floor and train:
     fac = {"matmul": 3.0, "attention": 3.5, "head": 3.0}
   tokens = sum(c * t for c, t, _, _ in rows_t)
@@ -300,16 +335,42 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
   at = sum(c * pr for c, _, pr, _ in rows_t) * a.pair * fac["attention"]
   hd = sum(c * hp for c, _, _, hp in rows_t) * (2.0 * a.d if critic else a.head) * fac["head"]
   chips, rate = st.chips, st.peak * mfu
-  score_bytes = 0.0 if floor else (sum(c * pr for c, _, pr, _ in rows_t) * a.layers * a.h
-                                   * k.attn_score_bytes * fac["attention"])
+  # HBM bytes per (pair, head): the pure-JAX scan's f32 scores (--attn_score_bytes), or the
+  # splash kernel's key / value block reads (its scores stay on chip).
+  per_pair = ((lambda t: a.splash_score_bytes(t)) if splash
+              else (lambda t: k.attn_score_bytes))
+  score_bytes = 0.0 if floor else (sum(c * pr * per_pair(t) for c, t, pr, _ in rows_t)
+                                   * a.layers * a.h * fac["attention"])
   weights = (a.critic_params if critic else a.params) * 2.0 / st.tensor
   prog = Program(name, (mm + at + hd) / chips, score_bytes / chips + weights)
   prog.terms = {"matmul": (mm + hd) / chips / rate,
                 "attention": max(at / chips / rate,
                                  score_bytes / chips / (st.bw * k.bw_efficiency))}
   if score_bytes / chips / (st.bw * k.bw_efficiency) > at / chips / rate:
-    prog.note = "attention bound by its HBM score traffic"
+    prog.note = ("attention bound by its HBM " + ("key / value block reads" if splash
+                                                  else "score traffic"))
   return prog
+
+
+def attention_line(st: Setup, rows_t: list, seq: np.ndarray) -> str:
+  """What a train pass's attention and rows compute against the exact work: its kernel,
+  pairs / Σ n (n + 1) / 2 of the real sequences, real / computed tokens, row lengths."""
+  a = st.arch
+  if a.kernel == "splash":
+    kind = "jax's Pallas splash kernel (block tables per row, no score traffic)"
+  elif a.uses_blocked(st.prompt_len + st.max_new, st.prompt_len + st.max_new):
+    kind = (f"the pure-JAX blocked scan (C = {a.block}; key blocks skipped per micro-batch; "
+            f"f32 scores through HBM, {st.knobs.attn_score_bytes:g} B per pair and head)")
+  else:
+    kind = "the pure-JAX dense path"
+  seq = np.asarray(seq, np.float64)
+  exact = float((seq * (seq + 1) / 2).sum())
+  pairs = sum(c * pr for c, _, pr, _ in rows_t)
+  tokens = sum(c * t for c, t, _, _ in rows_t)
+  lens = sorted({t for _, t, _, _ in rows_t})
+  return (f"attention: {kind}: {pairs / exact:.2f}× the exact causal pairs per pass; "
+          f"{seq.sum() / tokens:.1%} of its {tokens / 1e6:.1f}M computed tokens real; "
+          f"rows of {', '.join(str(t) for t in lens)}")
 
 
 def packed_groups(st: Setup, spec, prompts: np.ndarray, resp: np.ndarray, calls: int = 1
@@ -343,6 +404,14 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
   elif k.train == "packed":
     groups = packed_groups(st, st.pack_forward, prompts, resp)
     steps = packed_groups(st, st.pack_steps, prompts, resp, max(1, st.minibatches))
+  elif a.kernel == "splash":
+    # Padded rows on the splash kernel: per row its one segment [P − p_b, P + l_b).
+    head = step_counts.padded_head_positions(st.max_new)
+    count: dict[float, int] = {}
+    for p_b, l_b in zip(prompts, resp):
+      pr = step_counts.splash_pairs(a, [(st.prompt_len - int(p_b), int(p_b + l_b))], t_row)
+      count[pr] = count.get(pr, 0) + 1
+    groups = [(c, t_row, pr, head) for pr, c in sorted(count.items())]
   else:
     pr = step_counts.attention_pairs(a, t_row, t_row, causal=True)
     groups = [(st.rows, t_row, pr, step_counts.padded_head_positions(st.max_new))]
@@ -358,6 +427,9 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
     progs.append(_train_program(st, "critic_step", ep, True, True, floor))
   if floor:
     return progs
+  for prog in progs:
+    prog.lines.append(attention_line(st, steps if prog.name.endswith("_step") else groups,
+                                     prompts + resp))
   # Micro-batches and calls of each program per step, for its HLO collectives.
   if k.train == "packed":
     fwd_micro, upd_micro = len(groups), len(steps) * st.epochs
@@ -697,7 +769,21 @@ def run(st: Setup, spec: str, prompt_spec: str) -> dict:
   return {"spec": spec, "mean_length": float(resp.mean()),
           "truncated": float((resp >= st.max_new).mean()),
           "estimate_s": est.time, "floor_s": flo.time, "ratio": est.time / flo.time,
-          "dominant": est.dominant(), "programs": est.programs, "floor_programs": flo.programs}
+          "dominant": est.dominant(), "programs": est.programs, "floor_programs": flo.programs,
+          "layouts": layouts(st, est, resp, prompts) if st.knobs.compare_layouts else []}
+
+
+def layouts(st: Setup, est: Step, resp: np.ndarray, prompts: np.ndarray) -> list[str]:
+  """`step_terms.layout_line` of the packed train side on FSDP × mesh.tensor and on
+  FSDP-only meshes of the same chips (issue 44 item 3; arithmetic, not a compile)."""
+  if st.knobs.train != "packed":
+    return ["train layouts: compared for packed rows only (--train=packed)"]
+  compute = sum(p.terms.get("matmul", 0.0) + p.terms.get("attention", 0.0)
+                for p in est.programs if p.name in ("logprobs", "values", "policy_step",
+                                                    "critic_step"))
+  tps = sorted({st.tensor, 1}, reverse=True)
+  return [step_terms.layout_line(st, step_terms.train_layout(st, tp, resp, prompts), compute)
+          for tp in tps]
 
 
 def format_report(label: str, r: dict) -> str:
@@ -721,6 +807,8 @@ def format_report(label: str, r: dict) -> str:
   lines.append("  dominant: " + "; ".join(f"{k} {v:.0f} s" for k, v in r["dominant"]))
   if not any("collectives from compiled HLO" in x for p in r["programs"] for x in p.lines):
     lines.append("  train collectives: not counted (--train_collectives=JSON of tools.train_hlo)")
+  for line in r.get("layouts", []):
+    lines.append("  train layout " + line)
   lines.append("  " + step_terms.NOT_COUNTED)
   return "\n".join(lines)
 
@@ -784,6 +872,11 @@ def define_flags(flags, lengths_default: str | None = "review"):
   flags.DEFINE_enum("rollout", d.rollout, ["static", "continuous"], "Rollout sampler: "
                     "sampler/static.py or the engine of sampler/continuous.py (default: the "
                     "config's sampling.engine).")
+  flags.DEFINE_enum("train_attention", d.train_attention, ["splash", "jax"], "The train "
+                    "passes' self-attention kernel (default: as model.attention_kernel picks "
+                    "it on the TPU slice: splash where jax's kernel takes the heads).")
+  flags.DEFINE_bool("compare_layouts", False, "Also print the packed train side on "
+                    "FSDP × mesh.tensor and FSDP-only meshes (collectives, memory, time).")
   flags.DEFINE_float("host_chunk_ms", None, "The engine's host work per decode chunk, ms "
                      "(default: measured on this CPU, tools.host_gap).")
   flags.DEFINE_string("train_collectives", None, "The train programs' collectives from "
@@ -805,7 +898,9 @@ def knobs_from_flags(f) -> Knobs:
                decode_collective_bytes=f.decode_collective_bytes,
                decode_weights=f.decode_weights,
                decode_weight_itemsize=f.decode_weight_itemsize, train=f.train,
-               rollout=f.rollout, host_chunk_ms=f.host_chunk_ms,
+               rollout=f.rollout, train_attention=f.train_attention,
+               compare_layouts=f.compare_layouts,
+               host_chunk_ms=f.host_chunk_ms,
                train_collectives=f.train_collectives,
                collective_bw_share=f.collective_bw_share,
                engine_tp=f.engine_tp, workspace_gb=f.workspace_gb,

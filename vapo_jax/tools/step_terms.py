@@ -153,6 +153,101 @@ def _load(path: str) -> dict:
   return _CACHE[path]
 
 
+# ------------------------------------------------------------ train layouts (issue 44 item 3)
+def train_layout(st, tp: int, resp: np.ndarray, prompts: np.ndarray) -> dict:
+  """The train side on a mesh of D = chips / tp batch (FSDP) shards × tp tensor shards,
+  analytically (`--compare_layouts`; the trainer's train mesh is today's, mesh.tensor).
+
+  Packed micro-batches: the code's planner with each pass's PackSpec at D shards and the
+  same per-device token budget (so t_dev = n T / D tokens per chip per micro-batch, the same
+  activations per chip). Per micro-batch and chip, W the learner's parameters, b the master
+  weights' bytes (st.param_bytes: gathered as stored, an assumption):
+    FSDP all-gathers    g · W b (D − 1) / (D tp), g = 1 per forward pass, fwd + remat fwd +
+                        bwd (3; 2 without remat) per update; L gathers each
+    grad reduce-scatter W · 4 (D − 1) / (D tp) per update micro-batch (fp32 gradients)
+    TP all-reduces      (tp > 1) per layer 2 per forward, 2 + 2 + 2 per update (with remat;
+                        4 without), each of t_dev · D_model bf16 bytes, ring wire
+                        2 (tp − 1) / tp times that
+  seconds = count · latency + wire bytes / (ICI · collective_bw_share). FSDP collectives can
+  overlap the layer's compute (XLA's async collectives; printed as overlappable), the TP
+  all-reduces sit between a layer's matmuls (counted as exposed). Memory per chip: both
+  TrainStates (as `Setup.resident`), remat checkpoints L · t_dev · D_model · 2 bytes (the
+  residual stream is not split over tensor), and one layer's MLP intermediates 3 · t_dev ·
+  F · 2 / tp bytes: a lower bound (XLA's buffers are compile_check's to measure).
+  Not counted: the LM head's and embedding's own collectives, attention's key / value
+  traffic between shards, the optimizer's.
+  """
+  from vapo_jax import packing  # pylint: disable=import-outside-toplevel
+  a, k = st.arch, st.knobs
+  d = max(1, st.chips // tp)
+  lat, bw = k.collective_latency_us * 1e-6, collective_bw(st)
+
+  def at(spec):
+    return packing.PackSpec.from_budget(spec.tokens_per_device, spec.row_len, d,
+                                        spec.row_steps)
+
+  def micro(spec, calls):
+    """[(n, T)] of every packed micro-batch of one pass (one per plan's K)."""
+    per = len(resp) // calls
+    out = []
+    for i in range(calls):
+      n, kk, t = packing.plan(prompts[i * per:(i + 1) * per], resp[i * per:(i + 1) * per],
+                              spec).shape
+      out += [(n, t)] * kk
+    return out
+
+  fwd = micro(at(st.pack_forward), 1)
+  upd = micro(at(st.pack_steps), max(1, st.minibatches)) * st.epochs
+  shard = (d - 1) / d / tp
+  ring = 2.0 * (tp - 1) / tp if tp > 1 else 0.0
+  gathers = 3 if a.remat else 2
+  ars = 6 if a.remat else 4
+  out = {"tp": tp, "shards": d, "fwd_micro": len(fwd), "upd_micro": len(upd),
+         "gather_bytes": 0.0, "scatter_bytes": 0.0, "ar_bytes": 0.0, "fsdp_count": 0.0,
+         "ar_count": 0.0}
+  learners = [("policy", a.params)] + ([("critic", a.critic_params)] if st.use_critic else [])
+  fwd_passes = [w for name, w in learners if name == "critic" or st.old_logprobs_pass]
+  for w in fwd_passes:
+    out["gather_bytes"] += len(fwd) * w * st.param_bytes * shard
+    out["fsdp_count"] += len(fwd) * a.layers
+  for _, w in learners:
+    out["gather_bytes"] += len(upd) * gathers * w * st.param_bytes * shard
+    out["scatter_bytes"] += len(upd) * w * 4.0 * shard
+    out["fsdp_count"] += len(upd) * (gathers + 1) * a.layers
+  if tp > 1:
+    for passes, mbs in ((len(fwd_passes), fwd), (len(learners), upd)):
+      per_layer = 2 if mbs is fwd else ars
+      for n, t in mbs:
+        t_dev = n * t / d
+        out["ar_bytes"] += passes * per_layer * a.layers * ring * t_dev * a.d * 2.0
+        out["ar_count"] += passes * per_layer * a.layers
+  out["fsdp_s"] = (out["fsdp_count"] * lat
+                   + (out["gather_bytes"] + out["scatter_bytes"]) / bw)
+  out["ar_s"] = out["ar_count"] * lat + out["ar_bytes"] / bw
+  t_dev = max(n * t / d for n, t in upd)
+  out["checkpoint_bytes"] = a.layers * t_dev * a.d * 2.0 if a.remat else 0.0
+  out["mlp_bytes"] = 3.0 * t_dev * a.f * 2.0 / tp
+  out["memory_bytes"] = st.resident + out["checkpoint_bytes"] + out["mlp_bytes"]
+  return out
+
+
+def layout_line(st, lay: dict, compute_s: float) -> str:
+  """One line of `train_layout` figures; compute_s: the train programs' matmul + attention
+  seconds (the same per chip in every layout: an ideal split)."""
+  tp, d = lay["tp"], lay["shards"]
+  name = f"FSDP {d} × TP {tp}" if tp > 1 else f"FSDP {d} only"
+  return (f"{name}: {lay['fwd_micro']} forward / {lay['upd_micro']} update micro-batches; "
+          f"per chip per step FSDP gathers {lay['gather_bytes'] / 1e12:.2f} TB + gradient "
+          f"reduce-scatters {lay['scatter_bytes'] / 1e12:.2f} TB = {lay['fsdp_s']:.0f} s "
+          f"(overlappable), TP all-reduces {lay['ar_bytes'] / 1e12:.2f} TB = "
+          f"{lay['ar_s']:.0f} s (exposed); memory ≥ {lay['memory_bytes'] / 1e9:.1f} GB per "
+          f"chip (states {st.resident / 1e9:.1f}, remat checkpoints "
+          f"{lay['checkpoint_bytes'] / 1e9:.1f}, one layer's MLP "
+          f"{lay['mlp_bytes'] / 1e9:.1f}); train time {compute_s:.0f} s compute + "
+          f"{lay['ar_s']:.0f} s exposed = {compute_s + lay['ar_s']:.0f} s "
+          f"({compute_s + lay['ar_s'] + lay['fsdp_s']:.0f} s if nothing overlaps)")
+
+
 NOT_COUNTED = ("not counted: the page-table upload, chunk dispatch and device_get per chunk; "
                "one `insert` per response; evictions and a chunk's early exits (more chunks); "
                "the reshard's and the optimizer's collectives beyond the HLO's; checkpoints; "
