@@ -536,7 +536,7 @@ class Engine:
     if sorted(order) != list(range(b_total)):
       raise ValueError(f"order must be a permutation of range({b_total})")
     sched = slots_lib.Scheduler(pool, order)
-    table = self._replicated(pool.table())  # every entry NO_PAGE; then only changed rows
+    table = self._replicated(pool.table())  # every entry NO_PAGE; then only changed entries
     pool.changes()
     out_tok = [None] * b_total
     out_lp = [None] * b_total
