@@ -10,7 +10,9 @@ a lognormal (median --median, sigma --sigma), clipped to [1, cap].
 
   static:     `static.Sampler`, --batch rows per call (the trainer's prompts_per_call),
               each call decoding until its longest row stops (cap R);
-  continuous: `continuous.Engine` with --slots decode slots over all responses.
+  continuous: `continuous.Engine` with --slots decode slots over all responses;
+  serial:     the same engine with `EngineConfig.overlap=False` (each chunk read back before
+              the next is dispatched: the loop before 2026-12-04), its ratio printed beside.
 
 Useful tokens/s = sum of the response lengths / wall time, median of --repeats interleaved
 rounds, the ratio per round. Presets:
@@ -29,6 +31,7 @@ A run whose load went above 1 is marked LOADED (benchmarks/quiet.py): not a resu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -128,6 +131,8 @@ def run(preset: str, p: dict, args, load: quiet.Load):
   eng = continuous.Engine(graphdef, model_cfg, cfg, continuous.EngineConfig(
       slots=p["slots"], page_size=16, chunk_steps=args.chunk,
       kv_tokens=p["slots"] * (p["prompt"] + cap)))
+  serial = continuous.Engine(graphdef, model_cfg, cfg, dataclasses.replace(
+      eng.ecfg, overlap=False))
   per_call = p["batch"] // n
 
   def static_all(seed):
@@ -136,16 +141,19 @@ def run(preset: str, p: dict, args, load: quiet.Load):
     jax.block_until_ready(outs)
     return np.concatenate([np.asarray(o.lengths_B) for o in outs])
 
-  def engine_all(seed):
-    return np.asarray(jax.block_until_ready(eng(state, prompts, jax.random.key(seed)))
+  def engine_all(seed, e=eng):
+    return np.asarray(jax.block_until_ready(e(state, prompts, jax.random.key(seed)))
                       .lengths_B)
 
   got_s, got_e = static_all(0), engine_all(0)  # compile + check the forcing
-  assert np.array_equal(got_s, lengths) and np.array_equal(got_e, lengths), (
-      got_s[:8], got_e[:8], lengths[:8])
+  got_r = engine_all(0, serial)
+  assert all(np.array_equal(g, lengths) for g in (got_s, got_e, got_r)), (
+      got_s[:8], got_e[:8], got_r[:8], lengths[:8])
   rounds = quiet.interleave([("continuous", lambda: engine_all(1)),
-                             ("static", lambda: static_all(1))], args.repeats, load=load)
-  t_e, t_s = rounds.median("continuous"), rounds.median("static")
+                             ("static", lambda: static_all(1)),
+                             ("serial", lambda: engine_all(1, serial))], args.repeats,
+                            load=load)
+  t_e, t_s, t_r = (rounds.median(k) for k in ("continuous", "static", "serial"))
   st = eng.last_stats
   print(f"preset {preset}: Qwen2 D={p['hidden']} L={p['layers']} V={p['vocab']}, float32; "
         f"{p['responses']} responses ({len(prompts)} prompts x {n}), prompt {p['prompt']}, "
@@ -156,9 +164,12 @@ def run(preset: str, p: dict, args, load: quiet.Load):
       f"[{preset}] continuous engine: {useful / t_e:9.1f} useful tokens/s ({t_e:.2f} s; "
       f"slot occupancy {st['slot_occupancy']:.2f}, decode steps {st['decode_steps']:.0f})",
       f"[{preset}] static sampler   : {useful / t_s:9.1f} useful tokens/s ({t_s:.2f} s)",
-      f"[{preset}] " + rounds.describe_ratio("continuous", "static", "ratio")]
+      f"[{preset}] engine, no overlap: {useful / t_r:9.1f} useful tokens/s ({t_r:.2f} s)",
+      f"[{preset}] " + rounds.describe_ratio("continuous", "static", "ratio"),
+      f"[{preset}] " + rounds.describe_ratio("continuous", "serial",
+                                             "overlap vs no overlap")]
   return lines, {"preset": preset, "useful_tokens": useful, **rounds.to_json(
-      [("continuous", "static")]), "engine_stats": st}
+      [("continuous", "static"), ("continuous", "serial")]), "engine_stats": st}
 
 
 def main():

@@ -270,6 +270,34 @@ def test_the_engine_uploads_changed_entries_not_the_table(ckpt, monkeypatch):
   np.testing.assert_array_equal(got.logp_BxR, want.logp_BxR)
 
 
+def test_overlap_keeps_one_chunk_in_flight_and_samples_the_same(ckpt):
+  # With overlap, chunk i+1 is dispatched before chunk i is read back (the host reads,
+  # admits and reserves while the device decodes); without it each chunk is read before the
+  # next one is dispatched (the oracle). Tokens and log-probs are the same, also through
+  # evictions in a pool of one whole response plus a page.
+  _, graphdef, state, mcfg = ckpt
+  cfg = _sampled_cfg(eos=(40, 7, 22))
+  runs = {}
+  for overlap in (False, True):
+    eng = continuous.Engine(graphdef, mcfg, cfg, ecfg(slots=4, kv_tokens=16 + R + 3,
+                                                      overlap=overlap))
+    runs[overlap] = (np_tree(eng(state, PROMPTS, jax.random.key(3))), eng.last_stats,
+                     list(eng.last_trace))
+  (want, s0, t0), (got, s1, t1) = runs[False], runs[True]
+  np.testing.assert_array_equal(got.response_BxR, want.response_BxR)
+  np.testing.assert_array_equal(got.lengths_B, want.lengths_B)
+  np.testing.assert_allclose(got.logp_BxR, want.logp_BxR, atol=2e-5)
+  assert s0["evictions"] > 0 and s1["evictions"] > 0
+  chunks = int(s1["decode_chunks"])
+  assert chunks > 3 and len(t1) == 2 * chunks
+  assert t0 == [(e, i) for i in range(int(s0["decode_chunks"]))
+                for e in ("dispatch", "read")]
+  # Overlapped: dispatch 0, then (dispatch i+1, read i) for every chunk but the last.
+  assert t1 == ([("dispatch", 0)] + [x for i in range(chunks - 1)
+                                     for x in (("dispatch", i + 1), ("read", i))]
+                + [("read", chunks - 1)]), t1
+
+
 def test_scheduler_with_replicas_never_starves_and_admits_past_a_full_replica():
   # 2 replicas of 2 slots, 4 pages each (one whole response of 13 + 3 - 1 = 15 tokens).
   pool = paged.PagePool(num_pages=8, page_size=4, slots=4, max_pages=4, groups=2)

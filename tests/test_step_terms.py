@@ -49,9 +49,19 @@ def test_engine_prefill_pads_to_the_bucket_on_every_replica():
 def test_built_rollout_counts_prefill_host_gap_and_kernel_blocks():
   st = _setup(host_chunk_ms=10.0)
   eng = step_model.EngineShape(slots=4, page_size=4, kv_tokens=64, chunk_steps=4, replicas=2,
-                               kernel="tpu", pages_per_block=8)
+                               kernel="tpu", pages_per_block=8, overlap=False)
   resp, prompts = np.array([3, 5, 2, 6]), np.array([3, 3, 2, 2])
   prog = step_model.continuous_rollout(st, resp, prompts, floor=False, engine=eng)
+  # With overlap each chunk hides the host's work behind its own device time: 2 chunks ×
+  # (10 ms − the slowest replica's decode seconds / 2).
+  lapped = step_model.continuous_rollout(st, resp, prompts, floor=False,
+                                         engine=dataclasses.replace(eng, overlap=True))
+  decode_s = sum(v for k, v in prog.terms.items()
+                 if k.startswith("decode") and k != "decode compute") + max(
+                     0.0, prog.terms["decode compute"])
+  assert 0 < decode_s < 0.02
+  assert lapped.terms["host gap"] == pytest.approx(2 * (0.01 - decode_s / 2))
+  assert any("overlapped with the chunk in flight" in x for x in lapped.lines)
   # Prefill: prompts 0 and 1 (one per n = 2 responses), both at bucket 8, on both replicas.
   want, _, _, _ = step_terms.engine_prefill(st, np.array([3, 2]), 4, 2)
   assert prog.terms["prefill"] == pytest.approx(want)
@@ -78,6 +88,12 @@ def test_host_gap_scales_by_chunks():
   assert host_gap.gap_seconds(0.02, 65_720, 16) == pytest.approx(82.16)
   assert host_gap.gap_seconds(0.5, 17, 16) == pytest.approx(1.0)   # 2 chunks
   assert host_gap.gap_seconds(0.5, 0, 16) == 0.0
+
+
+def test_host_gap_exposed_with_overlap():
+  # The chips wait only for the host time a chunk's own decode does not cover.
+  assert host_gap.exposed_seconds(0.02, 0.015, 10) == pytest.approx(0.05)
+  assert host_gap.exposed_seconds(0.01, 0.02, 10) == 0.0
 
 
 def test_host_gap_measure_takes_the_median_chunk():

@@ -157,6 +157,10 @@ class SamplingSection:
   kv_tokens: int = 0
   kv_headroom: float = 0.1  # fraction of HBM the pool leaves for the programs' temporaries
   chunk_steps: int = 16     # decode steps per on-device chunk (host work between chunks)
+  # Dispatch the next decode chunk before reading the last one back, so the host's work
+  # between chunks overlaps the device's (pages reserved two chunks ahead); the tokens are
+  # the same either way. Off on a CPU mesh of several devices (it waits for each insert).
+  overlap: bool = True
   # Weights the engine decodes with: "auto" = the model's compute dtype (every matmul
   # casts its weight to it anyway, so the copy is exact and, at bf16, half the bytes of
   # the fp32 master); "bfloat16" / "float32" force one.

@@ -187,7 +187,7 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
                         memory=memory, explicit=s.kv_tokens or kv_tokens, replicas=replicas)
     engine = continuous.Engine(graphdef, mcfg, scfg, continuous.EngineConfig(
         slots=slots, page_size=s.page_size, chunk_steps=s.chunk_steps, kv_tokens=pool.tokens,
-        decode_dtype=s.decode_dtype, replicas=replicas,
+        decode_dtype=s.decode_dtype, replicas=replicas, overlap=s.overlap,
         kernel=continuous.attention_kernel(s.attention_kernel, mcfg, mesh, rules,
                                            s.page_size)), mesh=mesh, rules=rules)
     engine.pool = pool  # how it was sized (the compile check's KV-pool line)

@@ -14,6 +14,9 @@ For Bp prompts and n responses each (B = Bp n responses; response b answers prom
        (`models.paged_attention`) and draws the next token;
     4. one device_get of the chunk's tokens, log-probs and slot states; a slot whose response
        ended (a stop token, or max_new_tokens) is freed with its pages.
+  With `EngineConfig.overlap` (default) step 4 reads the previous chunk after step 3 has
+  dispatched this one: one chunk is always in flight while the host works, the host sees
+  the slots one chunk late, and step 2 reserves pages two chunks ahead.
 
   Host work is O(S) per chunk, never per token; the programs compile once per prompt bucket
   (prefill, insert) and once (decode chunk), whatever the response lengths.
@@ -73,6 +76,9 @@ class EngineConfig:
       holding a whole tensor-parallel decode copy): slots and pages split R ways, replica
       r decoding slots r S/R .. (r+1) S/R - 1 from its own N/R pages. 1: every chip
       decodes every slot from a pool replicated over the batch axes.
+    overlap: dispatch chunk i+1 before reading chunk i back (the device decodes while the
+      host works; pages are reserved two chunks ahead). Off on a CPU mesh of several
+      devices, which waits for every insert (`Engine._paced`).
   """
 
   slots: int = 16
@@ -83,6 +89,7 @@ class EngineConfig:
   decode_dtype: str = "auto"
   kernel: str = "jax"
   replicas: int = 1
+  overlap: bool = True
 
   def __post_init__(self):
     def bad(field, value, allowed):
@@ -176,8 +183,10 @@ def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
                  mesh, head_axis, batch_axes, params, pages, table_SxM, state, exit_below):
   """Up to K decode steps of every slot; stops early once active slots <= exit_below.
 
-  Returns (pages, state, tokens_SxK, logp_SxK, steps): row s of the outputs holds the
-  tokens drawn for slot s in this chunk, first (t_S_after - t_S_before) entries real.
+  Returns (pages, state, tokens_SxK, logp_SxK, steps, seen_2xS): row s of the outputs holds
+  the tokens drawn for slot s in this chunk, first (t_S_after - t_S_before) entries real;
+  seen_2xS = [t_S, active_S] after the chunk, a buffer of its own (the state is donated to
+  the next chunk, which the overlapped host loop dispatches before reading this one).
   With `batch_axes` (ecfg.replicas > 1) the slots' rows and the pool are split over those
   mesh axes and table_SxM holds each replica's local page ids.
   """
@@ -216,7 +225,8 @@ def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
   init = (jnp.int32(0), pages, state, jnp.full((s, k), cfg.pad_id, jnp.int32),
           jnp.zeros((s, k), jnp.float32))
   steps, pages, state, toks, lps = jax.lax.while_loop(cond, body, init)
-  return pages, state, toks, lps, steps
+  seen = jnp.stack([state["t_S"], state["active_S"].astype(jnp.int32)])
+  return pages, state, toks, lps, steps, seen
 
 
 @jax.jit
@@ -334,6 +344,9 @@ class Engine:
       if why:
         raise ValueError(f"EngineConfig.kernel='tpu': {why}")
     self._paced = (mesh is not None and mesh.size > 1 and platform_of(mesh) == "cpu")
+    # A paced mesh waits for each insert, which waits for the chunk in flight: no overlap.
+    self.overlap = ecfg.overlap and not self._paced
+    self.last_trace: list[tuple[str, int]] = []  # ("dispatch" | "read", chunk), in order
     self.max_pages = paged.pages_for(cfg.max_prompt_len + cfg.max_new_tokens - 1,
                                      ecfg.page_size)
     self.decode_dtype = jnp.dtype(model_cfg.dtype if ecfg.decode_dtype == "auto"
@@ -386,7 +399,7 @@ class Engine:
                              head_axis, self.replica_axes)
       if self.replica_axes:  # rows split over the replicas (the blocks' constraints)
         fn = shd.traced_under(fn, self.mesh, self.rules)
-      dec = jax.jit(_replicate_outputs(fn, home, (1, 2, 3, 4)), donate_argnums=(1, 3))
+      dec = jax.jit(_replicate_outputs(fn, home, (1, 2, 3, 4, 5)), donate_argnums=(1, 3))
       self._programs[k] = (pre, ins, dec)
     return self._programs[k]
 
@@ -546,54 +559,30 @@ class Engine:
     left = {p: n for p in range(len(prompts))}  # responses of p not yet inserted
     n_prefill = steps_total = busy_steps = chunks = 0
     kv_used = 0.0
-    while not sched.done():
-      first = []
-      for slot, b in sched.admit(lambda b: len(prompts[b // n]), r, ecfg.chunk_steps):
-        p = b // n
-        if p not in prefills:
-          plen = len(prompts[p])
-          bucket = ops.prompt_bucket(plen, cfg)
-          toks = np.full((1, bucket), cfg.pad_id, np.int32)
-          toks[0, :plen] = prompts[p]
-          prefills[p] = pre(dparams, self._replicated(toks), self._replicated(np.int32(plen)))
-          n_prefill += 1
-        cache, logits = prefills[p]
-        row = pool.global_row(slot, pool.row(slot))
-        pages, state, t0_, l0_ = ins(pages, cache, logits, self._replicated(row),
-                                     np.int32(len(prompts[p])), np.int32(slot), np.int32(b),
-                                     key_dev, state)
-        # On a CPU mesh of several devices, one insert in flight at a time. A burst of
-        # admissions otherwise puts dozens of collective programs ahead of their execution,
-        # and XLA's CPU client deadlocks (`distributed.pace`). Resumed tiny runs hung here
-        # on 1 process x 4 devices and on 2 x 2. TPU and GPU queue per device: no wait.
-        if self._paced:
-          jax.block_until_ready(t0_)
-        first.append((slot, b, t0_, l0_))
-        left[p] -= 1
-        if left[p] == 0:
-          del prefills[p]
-      for slot, b in sched.reserve(ecfg.chunk_steps):
-        cur_tok.pop(b, None)
-        cur_lp.pop(b, None)
-        left[b // n] += 1
-        state = dict(state, active_S=state["active_S"].at[slot].set(False))
-      placed = {b: (t0_, l0_) for slot, b, t0_, l0_ in first
-                if sched.running[slot] is not None and sched.running[slot].response == b}
-      # Once enough slots have freed up for waiting responses the chunk ends early.
-      exit_below = max(0, sched.busy() - max(1, s // 8)) if sched.pending else 0
-      kv_used += pool.used / pool.num_pages
-      table = self._update_table(table, *pool.changes())
-      pages, state, toks, lps, steps = dec(dparams, pages, table, state, np.int32(exit_below))
-      toks, lps, t_a, act, steps, placed = jax.device_get(
-          (toks, lps, state["t_S"], state["active_S"], steps, placed))
-      for b, (t0v, l0v) in placed.items():
-        cur_tok[b], cur_lp[b] = [int(t0v)], [float(l0v)]
+    # Overlap: chunk i+1 is dispatched before chunk i is read back, so the device decodes
+    # while the host reads, admits and reserves. The host then knows every slot's length
+    # one chunk late: pages are reserved two chunks ahead, and a chunk's result is applied
+    # only to the slots that still hold the response they held when it was dispatched.
+    overlap = self.overlap
+    ahead = (2 if overlap else 1) * ecfg.chunk_steps
+    trace: list[tuple[str, int]] = []
+    self.last_trace = trace
+
+    def read(outs, owners, number):
+      nonlocal chunks, steps_total, busy_steps
+      toks, lps, steps, seen, placed = jax.device_get(outs)
+      t_a, act = seen
+      trace.append(("read", number))
+      for b, (slot, t0v, l0v) in placed.items():
+        if owners[slot] == b and sched.running[slot] is not None \
+            and sched.running[slot].response == b:
+          cur_tok[b], cur_lp[b] = [int(t0v)], [float(l0v)]
       chunks += 1
       steps_total += int(steps)
       for slot in range(s):
         run = sched.running[slot]
-        if run is None:
-          continue
+        if run is None or run.response != owners[slot]:
+          continue  # freed or evicted since this chunk was dispatched
         b = run.response
         got = int(t_a[slot]) - len(cur_tok[b])
         cur_tok[b] += toks[slot, :got].tolist()
@@ -603,6 +592,61 @@ class Engine:
         sched.advance(slot, got, finished)
         if finished:
           out_tok[b], out_lp[b] = cur_tok.pop(b), cur_lp.pop(b)
+
+    inflight = None  # (outputs, owners, number) of the chunk dispatched and not yet read
+    number = 0
+    while not sched.done() or inflight is not None:
+      launched = None
+      if not sched.done():
+        first = []
+        for slot, b in sched.admit(lambda b: len(prompts[b // n]), r, ecfg.chunk_steps):
+          p = b // n
+          if p not in prefills:
+            plen = len(prompts[p])
+            bucket = ops.prompt_bucket(plen, cfg)
+            toks = np.full((1, bucket), cfg.pad_id, np.int32)
+            toks[0, :plen] = prompts[p]
+            prefills[p] = pre(dparams, self._replicated(toks),
+                              self._replicated(np.int32(plen)))
+            n_prefill += 1
+          cache, logits = prefills[p]
+          row = pool.global_row(slot, pool.row(slot))
+          pages, state, t0_, l0_ = ins(pages, cache, logits, self._replicated(row),
+                                       np.int32(len(prompts[p])), np.int32(slot),
+                                       np.int32(b), key_dev, state)
+          # On a CPU mesh of several devices, one insert in flight at a time. A burst of
+          # admissions otherwise puts dozens of collective programs ahead of their
+          # execution, and XLA's CPU client deadlocks (`distributed.pace`). Resumed tiny
+          # runs hung here on 1 process x 4 devices and on 2 x 2. TPU and GPU queue per
+          # device: no wait.
+          if self._paced:
+            jax.block_until_ready(t0_)
+          first.append((slot, b, t0_, l0_))
+          left[p] -= 1
+          if left[p] == 0:
+            del prefills[p]
+        for slot, b in sched.reserve(ahead):
+          cur_tok.pop(b, None)
+          cur_lp.pop(b, None)
+          left[b // n] += 1
+          state = dict(state, active_S=state["active_S"].at[slot].set(False))
+        owners = [None if run is None else run.response for run in sched.running]
+        placed = {b: (slot, t0_, l0_) for slot, b, t0_, l0_ in first if owners[slot] == b}
+        # Once enough slots have freed up for waiting responses the chunk ends early.
+        exit_below = max(0, sched.busy() - max(1, s // 8)) if sched.pending else 0
+        kv_used += pool.used / pool.num_pages
+        table = self._update_table(table, *pool.changes())
+        pages, state, toks, lps, steps, seen = dec(dparams, pages, table, state,
+                                                   np.int32(exit_below))
+        trace.append(("dispatch", number))
+        launched = ((toks, lps, steps, seen, placed), owners, number)
+        number += 1
+        if not overlap:
+          read(*launched)
+          launched = None
+      if inflight is not None:
+        read(*inflight)
+      inflight = launched
     self._pages = pages
     rollout = self._assemble(prompts, out_tok, out_lp, prompt_len)
     dt = time.perf_counter() - t0

@@ -1,10 +1,12 @@
 """The rollout engine's host work between decode chunks, timed on this CPU (no device).
 
 The engine's host loop (`sampler.continuous.Engine.__call__`) runs, between two decode
-chunks and with the chips idle (nothing is dispatched ahead):
+chunks (with `EngineConfig.overlap`, while the next chunk decodes; without it, with the chips
+idle):
 
   1. admit: free slots take pending responses (`slots.Scheduler.admit`);
-  2. reserve: pages for one chunk in every running slot (`Scheduler.reserve`);
+  2. reserve: pages for one chunk in every running slot (`Scheduler.reserve`), two chunks
+     ahead with overlap;
   3. the page table: the entries that changed (`paged.PagePool.changes()`, padded by
      `paged.padded_changes`); the engine sends only those to its device copy (until
      2026-12-04 it rebuilt and uploaded the whole S × M table every chunk);
@@ -19,7 +21,8 @@ dispatch of the chunk, its `device_get`, the `insert` and `prefill` dispatches o
 responses (device work, no CPU to time here). The step model scales it by the chunk count
 (`gap_seconds`):
 
-  gap = ⌈decode steps / chunk_steps⌉ · seconds per chunk
+  gap = ⌈decode steps / chunk_steps⌉ · seconds per chunk                  (no overlap)
+  exposed = chunks · max(0, seconds per chunk − device seconds per chunk)   (overlap)
 
 (early exits of a chunk only add chunks, so this is a lower bound of the chunk count.)
 It is timed as the calling thread's CPU time on whatever CPU runs it (a loaded machine inflates
@@ -36,6 +39,12 @@ import time
 import numpy as np
 
 
+def exposed_seconds(per_chunk_s: float, device_chunk_s: float, chunks: int) -> float:
+  """Host time the chips wait for when chunk i+1 decodes while the host reads chunk i:
+  chunks · max(0, host − device) per chunk."""
+  return chunks * max(0.0, per_chunk_s - device_chunk_s)
+
+
 def gap_seconds(per_chunk_s: float, decode_steps: int, chunk_steps: int) -> float:
   """Host time of a rollout: ⌈decode_steps / chunk_steps⌉ chunks × per_chunk_s."""
   if decode_steps <= 0:
@@ -47,7 +56,7 @@ def gap_seconds(per_chunk_s: float, decode_steps: int, chunk_steps: int) -> floa
 def measure_chunk(slots: int, page_size: int, max_pages: int, num_pages: int,
                   replicas: int = 1, chunk_steps: int = 16, live_tokens: int = 1024,
                   prompt_tokens: int = 256, finishing: int = 0, chunks: int = 8,
-                  clock=time.thread_time) -> float:
+                  clock=time.thread_time, overlap: bool = True) -> float:
   """Median seconds of the engine's host work per chunk (steps 1-4 of the module docstring).
 
   slots S, page_size, max_pages M (pages of one whole response), num_pages N (all replicas),
@@ -55,6 +64,7 @@ def measure_chunk(slots: int, page_size: int, max_pages: int, num_pages: int,
   tokens (fewer slots if the pool is short, as in the engine); each chunk, `finishing`
   responses end and as many are admitted (prompt_tokens each). clock: the timer (tests pass
   a fake one; default: this thread's CPU time, which load inflates less than wall time).
+  overlap: reserve two chunks ahead, as the overlapped engine does.
   """
   from vapo_jax.sampler import paged  # pylint: disable=import-outside-toplevel
   from vapo_jax.sampler import slots as slots_lib  # pylint: disable=import-outside-toplevel
@@ -78,7 +88,7 @@ def measure_chunk(slots: int, page_size: int, max_pages: int, num_pages: int,
     t0 = clock() if c else 0.0
     for _, b in sched.admit(lambda b: prompt_tokens, cap, chunk_steps):
       cur_tok[b], cur_lp[b] = [], []
-    sched.reserve(chunk_steps)
+    sched.reserve((2 if overlap else 1) * chunk_steps)
     table = paged.padded_changes(*pool.changes(), slots)
     busy = sched.busy()
     ended = 0

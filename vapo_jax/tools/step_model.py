@@ -222,11 +222,12 @@ class EngineShape:
   replicas: int = 1           # decode replicas: each S / R slots and kv_tokens / R
   kernel: str = "jax"         # decode attention: "tpu" (jax's Pallas kernel) or "jax"
   pages_per_block: int = 8    # EngineConfig.pages_per_block
+  overlap: bool = True        # EngineConfig.overlap: the host works while a chunk runs
 
   @classmethod
   def of(cls, ecfg) -> "EngineShape":
     return cls(ecfg.slots, ecfg.page_size, ecfg.num_pages * ecfg.page_size, ecfg.chunk_steps,
-               ecfg.replicas, ecfg.kernel, ecfg.pages_per_block)
+               ecfg.replicas, ecfg.kernel, ecfg.pages_per_block, ecfg.overlap)
 
 
 def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
@@ -263,7 +264,8 @@ def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
       out[key] = None
       continue
     out[key] = EngineShape(slots, sm.page_size, pool.tokens, sm.chunk_steps, reps,
-                           _kernel(sm.attention_kernel, mcfg, shards, sm.page_size))
+                           _kernel(sm.attention_kernel, mcfg, shards, sm.page_size),
+                           overlap=sm.overlap)
   return out
 
 
@@ -629,7 +631,8 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
     prog.flops += pf_flops
     prog.collectives += pf_coll
     prog.lines.append(line)
-    secs, line = step_terms.host_gap(st, engine, steps_max, worst_live, len(resp))
+    decode_s = worst - pre   # the slowest replica's decode: what a chunk in flight hides
+    secs, line = step_terms.host_gap(st, engine, steps_max, worst_live, len(resp), decode_s)
     prog.terms["host gap"] = secs
     prog.lines.append(line)
     line = step_terms.kernel_line(st, engine, block, prog.terms["decode kernel blocks"], tp)

@@ -67,9 +67,13 @@ def engine_prefill(st, prompt_lengths: np.ndarray, tp: int, replicas: int
   return compute + comm, flops, ncoll, line
 
 
-def host_gap(st, engine, steps: int, live_tokens: float, responses: int
-             ) -> tuple[float, str]:
-  """(seconds, line): the engine's host work per chunk × its chunks (`tools.host_gap`)."""
+def host_gap(st, engine, steps: int, live_tokens: float, responses: int,
+             decode_s: float = 0.0) -> tuple[float, str]:
+  """(seconds, line): the engine's host work per chunk × its chunks (`tools.host_gap`).
+
+  With `engine.overlap` the host works while the next chunk decodes: per chunk only
+  max(0, host − device) is exposed, the device's share being decode_s / chunks (decode_s:
+  the slowest replica's decode seconds)."""
   from vapo_jax.sampler import paged  # pylint: disable=import-outside-toplevel
   from vapo_jax.tools import host_gap as hg  # pylint: disable=import-outside-toplevel
   chunks = math.ceil(steps / max(1, engine.chunk_steps)) if steps > 0 else 0
@@ -80,12 +84,17 @@ def host_gap(st, engine, steps: int, live_tokens: float, responses: int
     per = hg.measure_chunk(
         engine.slots, engine.page_size, max_pages, engine.kv_tokens // engine.page_size,
         engine.replicas, engine.chunk_steps, int(max(1, live_tokens)), st.prompt_len // 4,
-        max(0, round(responses / max(1, chunks))))
+        max(0, round(responses / max(1, chunks))), overlap=engine.overlap)
     how = "CPU time of the engine's host loop replayed on this machine"
   secs = hg.gap_seconds(per, steps, engine.chunk_steps)
-  return secs, (f"host gap per decode chunk: {chunks:,} chunks × {per * 1e3:.1f} ms ({how}; "
-                f"{engine.slots} slots, mean live KV {live_tokens:,.0f} tokens/slot) = "
-                f"{secs:.0f} s, chips idle")
+  head = (f"host gap per decode chunk: {chunks:,} chunks × {per * 1e3:.1f} ms ({how}; "
+          f"{engine.slots} slots, mean live KV {live_tokens:,.0f} tokens/slot)")
+  if not engine.overlap or not chunks:
+    return secs, f"{head} = {secs:.0f} s, chips idle"
+  dev = decode_s / chunks
+  exposed = hg.exposed_seconds(per, dev, chunks)
+  return exposed, (f"{head} = {secs:.0f} s, overlapped with the chunk in flight "
+                   f"({dev * 1e3:.0f} ms of device work per chunk): {exposed:.0f} s exposed")
 
 
 def kernel_block_tokens(engine, max_pages: int) -> int:
