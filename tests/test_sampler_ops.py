@@ -98,6 +98,18 @@ def test_deterministic_for_a_key():
   assert np.any(np.asarray(a) != np.asarray(c))
 
 
+def test_power_buckets():
+  assert ops.power_buckets(1024, 128) == (128, 256, 512, 1024)
+  assert ops.power_buckets(1000, 128) == (128, 256, 512, 1000)
+  assert ops.power_buckets(1000, 100) == (128, 256, 512, 1000)   # rounded up to a power
+  assert ops.power_buckets(64, 128) == (64,)
+  assert ops.power_buckets(1024, 0) == (1024,)
+  cfg = ops.SamplingConfig(max_new_tokens=4, max_prompt_len=1000,
+                           prompt_buckets=ops.power_buckets(1000, 128))
+  assert [ops.prompt_bucket(n, cfg) for n in (1, 128, 129, 513, 1000)] == [128, 128, 256,
+                                                                           1000, 1000]
+
+
 def test_prompt_buckets():
   cfg = SamplingConfig(max_new_tokens=4, max_prompt_len=100,
                        min_prompt_bucket=16)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from vapo_jax import config as config_lib
+from vapo_jax.sampler import ops
 from vapo_jax.tools import archs, host_gap, step_counts, step_model, step_terms, tpu_specs
 from vapo_jax.tools import train_hlo
 
@@ -153,7 +154,12 @@ def test_code_paths_follow_the_config():
   # A flag still overrides the config.
   st = step_model.Setup.of(cfg, archs.model_config(cfg), s, step_model.Knobs(train="padded"))
   assert (st.knobs.train, st.knobs.rollout) == ("padded", "continuous")
-  assert st.prompt_buckets == (cfg.data.max_prompt_tokens,)
+  # The engine's real-length buckets (`sampling.prompt_bucket_min`), the static sampler's one.
+  assert st.prompt_buckets == ops.power_buckets(cfg.data.max_prompt_tokens,
+                                                cfg.sampling.prompt_bucket_min)
+  assert st.prompt_buckets[-1] == cfg.data.max_prompt_tokens
+  st = step_model.Setup.of(old, archs.model_config(old), s)
+  assert st.prompt_buckets == (old.data.max_prompt_tokens,)
 
 
 def test_train_layouts_counted_by_hand():

@@ -161,6 +161,11 @@ class SamplingSection:
   # between chunks overlaps the device's (pages reserved two chunks ahead); the tokens are
   # the same either way. Off on a CPU mesh of several devices (it waits for each insert).
   overlap: bool = True
+  # The engine prefills each prompt alone, at the smallest bucket that holds it: powers of
+  # two from this up to data.max_prompt_tokens (the last bucket), one prefill and one insert
+  # compile per bucket. 0: one bucket, data.max_prompt_tokens (every prompt padded to it).
+  # The static sampler keeps one bucket (its decode loop compiles per bucket).
+  prompt_bucket_min: int = 128
   # Weights the engine decodes with: "auto" = the model's compute dtype (every matmul
   # casts its weight to it anyway, so the copy is exact and, at bf16, half the bytes of
   # the fp32 master); "bfloat16" / "float32" force one.
@@ -614,6 +619,8 @@ def validate(cfg: Config) -> None:
   for name in ("page_size", "chunk_steps"):
     need(getattr(s, name) >= 1, f"sampling.{name}", getattr(s, name), ">= 1")
   need(s.slots >= 0, "sampling.slots", s.slots, ">= 0 (0: auto)")
+  need(s.prompt_bucket_min >= 0, "sampling.prompt_bucket_min", s.prompt_bucket_min,
+       ">= 0 (0: one bucket, data.max_prompt_tokens)")
   need(0 <= s.kv_headroom < 1, "sampling.kv_headroom", s.kv_headroom, "in [0, 1)")
   need(s.decode_dtype in ("auto", "bfloat16", "float32"), "sampling.decode_dtype",
        s.decode_dtype, '"auto", "bfloat16" or "float32"')

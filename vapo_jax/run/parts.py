@@ -178,6 +178,8 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
       prompt_buckets=(cfg.data.max_prompt_tokens,), decode_windows=s.decode_windows)
   if uses_engine(cfg):  # the rollout engine (docs/engine.md)
     slots = s.slots or rows or n  # 0: as many slots as the static sampler has rows
+    scfg = dataclasses.replace(scfg, prompt_buckets=ops.power_buckets(
+        cfg.data.max_prompt_tokens, s.prompt_bucket_min))
     if memory is None and not (s.kv_tokens or kv_tokens):
       memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, learners.optimizer)
     replicas = decode_replicas(mcfg, mesh, rules, slots)

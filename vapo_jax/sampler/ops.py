@@ -135,6 +135,19 @@ class SamplingConfig:
     return self.max_prompt_len + self.max_new_tokens
 
 
+def power_buckets(max_prompt: int, smallest: int) -> tuple[int, ...]:
+  """Powers of two from `smallest` below max_prompt, then max_prompt itself; smallest <= 0:
+  (max_prompt,) alone. E.g. (1024, 128) -> (128, 256, 512, 1024); (1000, 128) -> (128,
+  256, 512, 1000)."""
+  if smallest <= 0:
+    return (int(max_prompt),)
+  out, b = [], 1 << max(0, int(smallest) - 1).bit_length()
+  while b < max_prompt:
+    out.append(b)
+    b *= 2
+  return tuple(out) + (int(max_prompt),)
+
+
 def prompt_bucket(length: int, cfg: SamplingConfig) -> int:
   """The padded length P of a batch whose longest prompt has `length` tokens.
 

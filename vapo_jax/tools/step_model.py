@@ -199,7 +199,9 @@ class Setup:
              ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
              cfg.rl.num_minibatches, ev.samples_per_problem,
              pack_steps=spec(micro or rows // cfg.rl.num_minibatches),
-             pack_forward=spec(micro or rows), prompt_buckets=(p,),
+             pack_forward=spec(micro or rows),
+             prompt_buckets=(ops.power_buckets(p, cfg.sampling.prompt_bucket_min)
+                             if cfg.sampling.engine == "continuous" else (p,)),
              micro_rows=micro or rows // cfg.rl.num_minibatches,
              old_logprobs_pass=cfg.old_logprobs == "recompute")
     engines = engines or engine_shapes(cfg, mcfg, st)
