@@ -163,3 +163,41 @@ def test_the_engine_decodes_with_jax_pallas_kernel_where_it_takes_the_shapes(tmp
   assert report["attention_kernels"]["rollout"] == "jax"
   assert _program(report, "decode_chunk")["kernel_calls"] == 0
   assert "head_dim must be a multiple of 128" in stdout
+
+
+def test_remat_search_picks_the_fewest_rematerialised_blocks_that_fit(monkeypatch):
+  # Synthetic compiles: 4 blocks; every block rematerialised peaks at 10 GB, none at 30 GB
+  # (policy) / 26 GB (critic): a kept block costs 5 / 4 GB more. With a 22 GB budget the
+  # policy needs ⌈(30 − 22) / 5⌉ = 2 rematerialised blocks, the critic ⌈(26 − 22) / 4⌉ = 1.
+  from vapo_jax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  from vapo_jax.tools import compile_check  # pylint: disable=import-outside-toplevel
+  seen = []
+
+  def fake_check(cfg, mcfg, s, *, names, budget=22e9, **kw):
+    del cfg, s, kw
+    seen.append((mcfg.remat, mcfg.remat_layers, names))
+    none = mcfg.remat_layers == 0
+    peaks = {"policy_step": 30e9 if none else 10e9, "critic_step": 26e9 if none else 10e9}
+    return {"budget_per_chip": budget,
+            "programs": {k: {"peak": v, "error": ""} for k, v in peaks.items()}}
+
+  monkeypatch.setattr(compile_check, "check", fake_check)
+  shapes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=2,
+                num_kv_heads=1)
+  mcfg = ModelConfig(num_layers=4, **shapes)
+  lines = []
+  found = compile_check.remat_search(None, mcfg, None, log=lines.append)
+  assert found["layers"] == 2 and found["peaks"]["policy_step"] == (10e9, 30e9)
+  assert seen == [(True, -1, compile_check.UPDATES), (True, 0, compile_check.UPDATES)]
+  assert "model.remat_layers=2" in lines[-1]
+  # Everything fits without remat: 0; nothing fits a budget below the all-remat peak.
+  monkeypatch.setattr(compile_check, "check",
+                      lambda *a, **k: fake_check(*a, budget=40e9, **k))
+  assert compile_check.remat_search(None, mcfg, None, log=lines.append)["layers"] == 0
+  monkeypatch.setattr(compile_check, "check",
+                      lambda *a, **k: fake_check(*a, budget=12e9, **k))
+  assert compile_check.remat_search(None, mcfg, None, log=lines.append)["layers"] == -1
+  # A partial remat's probes keep its fraction of rematerialised blocks.
+  probe = compile_check.probe_model(ModelConfig(num_layers=64, remat=True, remat_layers=32,
+                                                **shapes), 4)
+  assert (probe.num_layers, probe.remat_layers) == (4, 2)

@@ -89,6 +89,30 @@ def test_flops_equal_xla_cost_analysis_of_single_trip_programs(one_trip):
     assert step_model.program_flops(st, name) * 8 == pytest.approx(want), name
 
 
+def test_partial_remat_flops_equal_xla_cost_analysis():
+  # model.remat_layers = 1 of 2: one block recomputes its forward (less its MLP down), the
+  # other keeps its activations: train_factors(0.5).
+  from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
+  cfg = _config(**{**ONE_TRIP, "model.remat_layers": 1})
+  mcfg = archs.model_config(cfg).replace(vocab_size=512, real_vocab_size=512)
+  assert [mcfg.remats(i) for i in range(2)] == [True, False]
+  mesh = shd.make_mesh(1, -1, 1, devices=jax.devices()[:8])
+  plan = programs.build(cfg, mcfg, mesh, ("policy_step",))
+  prog, = plan.programs
+  cost = prog.fn.lower(*prog.args, **prog.kwargs).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  a = step_counts.Arch.of(mcfg)
+  assert a.remat == 0.5
+  b, t = plan.shapes["rows"], plan.shapes["prompt_len"] + plan.shapes["response_len"]
+  fwd = step_counts.forward_flops(a, b, t, step_counts.padded_head_positions(
+      plan.shapes["response_len"]))
+  fac = step_counts.train_factors(a.remat)
+  want = sum(fac[k] * v for k, v in fwd.items()) - 0.5 * b * t * a.down
+  assert float(cost["flops"]) * mesh.size == pytest.approx(want, rel=0.02)
+  # Between no remat and remat of every block, by half a forward's matmuls.
+  assert step_counts.train_factors(0.5)["matmul"] == 3.5
+
+
 def test_attention_pairs_of_the_kernels():
   from vapo_jax.models import attention  # pylint: disable=import-outside-toplevel
   a = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1.0, 1.0, 512, "blocked", True)

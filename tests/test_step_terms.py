@@ -182,9 +182,16 @@ def test_train_layouts_counted_by_hand():
   assert tp4["fsdp_count"] == 2 * 2 * 2 + 2 * 2 * 3 * 2
   assert tp4["ar_s"] == pytest.approx(48 * lat + 48 * 384 / bw)
   assert tp4["fsdp_s"] == pytest.approx(32 * lat + (5700 + 1900) / bw)
-  # Memory: states 3 · 4 · 1,900 / 8, no remat checkpoints, MLP 3 · 16 · 8 · 2 / 4.
+  # Memory: states 3 · 4 · 1,900 / 8, no remat checkpoints, MLP 3 · 16 · 8 · 2 / 4, and both
+  # blocks kept (no remat): 2 · 16 tokens · 2 (4 · 8 + (2·2·4 + 2·1·4 + 3·8) / 4) = 2,816.
   assert (tp4["checkpoint_bytes"], tp4["mlp_bytes"]) == (0.0, 192.0)
-  assert tp4["memory_bytes"] == pytest.approx(2850 + 192)
+  assert tp4["kept_bytes"] == pytest.approx(2816)
+  assert tp4["memory_bytes"] == pytest.approx(2850 + 2816 + 192)
+  # Half the blocks rematerialised: half the kept activations, one block's checkpoints.
+  half = step_terms.train_layout(dataclasses.replace(
+      st, arch=dataclasses.replace(ARCH, remat=0.5)), 4, resp, prompts)
+  assert half["kept_bytes"] == pytest.approx(1408)
+  assert half["checkpoint_bytes"] == pytest.approx(16 * 8 * 2)
   fsdp = step_terms.train_layout(st, 1, resp, prompts)
   assert (fsdp["shards"], fsdp["fwd_micro"], fsdp["upd_micro"]) == (8, 1, 1)
   assert fsdp["gather_bytes"] == pytest.approx((1900 + 2 * 1900) * 4 * 7 / 8)

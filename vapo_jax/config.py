@@ -80,6 +80,10 @@ class ModelSection:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: bool = False
+  # With remat, the blocks rematerialised (the first ones); the rest keep their activations
+  # (a forward pass less each, more memory). -1: all. `tools.compile_check --remat_search`
+  # prints the fewest that fit a topology.
+  remat_layers: int = -1
   attention_impl: str = "auto"  # dense | blocked | auto (blocked from 4 × attention_block keys)
   attention_block: int = 512    # keys per block of the blocked attention
   # The train passes' self-attention: "auto" (jax's Pallas splash kernel on TPU where it
@@ -573,6 +577,7 @@ def validate(cfg: Config) -> None:
   need(m.attention_kernel in ("auto", "jax", "tpu"), "model.attention_kernel",
        m.attention_kernel, "one of auto, jax, tpu")
   need(m.attention_block >= 1, "model.attention_block", m.attention_block, ">= 1")
+  need(m.remat_layers >= -1, "model.remat_layers", m.remat_layers, ">= -1 (-1: every block)")
   need(m.lora.rank >= 0, "model.lora.rank", m.lora.rank, ">= 0 (0: no LoRA)")
   need(m.lora.alpha > 0, "model.lora.alpha", m.lora.alpha, "> 0")
   lora_targets = ("q", "k", "v", "o", "gate", "up", "down")

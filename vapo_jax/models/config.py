@@ -54,6 +54,10 @@ class ModelConfig:
     dtype: compute dtype of matmuls (norms, softmax and RoPE angles are
       float32 whatever this is).
     remat: rematerialise each decoder block in the backward pass.
+    remat_layers: with remat, how many blocks (the first ones) are rematerialised; the
+      others keep their activations for the backward pass (one forward less each, their
+      activations held). -1: every block. Chosen by memory (`tools.compile_check
+      --remat_search`): the fewest that fit.
     attention_impl: "dense" (`jax.nn.dot_product_attention` with a [B, 1,
       T, S] mask: T x S scores per layer), "blocked" (`attention.
       blocked_attention`: key blocks with an online softmax and its own
@@ -92,6 +96,7 @@ class ModelConfig:
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
   remat: bool = False
+  remat_layers: int = -1
   attention_impl: str = "auto"
   attention_block: int = 512
   attention_kernel: str = "auto"
@@ -147,6 +152,10 @@ class ModelConfig:
         and self.real_vocab_size > self.vocab_size):
       raise ValueError(f"real_vocab_size={self.real_vocab_size} exceeds "
                        f"vocab_size={self.vocab_size}.")
+
+  def remats(self, layer: int) -> bool:
+    """Whether block `layer` is rematerialised in the backward pass."""
+    return self.remat and (self.remat_layers < 0 or layer < self.remat_layers)
 
   @property
   def rope(self) -> dict[str, Any]:

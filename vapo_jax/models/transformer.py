@@ -163,7 +163,7 @@ class Transformer(nnx.Module):
               and kv_mask_BxS.shape[1] == t)
     new_cache = []
     for i, block in enumerate(self.blocks):
-      if cache is None and cfg.remat:
+      if cache is None and cfg.remats(i):
         graphdef, state = nnx.split(block)
         x = remat_block(graphdef, state, x, cos, sin, mask, seg)
         continue

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -83,6 +84,10 @@ _NO_COMPILE = flags.DEFINE_bool("no_compile", False, "Compile nothing (no libtpu
 _HLO_LAYERS = flags.DEFINE_list("decode_hlo_layers", ["2", "4"], "With --lengths: compile the "
                                 "sampler's decode loop at these layer counts for its "
                                 "collectives per step (empty: assume 9 L + 4).")
+_REMAT_SEARCH = flags.DEFINE_bool(
+    "remat_search", False, "Pick model.remat_layers by memory: compile the update programs "
+    "with every block rematerialised and with none (with --probe_layers: extrapolated), and "
+    "print the fewest rematerialised blocks whose peak fits (linear between the two).")
 _PROBE = flags.DEFINE_list("probe_layers", None, "Two layer counts, e.g. 2,4: compile those "
                            "and extrapolate to the model's depth (fast, approximate); "
                            "default: compile the whole model.")
@@ -189,6 +194,62 @@ def extrapolate(ra: Result, rb: Result, la: int, lb: int, layers: int, prog, par
                 error="", kernel_calls=round(lin(ra.kernel_calls, rb.kernel_calls)), **f)
 
 
+def probe_model(mcfg, layers: int):
+  """`mcfg` at `layers` layers; a partial remat keeps its fraction of rematerialised blocks
+  (rounded), so the probes extrapolate to the same mix."""
+  out = mcfg.replace(num_layers=layers)
+  if mcfg.remat and 0 <= mcfg.remat_layers < mcfg.num_layers:
+    out = out.replace(remat_layers=round(mcfg.remat_layers * layers / mcfg.num_layers))
+  return out
+
+
+UPDATES = ("policy_step", "critic_step")
+
+
+def remat_search(cfg, mcfg, s: tpu_specs.Slice, *, headroom=0.05,
+                 probe_layers: tuple[int, int] | None = None, log=print, lengths=None
+                 ) -> dict:
+  """model.remat_layers chosen by memory for slice `s`: the update programs compiled with
+  every block rematerialised (peak P_all) and with none (P_none); a kept block's
+  activations cost (P_none − P_all) / L more than a rematerialised one's input, so n
+  rematerialised blocks peak at about P_none − n (P_none − P_all) / L. Returns {"layers":
+  the fewest n that fit every update program (−1: all, None: not even all fit), "peaks":
+  {program: (P_all, P_none)}, "budget"}."""
+  quiet = lambda *_: None  # noqa: E731
+  ends = {}
+  for label, m in (("all", mcfg.replace(remat=True, remat_layers=-1)),
+                   ("none", mcfg.replace(remat=True, remat_layers=0))):
+    rep = check(cfg, m, s, names=UPDATES, headroom=headroom, probe_layers=probe_layers,
+                log=quiet, lengths=lengths)
+    if "error" in rep:
+      log(f"  remat search: {rep['error']}")
+      return {"layers": None, "peaks": {}, "budget": rep.get("budget_per_chip")}
+    ends[label] = {k: v for k, v in rep["programs"].items()}
+    budget = rep["budget_per_chip"]
+  layers, n_need, peaks = mcfg.num_layers, 0, {}
+  for name in UPDATES:
+    a, z = ends["all"][name], ends["none"][name]
+    if a["error"]:
+      log(f"  remat search: {name} does not fit even with every block rematerialised "
+          f"({a['error']})")
+      return {"layers": None, "peaks": peaks, "budget": budget}
+    p_all = a["peak"]
+    p_none = z["peak"] if not z["error"] else float("inf")
+    peaks[name] = (p_all, p_none)
+    per = (p_none - p_all) / layers if p_none != float("inf") else float("inf")
+    need = 0 if p_none <= budget else (
+        layers if per == float("inf") else min(layers, math.ceil((p_none - budget) / per)))
+    n_need = max(n_need, need)
+    shown = "does not compile" if p_none == float("inf") else f"{p_none / GB:.2f} GB"
+    log(f"  remat search {name}: every block rematerialised {p_all / GB:.2f} GB, none "
+        f"{shown}; a kept block costs {per / GB:.2f} GB more: ≥ {need} of {layers} "
+        f"rematerialised blocks fit {budget / GB:.1f} GB")
+  out = -1 if n_need >= layers else n_need
+  log(f"  remat search: model.remat_layers={out} (the fewest rematerialised blocks that fit "
+      f"both updates; linear between two {'extrapolated ' if probe_layers else ''}compiles)")
+  return {"layers": out, "peaks": peaks, "budget": budget}
+
+
 def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroom=0.05,
           probe_layers: tuple[int, int] | None = None, log=print, lengths=None) -> dict:
   """Compiles the run's programs for slice `s`; a dict report (see main for the fields).
@@ -228,7 +289,7 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
     la, lb = probe_layers
     # The probes keep the full model's pools (tokens), so their bytes scale with the layers.
     pinned = {k: p.tokens for k, p in plan.pools.items() if p is not None} or None
-    plan_a, plan_b = (programs.build(cfg, mcfg.replace(num_layers=k), mesh,
+    plan_a, plan_b = (programs.build(cfg, probe_model(mcfg, k), mesh,
                                      names or programs.PROGRAMS, kv_tokens=pinned,
                                      lengths=lengths)
                       for k in (la, lb))
@@ -400,6 +461,13 @@ def main(argv):
     s = tpu_specs.parse(name)
     print(f"{s.name} = {s.accelerator_type}, topology {s.topology_name}, {s.chips} chips × "
           f"{s.gen.hbm_bytes / 2**30:.0f} GiB HBM:")
+    if _REMAT_SEARCH.value:
+      probe = tuple(int(x) for x in _PROBE.value) if _PROBE.value else None
+      found = remat_search(cfg, mcfg, s, headroom=_HEADROOM.value, probe_layers=probe,
+                           lengths=_packed_lengths(cfg))
+      reports.append({"slice": s.name, "remat_search": found,
+                      "fits": found["layers"] is not None})
+      continue
     if not _NO_COMPILE.value:
       probe = tuple(int(x) for x in _PROBE.value) if _PROBE.value else None
       reports.append(check(cfg, mcfg, s, names=_PROGRAMS.value, mfu=_MFU.value, bw=_BW.value,

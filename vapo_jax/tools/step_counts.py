@@ -42,7 +42,7 @@ class Arch:
   critic_params: float     # backbone + value head (no LM head)
   block: int               # attention_block C
   impl: str                # "blocked" | "dense" | "auto"
-  remat: bool
+  remat: float             # fraction of blocks rematerialised (model.remat_layers / L)
   untied: bool = True      # the LM head is its own matrix (not the embedding)
   # The train passes' self-attention on the modelled slice: "splash" (jax's Pallas kernel,
   # `model.attention_kernel` auto / tpu where it runs) or "jax" (the pure-JAX paths).
@@ -54,7 +54,7 @@ class Arch:
     head = 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size
     return cls(m.num_layers, m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads,
                m.head_dim, m.vocab_size, n, n - head + m.hidden_size, m.attention_block,
-               m.attention_impl, bool(m.remat), not m.tie_word_embeddings)
+               m.attention_impl, remat_fraction(m), not m.tie_word_embeddings)
 
   def splash_score_bytes(self, t: int) -> float:
     """HBM bytes per (pair, head) of the splash kernel's forward: per live block and query
@@ -134,13 +134,22 @@ def forward_flops(arch: Arch, rows: int, t: int, head_positions: int, critic: bo
           "head": rows * head_positions * (2.0 * arch.d if critic else arch.head)}
 
 
-def train_factors(remat: bool, kernel: str = "jax") -> dict:
-  """Multiples of the forward FLOPs in one fwd + bwd (with block remat: one more fwd). The
-  attention backward: 2.5 a per pair on the pure-JAX paths (five pair products), 3.5 a in
-  the splash kernel (its dq and dk/dv kernels recompute the scores apart: seven)."""
+def remat_fraction(m) -> float:
+  """The fraction of a `ModelConfig`'s blocks rematerialised (`ModelConfig.remats`)."""
+  if not m.remat:
+    return 0.0
+  return min(m.num_layers, m.remat_layers if m.remat_layers >= 0 else m.num_layers) / max(
+      1, m.num_layers)
+
+
+def train_factors(remat: float, kernel: str = "jax") -> dict:
+  """Multiples of the forward FLOPs in one fwd + bwd (with block remat: one more fwd of the
+  rematerialised fraction `remat` of the blocks; True = all). The attention backward: 2.5 a
+  per pair on the pure-JAX paths (five pair products), 3.5 a in the splash kernel (its dq and
+  dk/dv kernels recompute the scores apart: seven)."""
   bwd = 3.5 if kernel == "splash" else 2.5
-  return {"matmul": 4.0 if remat else 3.0, "attention": bwd + (2.0 if remat else 1.0),
-          "head": 4.0}
+  r = float(remat)
+  return {"matmul": 3.0 + r, "attention": bwd + 1.0 + r, "head": 4.0}
 
 
 def splash_block(arch: Arch, t: int) -> int:

@@ -328,14 +328,14 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
   a, k = st.arch, st.knobs
   mfu = k.mfu_ceiling if floor else k.mfu
   splash = a.kernel == "splash" and not floor
-  fac = (step_counts.train_factors(a.remat and not floor, "splash" if splash else "jax")
+  fac = (step_counts.train_factors(0.0 if floor else a.remat, "splash" if splash else "jax")
          if train else {"matmul": 1.0, "attention": 1.0, "head": 1.0})
   if floor and train:
     fac = {"matmul": 3.0, "attention": 3.5, "head": 3.0}
   tokens = sum(c * t for c, t, _, _ in rows_t)
   mm = tokens * a.matmul * fac["matmul"]
   if train and a.remat and not floor:
-    mm -= tokens * a.down
+    mm -= tokens * a.down * a.remat
   at = sum(c * pr for c, _, pr, _ in rows_t) * a.pair * fac["attention"]
   hd = sum(c * hp for c, _, _, hp in rows_t) * (2.0 * a.d if critic else a.head) * fac["head"]
   chips, rate = st.chips, st.peak * mfu
@@ -727,7 +727,7 @@ def program_flops(st: Setup, name: str, engine: bool = False) -> float:
   crit = step_counts.forward_flops(a, 1, t, t, critic=True)
   fac = step_counts.train_factors(a.remat)
   mb = st.rows // max(1, st.minibatches)
-  down = a.down if a.remat else 0.0
+  down = a.down * a.remat
   per_row = {
       "policy_step": mb * (sum(fac[k] * v for k, v in fwd.items()) - t * down),
       "critic_step": mb * (sum(fac[k] * v for k, v in crit.items()) - t * down),

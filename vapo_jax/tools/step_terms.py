@@ -180,8 +180,10 @@ def train_layout(st, tp: int, resp: np.ndarray, prompts: np.ndarray) -> dict:
   seconds = count · latency + wire bytes / (ICI · collective_bw_share). FSDP collectives can
   overlap the layer's compute (XLA's async collectives; printed as overlappable), the TP
   all-reduces sit between a layer's matmuls (counted as exposed). Memory per chip: both
-  TrainStates (as `Setup.resident`), remat checkpoints L · t_dev · D_model · 2 bytes (the
-  residual stream is not split over tensor), and one layer's MLP intermediates 3 · t_dev ·
+  TrainStates (as `Setup.resident`), remat checkpoints r L · t_dev · D_model · 2 bytes (r
+  the rematerialised fraction of the blocks; the residual stream is not split over tensor),
+  the kept blocks' activations (1 − r) L · t_dev · 2 (4 D + (2 H Dh + 2 K Dh + 3 F) / tp),
+  and one layer's MLP intermediates 3 · t_dev ·
   F · 2 / tp bytes: a lower bound (XLA's buffers are compile_check's to measure).
   Not counted: the LM head's and embedding's own collectives, attention's key / value
   traffic between shards, the optimizer's.
@@ -209,8 +211,8 @@ def train_layout(st, tp: int, resp: np.ndarray, prompts: np.ndarray) -> dict:
   upd = micro(at(st.pack_steps), max(1, st.minibatches)) * st.epochs
   shard = (d - 1) / d / tp
   ring = 2.0 * (tp - 1) / tp if tp > 1 else 0.0
-  gathers = 3 if a.remat else 2
-  ars = 6 if a.remat else 4
+  gathers = 2 + a.remat     # the rematerialised blocks gather their weights once more
+  ars = 4 + 2 * a.remat
   out = {"tp": tp, "shards": d, "fwd_micro": len(fwd), "upd_micro": len(upd),
          "gather_bytes": 0.0, "scatter_bytes": 0.0, "ar_bytes": 0.0, "fsdp_count": 0.0,
          "ar_count": 0.0}
@@ -234,9 +236,15 @@ def train_layout(st, tp: int, resp: np.ndarray, prompts: np.ndarray) -> dict:
                    + (out["gather_bytes"] + out["scatter_bytes"]) / bw)
   out["ar_s"] = out["ar_count"] * lat + out["ar_bytes"] / bw
   t_dev = max(n * t / d for n, t in upd)
-  out["checkpoint_bytes"] = a.layers * t_dev * a.d * 2.0 if a.remat else 0.0
+  out["checkpoint_bytes"] = a.remat * a.layers * t_dev * a.d * 2.0
+  # A kept block (model.remat_layers < L) holds its activations for the backward: at least
+  # x, both norms' inputs and outputs (4 D), q, k, v and the attention output, the MLP's
+  # gate, up and product, bf16.
+  kept = 2.0 * (4 * a.d + (2 * a.h * a.dh + 2 * a.k * a.dh + 3 * a.f) / tp)
+  out["kept_bytes"] = (1.0 - a.remat) * a.layers * t_dev * kept
   out["mlp_bytes"] = 3.0 * t_dev * a.f * 2.0 / tp
-  out["memory_bytes"] = st.resident + out["checkpoint_bytes"] + out["mlp_bytes"]
+  out["memory_bytes"] = (st.resident + out["checkpoint_bytes"] + out["kept_bytes"]
+                         + out["mlp_bytes"])
   return out
 
 
@@ -251,7 +259,8 @@ def layout_line(st, lay: dict, compute_s: float) -> str:
           f"(overlappable), TP all-reduces {lay['ar_bytes'] / 1e12:.2f} TB = "
           f"{lay['ar_s']:.0f} s (exposed); memory ≥ {lay['memory_bytes'] / 1e9:.1f} GB per "
           f"chip (states {st.resident / 1e9:.1f}, remat checkpoints "
-          f"{lay['checkpoint_bytes'] / 1e9:.1f}, one layer's MLP "
+          f"{lay['checkpoint_bytes'] / 1e9:.1f}, kept blocks' activations "
+          f"{lay['kept_bytes'] / 1e9:.1f}, one layer's MLP "
           f"{lay['mlp_bytes'] / 1e9:.1f}); train time {compute_s:.0f} s compute + "
           f"{lay['ar_s']:.0f} s exposed = {compute_s + lay['ar_s']:.0f} s "
           f"({compute_s + lay['ar_s'] + lay['fsdp_s']:.0f} s if nothing overlaps)")
