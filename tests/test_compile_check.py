@@ -169,15 +169,20 @@ def test_remat_search_picks_the_fewest_rematerialised_blocks_that_fit(monkeypatc
   # Synthetic compiles: 4 blocks; every block rematerialised peaks at 10 GB, none at 30 GB
   # (policy) / 26 GB (critic): a kept block costs 5 / 4 GB more. With a 22 GB budget the
   # policy needs ⌈(30 − 22) / 5⌉ = 2 rematerialised blocks, the critic ⌈(26 − 22) / 4⌉ = 1.
+  # The pick is then compiled; `bump` GB more than linear there makes it step up.
   from vapo_jax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
   from vapo_jax.tools import compile_check  # pylint: disable=import-outside-toplevel
   seen = []
 
-  def fake_check(cfg, mcfg, s, *, names, budget=22e9, **kw):
+  def fake_check(cfg, mcfg, s, *, names, budget=22e9, bump=0.0, **kw):
     del cfg, s, kw
     seen.append((mcfg.remat, mcfg.remat_layers, names))
-    none = mcfg.remat_layers == 0
-    peaks = {"policy_step": 30e9 if none else 10e9, "critic_step": 26e9 if none else 10e9}
+    n = 4 if mcfg.remat_layers < 0 else mcfg.remat_layers
+    extra = bump if n == 2 else 0.0
+    # Packed programs carry their row shape; the worst of a program's shapes counts.
+    peaks = {"policy_step[rows=2x8]": 30e9 - 5e9 * n + extra,
+             "policy_step[rows=1x16]": 29e9 - 5e9 * n,
+             "critic_step": 26e9 - 4e9 * n}
     return {"budget_per_chip": budget,
             "programs": {k: {"peak": v, "error": ""} for k, v in peaks.items()}}
 
@@ -188,8 +193,14 @@ def test_remat_search_picks_the_fewest_rematerialised_blocks_that_fit(monkeypatc
   lines = []
   found = compile_check.remat_search(None, mcfg, None, log=lines.append)
   assert found["layers"] == 2 and found["peaks"]["policy_step"] == (10e9, 30e9)
-  assert seen == [(True, -1, compile_check.UPDATES), (True, 0, compile_check.UPDATES)]
-  assert "model.remat_layers=2" in lines[-1]
+  assert seen == [(True, -1, compile_check.UPDATES), (True, 0, compile_check.UPDATES),
+                  (True, 2, compile_check.UPDATES)]   # the two ends, then the pick
+  assert found["verified"]["2"]["policy_step"] == 20e9
+  assert "model.remat_layers=2" in lines[-1] and "checked by compile" in lines[-1]
+  # The pick compiles 3 GB over the line (23 GB > 22): one more block, 3, fits.
+  monkeypatch.setattr(compile_check, "check", lambda *a, **k: fake_check(*a, bump=3e9, **k))
+  found = compile_check.remat_search(None, mcfg, None, log=lines.append)
+  assert found["layers"] == 3 and set(found["verified"]) == {"2", "3"}
   # Everything fits without remat: 0; nothing fits a budget below the all-remat peak.
   monkeypatch.setattr(compile_check, "check",
                       lambda *a, **k: fake_check(*a, budget=40e9, **k))
@@ -197,6 +208,10 @@ def test_remat_search_picks_the_fewest_rematerialised_blocks_that_fit(monkeypatc
   monkeypatch.setattr(compile_check, "check",
                       lambda *a, **k: fake_check(*a, budget=12e9, **k))
   assert compile_check.remat_search(None, mcfg, None, log=lines.append)["layers"] == -1
+  # With probes of 2 and 4 layers only multiples of 4 / 2 = 2 blocks are exact: 1 -> 2.
+  monkeypatch.setattr(compile_check, "check", lambda *a, **k: fake_check(*a, budget=27e9, **k))
+  found = compile_check.remat_search(None, mcfg, None, log=lines.append, probe_layers=(2, 4))
+  assert found["layers"] == 2
   # A partial remat's probes keep its fraction of rematerialised blocks.
   probe = compile_check.probe_model(ModelConfig(num_layers=64, remat=True, remat_layers=32,
                                                 **shapes), 4)

@@ -182,3 +182,13 @@ def test_attention_kernel_on_a_tpu_slice_follows_the_shard_shapes():
   # 2 kv heads over 4 tensor shards: each shard would hold a key without its value.
   with pytest.raises(ValueError, match="apart from its value"):
     continuous.attention_kernel("tpu", cfg(num_kv_heads=2), _mesh(devs, 4))
+
+
+def test_the_kernels_page_table_must_fit_its_scalar_memory():
+  # A v5p compile of 256 slots × 1,344 pages (1.38 MB of int32) failed in the kernel's
+  # prefetched scalar memory (1 MiB); 128 slots (0.69 MB) compiled.
+  from vapo_jax.models import paged_attention  # pylint: disable=import-outside-toplevel
+  assert paged_attention.table_refusal(128, 1344) is None
+  why = paged_attention.table_refusal(256, 1344)
+  assert "256 slots × 1344 pages" in why and "at most 182 slots" in why
+  assert paged_attention.table_refusal(183, 1344) is not None   # 4 · 183 · 1,344 > 960 KiB

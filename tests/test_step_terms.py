@@ -213,3 +213,18 @@ def test_compare_layouts_prints_both_meshes():
   plain = step_model.run(dataclasses.replace(st, knobs=dataclasses.replace(
       st.knobs, compare_layouts=False)), "fixed:4", "fixed:4")
   assert plain["layouts"] == [] and plain["estimate_s"] == pytest.approx(r["estimate_s"])
+
+
+def test_the_step_model_falls_back_to_pure_jax_decode_past_the_kernels_table():
+  # qwen32b on v5p-128: 16 decode replicas of 1,344 pages per slot. 2,048 slots (128 per
+  # replica) keep jax's Pallas kernel; 4,096 (256) would not fit its scalar memory.
+  spec = importlib.util.spec_from_file_location("q", os.path.join(ROOT, "configs/qwen32b.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  s = tpu_specs.parse("v5p-128")
+  for slots, kernel in ((2048, "tpu"), (4096, "jax")):
+    c = mod.get_config()
+    c.sampling.slots = slots
+    c = config_lib.from_config_dict(c)
+    eng = step_model.Setup.of(c, archs.model_config(c, "qwen2.5-32b"), s).engine
+    assert (eng.slots // eng.replicas, eng.kernel) == (slots // 16, kernel)

@@ -158,6 +158,24 @@ def tpu_decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.A
       sm_scale=1.0 / math.sqrt(dh), **kernel_kw)
 
 
+# jax's ragged paged attention prefetches the whole page table (int32 [slots, pages]) into
+# the TensorCore's scalar memory, 1 MiB: a v5p compile of 256 slots × 1,344 pages
+# (1.38 MB) failed with "Allocation (size=1441792) would exceed memory (size=1048576)
+# ... prefetched SMEM operand" (2026-12-04). Kept below it with 64 KiB for its other operands.
+SMEM_TABLE_BYTES = (1 << 20) - (64 << 10)
+
+
+def table_refusal(slots: int, pages_per_slot: int) -> str | None:
+  """Why one replica's page table does not fit the kernel's scalar memory, or None."""
+  need = 4 * slots * pages_per_slot
+  if need <= SMEM_TABLE_BYTES:
+    return None
+  most = SMEM_TABLE_BYTES // (4 * max(1, pages_per_slot))
+  return (f"its page table of {slots} slots × {pages_per_slot} pages per decode replica "
+          f"({need / 2**20:.2f} MiB of int32) does not fit the kernel's 1 MiB of scalar "
+          f"memory (at most {most} slots per replica at {pages_per_slot} pages)")
+
+
 def tpu_kernel_refusal(num_heads: int, num_kv_heads: int, head_dim: int, dtype,
                        page_size: int = 16) -> str | None:
   """Why jax's Pallas kernel cannot take one shard's decode shapes, or None if it can.

@@ -38,6 +38,7 @@ from vapo_jax.run.inputs import Text
 from vapo_jax.sampler import continuous
 from vapo_jax.sampler import kv_pool
 from vapo_jax.sampler import ops
+from vapo_jax.sampler import paged
 from vapo_jax.sampler import static
 from vapo_jax.sampler import types as types_lib
 
@@ -191,8 +192,11 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
     engine = continuous.Engine(graphdef, mcfg, scfg, continuous.EngineConfig(
         slots=slots, page_size=s.page_size, chunk_steps=s.chunk_steps, kv_tokens=pool.tokens,
         decode_dtype=s.decode_dtype, replicas=replicas, overlap=s.overlap,
-        kernel=continuous.attention_kernel(s.attention_kernel, mcfg, mesh, rules,
-                                           s.page_size)), mesh=mesh, rules=rules)
+        kernel=continuous.attention_kernel(
+            s.attention_kernel, mcfg, mesh, rules, s.page_size,
+            table=(slots // replicas, paged.pages_for(
+                cfg.data.max_prompt_tokens + s.max_new_tokens - 1, s.page_size)))),
+        mesh=mesh, rules=rules)
     engine.pool = pool  # how it was sized (the compile check's KV-pool line)
     return engine
   # The KV cache's kv_heads axis is split like the k/v projections (over `tensor`), not

@@ -249,10 +249,13 @@ def platform_of(mesh) -> str:
 
 
 def kernel_refusal(model_cfg, mesh=None, rules: shd.Rules = shd.DEFAULT_RULES,
-                   page_size: int = 16) -> str | None:
-  """Why the engine cannot decode with jax's Pallas kernel here, or None if it can."""
+                   page_size: int = 16, table: tuple[int, int] | None = None) -> str | None:
+  """Why the engine cannot decode with jax's Pallas kernel here, or None if it can.
+  table: (slots, pages per slot) of one decode replica's page table, if known."""
   if platform_of(mesh) != "tpu":
     return f"it runs on TPU only, and this engine's devices are {platform_of(mesh)}"
+  if table is not None and (why := pa.table_refusal(*table)):
+    return why
   tp = kv_head_shards(model_cfg, mesh, rules) if mesh is not None else 1
   k2, h = 2 * model_cfg.num_kv_heads, model_cfg.num_heads
   if k2 % tp or (k2 // tp) % 2 or h % tp:
@@ -266,7 +269,8 @@ _SAID: set[str] = set()
 
 
 def attention_kernel(want: str, model_cfg, mesh=None, rules: shd.Rules = shd.DEFAULT_RULES,
-                     page_size: int = 16, log=print) -> str:
+                     page_size: int = 16, log=print, table: tuple[int, int] | None = None
+                     ) -> str:
   """`EngineConfig.kernel` for a setting: "jax" (pure-JAX paged attention) or "tpu".
 
   want: "auto" -> "tpu" where `kernel_refusal` finds no reason against it (on TPU, a
@@ -275,7 +279,7 @@ def attention_kernel(want: str, model_cfg, mesh=None, rules: shd.Rules = shd.DEF
   """
   if want == "jax":
     return "jax"
-  why = kernel_refusal(model_cfg, mesh, rules, page_size)
+  why = kernel_refusal(model_cfg, mesh, rules, page_size, table)
   if want == "tpu":
     if why:
       raise ValueError(f"sampling.attention_kernel='tpu': {why}; use 'auto' or 'jax'")
@@ -340,7 +344,9 @@ class Engine:
         raise ValueError(f"EngineConfig.replicas={ecfg.replicas} needs the kv heads "
                          f"({model_cfg.num_kv_heads}) whole on each of {tp} tensor shards")
     if ecfg.kernel == "tpu":
-      why = kernel_refusal(model_cfg, mesh, rules, ecfg.page_size)
+      why = kernel_refusal(model_cfg, mesh, rules, ecfg.page_size, (
+          ecfg.slots // ecfg.replicas,
+          paged.pages_for(cfg.max_prompt_len + cfg.max_new_tokens - 1, ecfg.page_size)))
       if why:
         raise ValueError(f"EngineConfig.kernel='tpu': {why}")
     self._paced = (mesh is not None and mesh.size > 1 and platform_of(mesh) == "cpu")

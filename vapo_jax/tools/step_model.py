@@ -265,8 +265,10 @@ def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
     except ValueError:  # no room for one response: `estimate` says so if it needs the engine
       out[key] = None
       continue
+    pages = -(-(st.prompt_len + st.max_new - 1) // sm.page_size)
     out[key] = EngineShape(slots, sm.page_size, pool.tokens, sm.chunk_steps, reps,
-                           _kernel(sm.attention_kernel, mcfg, shards, sm.page_size),
+                           _kernel(sm.attention_kernel, mcfg, shards, sm.page_size,
+                                   (slots // reps, pages)),
                            overlap=sm.overlap)
   return out
 
@@ -289,7 +291,8 @@ def train_kernel(mcfg, tp: int) -> str:
   return "jax" if why else "splash"
 
 
-def _kernel(want: str, mcfg, tp: int, page_size: int) -> str:
+def _kernel(want: str, mcfg, tp: int, page_size: int, table: tuple[int, int] | None = None
+            ) -> str:
   """`continuous.attention_kernel` on a TPU slice, analytically: "tpu" unless "jax" is asked
   for or jax's Pallas kernel refuses one shard's shapes (`paged_attention.tpu_kernel_refusal`)."""
   if want == "jax":
@@ -300,6 +303,8 @@ def _kernel(want: str, mcfg, tp: int, page_size: int) -> str:
     return "jax"
   why = paged_attention.tpu_kernel_refusal(h // tp, k2 // tp // 2, mcfg.head_dim, mcfg.dtype,
                                            page_size)
+  if table is not None and not why:
+    why = paged_attention.table_refusal(*table)
   return "jax" if why else "tpu"
 
 
