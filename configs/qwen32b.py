@@ -47,14 +47,14 @@ def get_config(preset: str = "vapo"):
   # 16 prompts × 16 responses per sampler call: one call's KV cache is 256 rows × 21.5k slots
   # × 262 kB/token = 1.4 TB, 23 GB per chip on v5p-128 (rows over fsdp, kv heads over tensor).
   c.sampling.prompts_per_call = 16   # the static sampler's (the engine samples a step at once)
-  # The rollout engine (default): one set of 1,024 decode slots, its heads split over
-  # mesh.tensor and repeated on every data x fsdp group (per-replica slots and pools are
-  # not built yet: docs/engine.md; the step model's as-built engine is KV-bound late). Its
-  # KV pool is sized from the HBM the train state leaves (~961k tokens, ~63 GB per v5p
-  # chip: 44 whole 21.5k-token responses, ~150 at the late phase's mean length, more early
-  # on). The step model (tools/step_model --rollout=continuous) puts 256 to 1,024 slots within
-  # ~7% of each other, KV-bound late; the compile check says it FITS (docs/engine.md).
-  c.sampling.slots = 1024
+  # The rollout engine (default): 2,048 decode slots over 16 decode replicas (the data x
+  # fsdp groups, heads over mesh.tensor), 128 each, sharing each replica's KV pool, sized
+  # from the HBM the train state leaves (~961k tokens, ~63 GB per v5p chip). At 64 slots per
+  # replica (1,024) the pool sat mostly idle late in a run and each decode step read the
+  # weights for 64 tokens; 256 per replica do not fit jax's Pallas decode kernel's scalar
+  # memory (its page table, 256 x 1,344 int32). The compile check says 2,048 FITS
+  # (benchmarks/results/compile-check-2026-12-04-remat/; docs/step_model.md).
+  c.sampling.slots = 2048
 
   c.reward.num_workers = 32
   c.reward.timeout_s = 10.0
