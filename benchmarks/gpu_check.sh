@@ -270,6 +270,13 @@ DRYFLAG=()
 [ "$DRY" = 1 ] && [ "${GPU_CHECK_DRY_COMPILE:-0}" != 1 ] && DRYFLAG+=(--no-compile)
 want bench_train && run_step bench_train 150 55 $PY benchmarks/gpu_check.py train --json "$JSON" "${DRYFLAG[@]}"
 want bench_sample && run_step bench_sample 90 5 $PY benchmarks/gpu_check.py sample --json "$JSON" "${DRYFLAG[@]}"
+# The rollout engine against the static sampler and against itself without the overlap of
+# host and device (`sampling.overlap`): on a GPU the host's work between chunks is what the
+# overlap hides. Its stdout lands in $OUT/engine_bench.txt.
+ENGINE_PRESET=small
+[ "$DRY" = 1 ] && ENGINE_PRESET=tiny
+want bench_engine && run_step bench_engine 90 5 bash -c "$PY benchmarks/engine_bench.py \
+    --preset=$ENGINE_PRESET --repeats=3 --json=$OUT/engine_bench.json | tee $OUT/engine_bench.txt"
 
 # --- 5. the long-CoT toy's step times on a GPU (sizes the ablation table for a GPU) --------
 # One VAPO run of configs/longcot.py, short: its metrics.jsonl times each SFT / value /
