@@ -26,6 +26,9 @@ def get_config(preset: str = "vapo"):
   c.model.param_dtype = "float32"     # master weights; matmuls in bfloat16
   c.model.dtype = "bfloat16"
   c.model.remat = True
+  # 48 of 64 blocks rematerialised, 16 keep their activations: `tools.compile_check
+  # --remat_search` (benchmarks/results/compile-check-2026-12-04-remat/; docs/step_model.md).
+  c.model.remat_layers = 48
   # Blocked (flash-style) attention: O(T × 512) scores per layer instead of T × T, which at
   # 21.5k tokens is what lets the policy step fit a v5p chip (README, "Capacity").
   c.model.attention_impl = "blocked"
