@@ -343,18 +343,17 @@ class Engine:
       if model_cfg.num_kv_heads % tp:
         raise ValueError(f"EngineConfig.replicas={ecfg.replicas} needs the kv heads "
                          f"({model_cfg.num_kv_heads}) whole on each of {tp} tensor shards")
+    self.max_pages = paged.pages_for(cfg.max_prompt_len + cfg.max_new_tokens - 1,
+                                     ecfg.page_size)
     if ecfg.kernel == "tpu":
-      why = kernel_refusal(model_cfg, mesh, rules, ecfg.page_size, (
-          ecfg.slots // ecfg.replicas,
-          paged.pages_for(cfg.max_prompt_len + cfg.max_new_tokens - 1, ecfg.page_size)))
+      why = kernel_refusal(model_cfg, mesh, rules, ecfg.page_size,
+                           (ecfg.slots // ecfg.replicas, self.max_pages))
       if why:
         raise ValueError(f"EngineConfig.kernel='tpu': {why}")
     self._paced = (mesh is not None and mesh.size > 1 and platform_of(mesh) == "cpu")
     # A paced mesh waits for each insert, which waits for the chunk in flight: no overlap.
     self.overlap = ecfg.overlap and not self._paced
     self.last_trace: list[tuple[str, int]] = []  # ("dispatch" | "read", chunk), in order
-    self.max_pages = paged.pages_for(cfg.max_prompt_len + cfg.max_new_tokens - 1,
-                                     ecfg.page_size)
     self.decode_dtype = jnp.dtype(model_cfg.dtype if ecfg.decode_dtype == "auto"
                                   else ecfg.decode_dtype)
     self.last_stats: dict[str, float] = {}
@@ -579,9 +578,8 @@ class Engine:
       toks, lps, steps, seen, placed = jax.device_get(outs)
       t_a, act = seen
       trace.append(("read", number))
-      for b, (slot, t0v, l0v) in placed.items():
-        if owners[slot] == b and sched.running[slot] is not None \
-            and sched.running[slot].response == b:
+      for b, (slot, t0v, l0v) in placed.items():  # placed holds owners only (dispatch)
+        if sched.running[slot] is not None and sched.running[slot].response == b:
           cur_tok[b], cur_lp[b] = [int(t0v)], [float(l0v)]
       chunks += 1
       steps_total += int(steps)
