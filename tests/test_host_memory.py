@@ -58,6 +58,7 @@ print(json.dumps({"applied": applied, "faults": f1 - f0}))
 
 # The same through XLA:CPU: a jitted op on a 64 MiB array, its output freed each time.
 _XLA = """
+CALLS = 48
 import json, resource
 from vapo_jax.run import host_memory
 applied = host_memory.configure("cpu")  # before jax starts its CPU client and its threads
@@ -67,7 +68,7 @@ f = jax.jit(lambda x: x * 2.0 + 1.0)
 for _ in range(16):  # the heap settles (XLA's threads interleave: a few more than plain malloc)
   f(x).block_until_ready()
 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(16):
+for _ in range(CALLS):
   f(x).block_until_ready()
 f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 print(json.dumps({"applied": applied, "faults": f1 - f0}))
@@ -89,9 +90,13 @@ def test_large_buffer_is_reused_instead_of_remapped():
 
 @needs_glibc
 def test_xla_cpu_buffers_stop_faulting():
+  """Tuned, most settled calls reuse the heap. Not all: XLA's threads interleave their
+  allocations, and in 30 runs here up to 6 of 48 calls (one 16-call window: 6) still mapped
+  fresh pages, so the bound is a quarter of the calls (a 16-call window with at most 3 failed
+  ~7% of runs)."""
   default, tuned = _run(_XLA, "0"), _run(_XLA, "1")
-  assert default["faults"] > 14 * PAGES, default  # every call: a fresh 64 MiB output
-  assert tuned["faults"] < 4 * PAGES, tuned       # at most 3 of the 16
+  assert default["faults"] > 44 * PAGES, default  # every call: a fresh 64 MiB output
+  assert tuned["faults"] < 12 * PAGES, tuned      # at most 11 of the 48
 
 
 def test_off_switch_and_other_platforms_leave_malloc_alone():
