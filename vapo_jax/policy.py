@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from vapo_jax.models.matmul import matmul
+from vapo_jax.sharding import constrain
 from vapo_jax.models.transformer import Transformer, positions_from_mask
 
 
@@ -54,7 +55,10 @@ def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
   y = jnp.pad(targets_BxR, ((0, 0), (0, pad)))
   h_NxBxCxD = h.reshape(b, n, c, d).swapaxes(0, 1)
   y_NxBxC = y.reshape(b, n, c).swapaxes(0, 1)
-  w = head_DxV.astype(dtype)
+  # Gathered over the batch axes once, before the chunk loop: inside an activation-sharding
+  # context an FSDP-sharded head (D over fsdp) would otherwise be all-gathered in every
+  # chunk, forward and backward (XLA does not hoist it: `hlo_stats.invariant_gathers`).
+  w = constrain(head_DxV.astype(dtype), (None, "vocab"))
   inv_t = 1.0 / temperature
   v = head_DxV.shape[1]
   real_V = None if vocab_size is None or vocab_size >= v else (
