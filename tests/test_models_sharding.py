@@ -73,3 +73,53 @@ def test_init_sharded_places_parameters():
   tokens = jnp.ones((2, 4), jnp.int32)
   np.testing.assert_allclose(forward_logits(model, tokens, tokens),
                              forward_logits(ref, tokens, tokens), atol=1e-5)
+
+
+def test_fsdp_only_rules_move_the_tensor_axis_to_rows_and_embed():
+  rules = shd.fsdp_only(shd.DEFAULT_RULES)
+  table = dict(rules)
+  assert table["batch"] == ("data", "fsdp", "tensor")
+  assert table["embed"] == ("fsdp", "tensor")
+  assert all(table[n] is None for n in ("heads", "kv_heads", "mlp", "vocab", "head_dim"))
+  mesh = shd.make_mesh(data=1, fsdp=4, tensor=2)
+  assert shd.batch_axes(mesh, rules) == ("fsdp", "tensor")
+  # A custom table: data parallel rows, embed over fsdp only; tensor joins both.
+  custom = (("batch", "fsdp"), ("embed", "fsdp"), ("mlp", "tensor"), ("vocab", "tensor"))
+  assert dict(shd.fsdp_only(custom)) == {"batch": ("fsdp", "data", "tensor"),
+                                         "embed": ("fsdp", "data", "tensor"),
+                                         "mlp": None, "vocab": None}
+
+
+@pytest.mark.parametrize("layout", ["shared", "fsdp"])
+def test_chunked_logprobs_gathers_the_head_once_not_per_chunk(layout):
+  """The LM head's FSDP shards are gathered once before the chunk loop (forward and
+  backward); the values and gradients are those of one device."""
+  from vapo_jax import policy  # pylint: disable=import-outside-toplevel
+  from vapo_jax.tools import hlo_stats  # pylint: disable=import-outside-toplevel
+  from jax.sharding import NamedSharding  # pylint: disable=import-outside-toplevel
+  mesh = shd.make_mesh(data=1, fsdp=4, tensor=2)
+  rules = shd.DEFAULT_RULES if layout == "shared" else shd.fsdp_only()
+  b, r, d, v = 8, 256, 64, 256
+  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+  h = jax.random.normal(k1, (b, r, d))
+  y = jax.random.randint(k2, (b, r), 0, v)
+  w = jax.random.normal(k3, (d, v)) * 0.1
+
+  def loss(h, w, y):
+    lp, ent = policy.chunked_logprobs(h, y, w, chunk=64, dtype=jnp.float32)
+    return lp.sum() + 0.5 * ent.sum()
+
+  def put(x, names):
+    return jax.device_put(x, NamedSharding(mesh, shd.logical_to_spec(names, rules, mesh,
+                                                                      x.shape)))
+
+  sharded = jax.jit(jax.value_and_grad(shd.traced_under(loss, mesh, rules), argnums=(0, 1)))
+  args = (put(h, ("batch", None, None)), put(w, ("embed", "vocab")), put(y, ("batch", None)))
+  text = sharded.lower(*args).compile().as_text()
+  assert len(hlo_stats.while_bodies(text)) >= 2          # the chunk loops, forward and back
+  assert hlo_stats.invariant_gathers(text) == []
+  (val, (gh, gw)), (val1, (gh1, gw1)) = sharded(*args), jax.value_and_grad(
+      loss, argnums=(0, 1))(h, w, y)
+  np.testing.assert_allclose(val, val1, rtol=1e-5)
+  np.testing.assert_allclose(gh, gh1, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(gw, gw1, rtol=1e-4, atol=1e-5)

@@ -65,6 +65,42 @@ def test_one_rl_step_on_8_devices_equals_one_device():
     np.testing.assert_allclose(one[2][k], eight[2][k], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("packing", [True, False])
+def test_fsdp_train_layout_on_8_devices_equals_one_device(packing):
+  """mesh.train_layout="fsdp": the learners' parameters, optimizer states and passes are FSDP
+  over all 8 devices (no weight dimension over `tensor` alone, rows over data x fsdp x
+  tensor) while the engine decodes from its 4 tensor-parallel replicas of mesh.rules; the
+  step is the one of a single device."""
+  base = {"rl.packing": packing, "sampling.engine": "continuous", "sampling.slots": 8,
+          "model.num_kv_heads": 2}
+  one = run_rl_step(tiny(**base, **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}))
+  cfg = tiny(**base, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2,
+                        "mesh.train_layout": "fsdp"})
+  t = trainer_lib.Trainer(cfg, progress=False)
+  try:
+    assert t.parts.batch_axes == ("data", "fsdp", "tensor")
+    t.value_pretrain()
+    history = t.rl()["history"]
+    policy = t.state.train_state("policy")
+    specs = {str(v.sharding.spec) for v in jax.tree.leaves(policy.params)}
+    specs |= {str(v.sharding.spec) for v in jax.tree.leaves(policy.opt_state)
+              if hasattr(v, "sharding") and v.ndim}
+    assert any("('fsdp', 'tensor')" in s for s in specs), specs   # embed over fsdp x tensor
+    assert not any("'tensor')" in s and "'fsdp'" not in s for s in specs), specs
+    eight = (jax.device_get(policy.params),
+             jax.device_get(t.state.train_state("critic").params), history[-1])
+    engine = t.parts.samplers.rollout
+    assert engine.batch_axes == ("data", "fsdp") and engine.ecfg.replicas == 4
+  finally:
+    t.close()
+  assert 0 < one[2]["reward/mean"] < 1 and one[2]["policy_grad_norm"] > 0
+  assert one[2]["reward/mean"] == eight[2]["reward/mean"]
+  assert_trees_close(one[0], eight[0], atol=2e-5)
+  assert_trees_close(one[1], eight[1], atol=2e-5)
+  for k in ("policy_loss", "value_loss", "entropy", "adv/mean"):
+    np.testing.assert_allclose(one[2][k], eight[2][k], rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("packing", [False, True])
 def test_micro_batches_do_not_change_the_update(packing):
   # Padded: micro-batches of rows. Packed: rl.micro_batch_size sets the token budget, so the

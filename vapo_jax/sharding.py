@@ -146,6 +146,35 @@ def logical_to_spec(names: Sequence[str | None] | None,
   return PartitionSpec(*spec)
 
 
+
+def fsdp_only(rules: Rules = DEFAULT_RULES) -> Rules:
+  """`rules` as a pure FSDP layout over every mesh axis: the model axes (those not under
+  "batch", i.e. `tensor`) are taken off every weight dimension and joined to "batch" and to
+  each dimension sharded over a batch axis (`embed` over fsdp -> fsdp x tensor).
+
+  The same devices, one layout per program: a run's train passes can use this table while
+  its rollout engine decodes from tensor-parallel replicas of `rules`
+  (`config.mesh.train_layout`). Every chip then holds whole rows and 1/N of every weight:
+  no activation all-reduce between a layer's matmuls, one weight all-gather per layer and
+  pass that can overlap the previous layer's compute.
+  """
+  table = dict(reversed(rules))  # the first rule of a name wins, as in logical_to_spec
+  batch = table.get("batch") or ()
+  batch = (batch,) if isinstance(batch, str) else tuple(batch)
+  model = tuple(a for a in MESH_AXES if a not in batch)
+  out = []
+  for logical, axes in rules:
+    names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    if logical == "batch":
+      names = names + tuple(a for a in model if a not in names)
+    elif any(a in batch for a in names):
+      names = tuple(a for a in names if a not in model) + model
+    else:
+      names = tuple(a for a in names if a not in model)
+    out.append((logical, None if not names else (names[0] if len(names) == 1 else names)))
+  return tuple(out)
+
+
 def batch_axes(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> tuple[str, ...]:
   """The mesh axes the logical "batch" axis (rows) is split over, as a tuple."""
   axes = logical_to_spec(("batch",), rules, mesh)[0]

@@ -85,13 +85,21 @@ def decode_copy_bytes(cfg, mcfg, graphdef, params, mesh, rules) -> int:
   return kv_pool.per_device_bytes(abstract)
 
 
+def train_rules(cfg, rules):
+  """The train passes' rules table from the decode replicas' `rules` (mesh.train_layout)."""
+  return shd.fsdp_only(rules) if cfg.mesh.train_layout == "fsdp" else rules
+
+
 def resident(cfg, mcfg, mesh, rules, optimizer: Callable) -> dict[str, int]:
-  """The parts above, bytes per chip. optimizer(cfg, name) -> the learner's optax
-  transformation (`run.learners.optimizer`)."""
-  graphdef, params = _abstract(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
+  """The parts above, bytes per chip. `rules`: the decode replicas' (the train states lie
+  as `train_rules` says); optimizer(cfg, name) -> the learner's optax transformation
+  (`run.learners.optimizer`)."""
+  t_rules = train_rules(cfg, rules)
+  graphdef, params = _abstract(lambda r: transformer.Transformer(mcfg, rngs=r), mesh,
+                               t_rules)
   out = {"policy_state": _state_bytes(params, optimizer(cfg, "policy")), "critic_state": 0}
   if cfg.uses_critic:
-    _, c_params = _abstract(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, rules)
+    _, c_params = _abstract(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, t_rules)
     out["critic_state"] = _state_bytes(c_params, optimizer(cfg, "critic"))
   out["reference"] = kv_pool.per_device_bytes(params) if cfg.rl.kl_coef > 0 else 0
   rows = cfg.prompts_per_step * cfg.responses_per_prompt

@@ -44,8 +44,16 @@ from vapo_jax.sampler import types as types_lib
 
 
 def rules_of(cfg) -> shd.Rules:
+  """The rules table of the rollout engine's decode replicas (and, with
+  mesh.train_layout="shared", of the train passes): mesh.rules, else the default."""
   return tuple((str(k), v if v is None or isinstance(v, str) else tuple(v))
                for k, v in cfg.mesh.rules) if cfg.mesh.rules else shd.DEFAULT_RULES
+
+
+def train_rules_of(cfg) -> shd.Rules:
+  """The rules table of the trained networks' parameters, optimizer states and train
+  passes (mesh.train_layout): `rules_of(cfg)`, or with "fsdp" `sharding.fsdp_only` of it."""
+  return run_memory.train_rules(cfg, rules_of(cfg))
 
 
 def build_mesh(cfg):
@@ -216,17 +224,25 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
   return static.Sampler(graphdef, init_cache, scfg, mesh=mesh, rules=rules)
 
 
-def device_count_check(cfg, mesh, rules) -> None:
-  """The rollout batch must split evenly over the batch shards of the mesh."""
+def device_count_check(cfg, mesh, rules, *, train: bool = False) -> None:
+  """The samplers' batches must split evenly over the batch shards of the mesh under
+  `rules`; with `train` (the train rules) the rows the train passes see: a rollout's
+  responses and an SFT batch."""
   axes = shd.batch_axes(mesh, rules)
   shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
-  for what, rows in (("rl.prompts_per_step", cfg.prompts_per_step),
-                     ("eval.batch_prompts", cfg.eval.batch_prompts),
-                     ("sft.batch_size", cfg.sft.batch_size),
-                     ("sampling.prompts_per_call", cfg.sampling.prompts_per_call)):
+  sizes = ((("rl.prompts_per_step × rl.responses_per_prompt",
+             cfg.prompts_per_step * cfg.responses_per_prompt),
+            ("sft.batch_size", cfg.sft.batch_size if cfg.sft.enabled else 0))
+           if train else
+           (("rl.prompts_per_step", cfg.prompts_per_step),
+            ("eval.batch_prompts", cfg.eval.batch_prompts),
+            ("sft.batch_size", cfg.sft.batch_size),
+            ("sampling.prompts_per_call", cfg.sampling.prompts_per_call)))
+  for what, rows in sizes:
     if rows % shards:
+      layout = f" (mesh.train_layout={cfg.mesh.train_layout!r})" if train else ""
       raise ValueError(f"config.{what}={rows} must be a multiple of the {shards} batch "
-                       f"shards of the mesh {dict(mesh.shape)}")
+                       f"shards of the mesh {dict(mesh.shape)}{layout}")
 
 
 # ------------------------------------------------------------- forwards and steps 1–3
@@ -316,8 +332,9 @@ def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Exp
 class RunParts:
   """What a run is built from (the trained networks come later: `learner`)."""
   mesh: Any
-  rules: shd.Rules
-  batch_axes: tuple[str, ...]
+  rules: shd.Rules              # the train passes' (mesh.train_layout)
+  batch_axes: tuple[str, ...]   # theirs
+  decode_rules: shd.Rules       # the samplers' (mesh.rules)
   text: Text
   train_examples: list
   eval_examples: list
@@ -334,9 +351,10 @@ class RunParts:
 
 def build(cfg: config_lib.Config) -> RunParts:
   """A run's parts, in the order that fails fastest (config vs devices, files, model)."""
-  rules = rules_of(cfg)
+  decode_rules, rules = rules_of(cfg), train_rules_of(cfg)
   mesh = build_mesh(cfg)
-  device_count_check(cfg, mesh, rules)
+  device_count_check(cfg, mesh, decode_rules)
+  device_count_check(cfg, mesh, rules, train=True)
   text = inputs.build_text(cfg)
   train, held_out, stats = inputs.build_examples(cfg, text)
   if not held_out:
@@ -346,10 +364,11 @@ def build(cfg: config_lib.Config) -> RunParts:
   graphdef, params, mcfg = build_policy(cfg, mesh, rules, text)
   scorer = RewardScorer(fn_for_mode(cfg.reward.fn, cfg.reward.mode),
                         num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s)
-  built = samplers(cfg, graphdef, mcfg, mesh, rules, text)
+  built = samplers(cfg, graphdef, mcfg, mesh, decode_rules, text)
   axes = shd.batch_axes(mesh, rules)
   return RunParts(
-      mesh=mesh, rules=rules, batch_axes=axes, text=text, train_examples=train,
+      mesh=mesh, rules=rules, batch_axes=axes, decode_rules=decode_rules, text=text,
+      train_examples=train,
       eval_examples=held_out, data_stats=stats, graphdef=graphdef, policy_params=params,
       model_cfg=mcfg, scorer=scorer,
       eval_scorer=scorer.using(fn_for_mode(cfg.reward.fn, cfg.eval.reward_mode)),

@@ -145,9 +145,12 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   = (real prompt lengths [B], response lengths [B]) of a representative rollout picks the
   packed shapes the step estimate counts (default: every sequence at full length).
   """
-  rules = parts.rules_of(cfg)
+  # The learners and their passes lie as mesh.train_layout says; the samplers decode from
+  # mesh.rules (their engine's decode copy is resharded from the train layout).
+  decode_rules, rules = parts.rules_of(cfg), parts.train_rules_of(cfg)
   batch_axes = shd.batch_axes(mesh, rules)
-  parts.device_count_check(cfg, mesh, rules)
+  parts.device_count_check(cfg, mesh, decode_rules)
+  parts.device_count_check(cfg, mesh, rules, train=True)
   rows_sh = batch_lib.batch_sharding(mesh, batch_axes)
   graphdef, params = abstract_model(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
   c_graphdef, c_params = abstract_model(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, rules)
@@ -181,10 +184,10 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   rollout_parts, memory = {}, None
   if engine:
     rollout_parts["decode_copy"] = run_memory.decode_copy_bytes(cfg, mcfg, graphdef, params,
-                                                                mesh, rules)
+                                                                mesh, decode_rules)
     memory = kv_pool.Memory(hbm, float(sum(resident.values()) + rollout_parts["decode_copy"]),
                             cfg.sampling.kv_headroom)
-  built = parts.samplers(cfg, graphdef, mcfg, mesh, rules, text, memory=memory,
+  built = parts.samplers(cfg, graphdef, mcfg, mesh, decode_rules, text, memory=memory,
                          kv_tokens=kv_tokens)
   samplers = {"rollout": (built.rollout, per_call), "eval": (built.eval, cfg.eval.batch_prompts),
               "greedy": (built.greedy, cfg.eval.batch_prompts)}
