@@ -119,16 +119,27 @@ def test_train_collectives_from_hlo_figures(tmp_path):
   assert secs == pytest.approx(10 * (21e-6 + 3e6 / (1e9 / 3)) + 2 * (7e-6 + 2e6 / (1e9 / 3)))
   # The overlapped ones are printed, not counted: 10 × (2 × 7 µs + 1 MB / (1e9 / 3)) = 0.03 s.
   assert "overlapped by XLA's schedule 0 s" in line
-  # A program the file lacks is not counted, and the line says so.
-  assert step_terms.train_collectives(st, "critic_step", 10, 2)[0] == 0.0
-  assert "critic_step collectives: not counted" in step_terms.train_collectives(
-      st, "critic_step", 10, 2)[1]
+  # A program the file lacks comes back empty: train_side counts it from the layout.
+  assert step_terms.train_collectives(st, "critic_step", 10, 2) == (0.0, "")
   progs = {p.name: p for p in step_model.train_side(st, np.array([3, 5, 2, 6]),
                                                     np.array([3, 3, 2, 2]))}
+  assert any("critic_step collectives from the layout (FSDP 2 × TP 4" in line
+             for line in progs["critic_step"].lines)
+  # A file compiled for the other train layout is not used for this one.
+  other = tmp_path / "fsdp.json"
+  other.write_text(json.dumps({"train_layout": "fsdp", "programs": {
+      "policy_step": sp.as_dict()}}))
+  assert step_terms.train_collectives(_setup(train_collectives=str(other)), "policy_step",
+                                      10, 2) == (0.0, "")
+  fsdp = dataclasses.replace(_setup(train_collectives=str(other)), train_tensor=1)
+  assert step_terms.train_collectives(fsdp, "policy_step", 10, 2)[0] > 0
   # Padded rows, one mini-batch of 4 rows in one micro-batch: 1 trip, 1 call.
   assert progs["policy_step"].terms["collectives"] == pytest.approx(
       step_terms.train_collectives(st, "policy_step", 1, 1)[0])
-  assert "collectives" not in step_model.train_side(_setup(), np.array([3]), np.array([3]))[0].terms
+  # Without a file every program's collectives come from its layout.
+  bare = step_model.train_side(_setup(), np.array([3]), np.array([3]))[0]
+  assert bare.terms["collectives"] > 0
+  assert any("logprobs collectives from the layout" in line for line in bare.lines)
 
 
 def _tiny(**over):
@@ -228,3 +239,34 @@ def test_the_step_model_falls_back_to_pure_jax_decode_past_the_kernels_table():
     c = config_lib.from_config_dict(c)
     eng = step_model.Setup.of(c, archs.model_config(c, "qwen2.5-32b"), s).engine
     assert (eng.slots // eng.replicas, eng.kernel) == (slots // 16, kernel)
+
+
+def test_layout_collectives_counted_by_hand():
+  # 8 chips; ARCH: W = 1,000 parameters (fp32 masters: 4 bytes), L = 2, D = 8, no remat.
+  # ICI 1e9 × 1/3 per collective, 7 µs each.
+  bw, lat = 1e9 / 3, 7e-6
+  tp4 = _setup()  # train on FSDP 2 × TP 4: a chip holds W / 8 and gathers the other half
+  micro = [(2, 8), (2, 8)]  # two update micro-batches of 2 rows × 8 tokens
+  secs, line = step_terms.layout_collectives(tp4, "policy_step", micro, True, 1000.0,
+                                             compute_s=0.0)
+  gather = 2 * 2 * 1000 * 4 * (1 / 2) / 4     # 2 micro × 2 gathers (fwd, bwd) × W b (D−1)/(D tp)
+  scatter = 2 * 1000 * 4 * (1 / 2) / 4        # a fp32 gradient reduce-scatter per micro-batch
+  fsdp_s = 2 * 3 * 2 * lat + (gather + scatter) / bw
+  # TP all-reduces: 4 per layer per update micro-batch, each of 8 rows·tokens / 2 shards ·
+  # D · 2 bytes, ring factor 2 · 3/4.
+  ar_n = 2 * 4 * 2
+  ar_s = ar_n * lat + ar_n * 1.5 * (16 / 2) * 8 * 2 / bw
+  # With no compute to hide behind, every FSDP collective is exposed.
+  assert secs == pytest.approx(ar_s + fsdp_s)
+  assert "FSDP 2 × TP 4" in line and "TP all-reduces 16" in line
+  # Behind ample compute only the first layer's gather of each pass stays exposed.
+  hidden, _ = step_terms.layout_collectives(tp4, "policy_step", micro, True, 1000.0,
+                                            compute_s=1e6)
+  first = 2 * 2 * (1000 / 2 * 4 * (1 / 2) / 4 / bw + lat)
+  assert hidden == pytest.approx(ar_s + first)
+  # FSDP only (train_tensor 1): 8 shards, no all-reduces; a forward pass gathers once.
+  fsdp = dataclasses.replace(tp4, train_tensor=1)
+  secs, line = step_terms.layout_collectives(fsdp, "values", micro, False, 900.0,
+                                             compute_s=0.0)
+  assert secs == pytest.approx(2 * 2 * lat + 2 * 900 * 4 * (7 / 8) / bw)
+  assert "FSDP 8 only" in line and "all-reduces" not in line

@@ -67,8 +67,11 @@ as the engine with 100 % bandwidth, no collective latency, compute at peak.
 
 Terms a real step pays beyond FLOPs and bytes (`step_terms`, each printed on its own line):
 the engine's prefill as it runs, the host gap per decode chunk, the Pallas decode kernel's
-KV blocks, the train programs' collectives from compiled HLO (`--train_collectives`). What
-is still not counted is printed as the report's last line (`step_terms.NOT_COUNTED`).
+KV blocks, the train programs' collectives: from compiled HLO where `--train_collectives`
+has the program (for the config's mesh.train_layout), else from the train layout's
+arithmetic (`step_terms.layout_collectives`: FSDP gathers and reduce-scatters taken as
+overlapped with compute, tensor-parallel all-reduces exposed). What is still not counted
+is printed as the report's last line (`step_terms.NOT_COUNTED`).
 """
 
 from __future__ import annotations
@@ -165,6 +168,13 @@ class Setup:
   # The old-log-prob forward runs (Config.old_logprobs "recompute"); "exact" / "behaviour"
   # save it: no `logprobs` program in the estimate or the floor.
   old_logprobs_pass: bool = True
+  # Tensor shards of the train passes (config.mesh.train_layout: mesh.tensor when "shared",
+  # 1 when "fsdp"); 0: `tensor`, as the decode replicas.
+  train_tensor: int = 0
+
+  @property
+  def train_tp(self) -> int:
+    return self.train_tensor or self.tensor
 
   @classmethod
   def of(cls, cfg, mcfg, s, knobs: Knobs = Knobs(), engines: dict | None = None
@@ -181,7 +191,8 @@ class Setup:
     eval_rows = ev.num_examples * ev.samples_per_problem if ev.every else 0
     from vapo_jax import packing  # pylint: disable=import-outside-toplevel
     rows, micro = cfg.prompts_per_step * n, cfg.rl.micro_batch_size
-    shards = max(1, s.chips // max(1, cfg.mesh.tensor))
+    train_tp = 1 if cfg.mesh.train_layout == "fsdp" else max(1, cfg.mesh.tensor)
+    shards = max(1, s.chips // train_tp)
     spec = lambda per_micro: packing.spec_for(  # noqa: E731
         p + r, per_micro, shards, cfg.rl.packing_row_tokens, cfg.rl.packing_tokens_per_device,
         cfg.rl.packing_row_steps)
@@ -189,7 +200,7 @@ class Setup:
         knobs, train=knobs.train or ("packed" if cfg.rl.packing else "padded"),
         rollout=knobs.rollout or ("continuous" if cfg.sampling.engine == "continuous"
                                   else "static"))
-    kernel = knobs.train_attention or train_kernel(mcfg, cfg.mesh.tensor)
+    kernel = knobs.train_attention or train_kernel(mcfg, train_tp)
     knobs = dataclasses.replace(knobs, train_attention=kernel)
     arch = dataclasses.replace(step_counts.Arch.of(mcfg), kernel=kernel)
     st = cls(arch, s.chips, cfg.mesh.tensor, s.gen.bf16_flops,
@@ -203,7 +214,7 @@ class Setup:
              prompt_buckets=(ops.power_buckets(p, cfg.sampling.prompt_bucket_min)
                              if cfg.sampling.engine == "continuous" else (p,)),
              micro_rows=micro or rows // cfg.rl.num_minibatches,
-             old_logprobs_pass=cfg.old_logprobs == "recompute")
+             old_logprobs_pass=cfg.old_logprobs == "recompute", train_tensor=train_tp)
     engines = engines or engine_shapes(cfg, mcfg, st)
     return dataclasses.replace(st, engine=engines["rollout"], eval_engine=engines["eval"])
 
@@ -350,7 +361,7 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
               else (lambda t: k.attn_score_bytes))
   score_bytes = 0.0 if floor else (sum(c * pr * per_pair(t) for c, t, pr, _ in rows_t)
                                    * a.layers * a.h * fac["attention"])
-  weights = (a.critic_params if critic else a.params) * 2.0 / st.tensor
+  weights = (a.critic_params if critic else a.params) * 2.0 / st.train_tp
   prog = Program(name, (mm + at + hd) / chips, score_bytes / chips + weights)
   prog.terms = {"matmul": (mm + hd) / chips / rate,
                 "attention": max(at / chips / rate,
@@ -440,6 +451,7 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
     prog.lines.append(attention_line(st, steps if prog.name.endswith("_step") else groups,
                                      prompts + resp))
   # Micro-batches and calls of each program per step, for its HLO collectives.
+  per = max(1, st.micro_rows or st.rows // max(1, st.minibatches))
   if k.train == "packed":
     fwd_micro, upd_micro = len(groups), len(steps) * st.epochs
   else:
@@ -447,14 +459,25 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
     fwd_micro = upd_micro = -(-st.rows // per)
     upd_micro *= st.epochs
   upd_calls = max(1, st.minibatches) * st.epochs
+  if k.train == "packed":  # one (n rows, T) per packed micro-batch
+    mbs = {"fwd": [(c, t) for c, t, _, _ in groups],
+           "upd": [(c, t) for c, t, _, _ in steps] * st.epochs}
+  else:
+    mbs = {"fwd": [(per, t_row)] * fwd_micro, "upd": [(per, t_row)] * upd_micro}
   for prog in progs:
     update = prog.name.endswith("_step")
     secs, line = step_terms.train_collectives(
         st, prog.name, upd_micro if update else fwd_micro, upd_calls if update else 1)
+    if not line:  # not compiled: counted from the layout (`step_terms.layout_collectives`)
+      secs, line = step_terms.layout_collectives(
+          st, prog.name, mbs["upd" if update else "fwd"], update,
+          a.critic_params if prog.name.startswith(("critic", "values")) else a.params,
+          compute_s=sum(prog.terms.values()), calls=upd_calls if update else 1)
     if line:
       prog.terms["collectives"] = secs
       prog.lines.append(line)
   return progs
+
 
 
 # ---------------------------------------------------------------------------- rollout
@@ -815,8 +838,6 @@ def format_report(label: str, r: dict) -> str:
   lines.append(f"  step estimate {r['estimate_s']:.0f} s; floor {r['floor_s']:.0f} s ({fl}); "
                f"ratio {r['ratio']:.1f}×")
   lines.append("  dominant: " + "; ".join(f"{k} {v:.0f} s" for k, v in r["dominant"]))
-  if not any("collectives from compiled HLO" in x for p in r["programs"] for x in p.lines):
-    lines.append("  train collectives: not counted (--train_collectives=JSON of tools.train_hlo)")
   for line in r.get("layouts", []):
     lines.append("  train layout " + line)
   lines.append("  " + step_terms.NOT_COUNTED)

@@ -129,15 +129,17 @@ def kernel_line(st, engine, block_tokens: int, extra_s: float, tp: int) -> str:
 
 
 def train_collectives(st, name: str, micro_batches: float, calls: float) -> tuple[float, str]:
-  """(exposed seconds, line) of one train program from the HLO figures (--train_collectives)."""
+  """(exposed seconds, line) of one train program from the HLO figures (--train_collectives);
+  (0, "") where the file lacks the program or was compiled for another train layout (the
+  caller then counts them from the layout: `layout_collectives`)."""
   from vapo_jax.tools import train_hlo  # pylint: disable=import-outside-toplevel
   path = st.knobs.train_collectives
   if not path:
     return 0.0, ""
   figs = _load(path)
-  if name not in figs:
-    return 0.0, (f"{name} collectives: not counted (not compiled into {path}; "
-                 f"tools.train_hlo --programs={name})")
+  layout = "fsdp" if st.train_tp != st.tensor else "shared"
+  if name not in figs or train_hlo.layout_of(path) != layout:
+    return 0.0, ""
   sp: train_hlo.Split = figs[name]
   lat, bw = st.knobs.collective_latency_us * 1e-6, collective_bw(st)
   t, c = sp.per_trip, sp.per_call
@@ -150,6 +152,54 @@ def train_collectives(st, name: str, micro_batches: float, calls: float) -> tupl
       f"{name} collectives from compiled HLO{probes}: {micro_batches:,.0f} micro-batches × "
       f"{t.count:,.0f} ({t.nbytes / 1e9:.1f} GB) + {calls:,.0f} calls × {c.count:,.0f}; "
       f"exposed {exposed:.0f} s, overlapped by XLA's schedule {hidden:.0f} s (not counted)")
+
+
+def layout_collectives(st, name: str, micro: list, update: bool, params: float, *,
+                       compute_s: float, calls: int = 1) -> tuple[float, str]:
+  """(exposed seconds, line) of one train program's collectives from its layout, for a
+  program not compiled into --train_collectives (`train_layout`'s arithmetic, per program).
+
+  micro: [(n, T)] of its micro-batches (all calls); W = params of the learner. On the train
+  mesh of tp = st.train_tp tensor shards and D = chips / tp batch shards, per micro-batch:
+  FSDP all-gathers of the master weights (1 per forward pass; 2 + r per update, r the
+  rematerialised fraction), a gradient reduce-scatter per update micro-batch (fp32), and
+  with tp > 1 the activation all-reduces (2 per layer forward, 4 + 2 r per update). The
+  FSDP collectives are taken as overlapped with the layers' compute (XLA's async
+  collectives) except one layer's gather per micro-batch pass (the first layer waits for
+  it) and any excess over the program's compute; the all-reduces sit between a layer's
+  matmuls: exposed. An assumption, not XLA's schedule: `tools.train_hlo` measures that.
+  """
+  a, k = st.arch, st.knobs
+  tp = max(1, st.train_tp)
+  d = max(1, st.chips // tp)
+  lat, bw = k.collective_latency_us * 1e-6, collective_bw(st)
+  shard = (d - 1) / d / tp
+  passes = (2 + a.remat) if update else 1
+  m = len(micro)
+  gather = m * passes * params * st.param_bytes * shard
+  scatter = m * params * 4.0 * shard if update else 0.0
+  fsdp_n = m * (passes + update) * a.layers
+  fsdp_s = fsdp_n * lat + (gather + scatter) / bw
+  first = m * passes * (params / a.layers * st.param_bytes * shard / bw + lat)
+  ar_s, ar_bytes, ar_n = 0.0, 0.0, 0.0
+  if tp > 1:
+    ring = 2.0 * (tp - 1) / tp
+    per_layer = (4 + 2 * a.remat) if update else 2
+    for n, t in micro:
+      ar_bytes += per_layer * a.layers * ring * (n * t / d) * a.d * 2.0
+      ar_n += per_layer * a.layers
+    ar_s = ar_n * lat + ar_bytes / bw
+  exposed = ar_s + first + max(0.0, fsdp_s - first - compute_s)
+  mesh = f"FSDP {d} × TP {tp}" if tp > 1 else f"FSDP {d} only"
+  tp_part = (f"; TP all-reduces {ar_n:,.0f} ({ar_bytes / 1e9:,.0f} GB), exposed {ar_s:.0f} s"
+             if tp > 1 else "")
+  return exposed, (
+      f"{name} collectives from the layout ({mesh}; not compiled: tools.train_hlo "
+      f"--programs={name}): {m} micro-batches × {passes:g} weight gathers"
+      f"{' + a gradient reduce-scatter' if update else ''}: {fsdp_n:,.0f} FSDP collectives "
+      f"({(gather + scatter) / 1e9:,.0f} GB per chip, {fsdp_s:.0f} s) taken as overlapped "
+      f"with {compute_s:.0f} s of compute but the first layer's gather per pass ({first:.0f} "
+      f"s){tp_part}; exposed {exposed:.0f} s (assumed, not XLA's schedule)")
 
 
 _CACHE: dict = {}

@@ -340,6 +340,7 @@ def main(argv):
   if f.json:
     with open(f.json, "w", encoding="utf-8") as fh:
       json.dump({"slice": s.name, "layers": mcfg.num_layers,
+                 "train_layout": cfg.mesh.train_layout,
                  "programs": {k: v.as_dict() for k, v in res.items()}}, fh, indent=1)
 
 
@@ -356,6 +357,13 @@ def load(path: str) -> dict:
   """{program: Split} from a --json file of this tool."""
   with open(path, encoding="utf-8") as fh:
     return {k: Split.from_dict(v) for k, v in json.load(fh)["programs"].items()}
+
+
+def layout_of(path: str) -> str:
+  """The config.mesh.train_layout a --json file was compiled with ("shared" before the
+  field was written)."""
+  with open(path, encoding="utf-8") as fh:
+    return json.load(fh).get("train_layout", "shared")
 
 
 if __name__ == "__main__":
