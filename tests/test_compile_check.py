@@ -216,3 +216,13 @@ def test_remat_search_picks_the_fewest_rematerialised_blocks_that_fit(monkeypatc
   probe = compile_check.probe_model(ModelConfig(num_layers=64, remat=True, remat_layers=32,
                                                 **shapes), 4)
   assert (probe.num_layers, probe.remat_layers) == (4, 2)
+  # Probes that cannot hold that fraction are refused, with probes that can: 48 of 64 on 2 and
+  # 4 layers would be 1.5 of 2 (rounded to 2 of 2: every block, a line that prices a kept
+  # block per layer); 4 and 8 layers hold it exactly (3 of 4, 6 of 8).
+  m48 = ModelConfig(num_layers=64, remat=True, remat_layers=48, **shapes)
+  why = compile_check.probe_refusal(m48, (2, 4))
+  assert "1.5 of 2" in why and "--probe_layers=4,8" in why
+  assert compile_check.probe_refusal(m48, (4, 8)) == ""
+  assert compile_check.probe_refusal(m48.replace(remat_layers=-1), (2, 4)) == ""
+  assert compile_check.probe_refusal(m48.replace(remat_layers=40), (4, 8)).endswith(
+      "--probe_layers=8,16")

@@ -194,9 +194,29 @@ def extrapolate(ra: Result, rb: Result, la: int, lb: int, layers: int, prog, par
                 error="", kernel_calls=round(lin(ra.kernel_calls, rb.kernel_calls)), **f)
 
 
+def probe_refusal(mcfg, probe_layers: tuple[int, int]) -> str:
+  """Why probes of these layer counts cannot stand for `mcfg`'s partial remat ("" if they
+  can): each probe must rematerialise exactly the model's fraction N / L of its blocks, or
+  the line through the two probes prices a kept block as a per-layer cost (48 of 64 with
+  probes of 2 and 4 layers: 2 of 2 and 3 of 4, and the critic step extrapolated to 134 GB
+  where 4- and 8-layer probes, 3 of 4 and 6 of 8, give 44 GB)."""
+  n, total = mcfg.remat_layers, mcfg.num_layers
+  if not mcfg.remat or not 0 < n < total:
+    return ""
+  bad = [k for k in probe_layers if (n * k) % total]
+  if not bad:
+    return ""
+  step = total // math.gcd(n, total)
+  return (f"probes of {','.join(str(k) for k in probe_layers)} layers cannot rematerialise "
+          f"model.remat_layers={n} of {total} blocks in proportion ({n * bad[0] / total:g} "
+          f"of {bad[0]}); use layer counts that are multiples of {step}, e.g. "
+          f"--probe_layers={step},{2 * step}")
+
+
 def probe_model(mcfg, layers: int):
   """`mcfg` at `layers` layers; a partial remat keeps its fraction of rematerialised blocks
-  (rounded), so the probes extrapolate to the same mix."""
+  (rounded; `probe_refusal` says when the rounding changes the mix), so the probes
+  extrapolate to the same mix."""
   out = mcfg.replace(num_layers=layers)
   if mcfg.remat and 0 <= mcfg.remat_layers < mcfg.num_layers:
     out = out.replace(remat_layers=round(mcfg.remat_layers * layers / mcfg.num_layers))
@@ -325,6 +345,10 @@ def check(cfg, mcfg, s: tpu_specs.Slice, *, names=None, mfu=0.4, bw=0.7, headroo
         f"{s.gen.hbm_bytes / GB:.1f} GB HBM; use a slice with more chips"))
     return report
   report["rollout_parts"] = plan.rollout_parts
+  updates = set(names or programs.PROGRAMS) & set(UPDATES)  # the programs remat shapes
+  if probe_layers and updates and probe_refusal(mcfg, probe_layers):
+    report.update(fits=False, error=probe_refusal(mcfg, probe_layers))
+    return report
   if probe_layers:
     la, lb = probe_layers
     # The probes keep the full model's pools (tokens), so their bytes scale with the layers.
