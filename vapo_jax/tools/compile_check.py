@@ -276,7 +276,8 @@ def remat_search(cfg, mcfg, s: tpu_specs.Slice, *, headroom=0.05,
         f"rematerialised blocks fit {budget / GB:.1f} GB (linear)")
   # XLA's schedule is not linear in the mix: compile the pick and step up until both fit.
   # Probes of la and lb layers represent n / L exactly only on a grid of L / la blocks.
-  grid = layers // probe_layers[0] if probe_layers else 1
+  grid = (math.lcm(*(layers // math.gcd(layers, k) for k in probe_layers)) if probe_layers
+          else 1)
   n = min(layers, -(-n_need // grid) * grid)
   verified = {}
   for _ in range(max_rounds):
@@ -284,6 +285,10 @@ def remat_search(cfg, mcfg, s: tpu_specs.Slice, *, headroom=0.05,
       break  # the two ends were compiled above
     rep = check(cfg, mcfg.replace(remat=True, remat_layers=n), s, names=UPDATES,
                 headroom=headroom, probe_layers=probe_layers, log=quiet, lengths=lengths)
+    if "error" in rep:
+      log(f"  remat search: model.remat_layers={n}: {rep['error']}")
+      return {"layers": None, "peaks": peaks, "budget": budget,
+              "verified": {str(k): v for k, v in verified.items()}}
     got = {}
     for k, v in rep.get("programs", {}).items():  # the worst shape of each program
       base = k.split("[")[0]
