@@ -450,20 +450,16 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
   for prog in progs:
     prog.lines.append(attention_line(st, steps if prog.name.endswith("_step") else groups,
                                      prompts + resp))
-  # Micro-batches and calls of each program per step, for its HLO collectives.
-  per = max(1, st.micro_rows or st.rows // max(1, st.minibatches))
-  if k.train == "packed":
-    fwd_micro, upd_micro = len(groups), len(steps) * st.epochs
-  else:
-    per = max(1, st.micro_rows or st.rows // max(1, st.minibatches))
-    fwd_micro = upd_micro = -(-st.rows // per)
-    upd_micro *= st.epochs
-  upd_calls = max(1, st.minibatches) * st.epochs
-  if k.train == "packed":  # one (n rows, T) per packed micro-batch
+  # The micro-batches [(n rows, T)] and calls of each program per step, for its collectives.
+  if k.train == "packed":  # one per packed micro-batch
     mbs = {"fwd": [(c, t) for c, t, _, _ in groups],
            "upd": [(c, t) for c, t, _, _ in steps] * st.epochs}
   else:
-    mbs = {"fwd": [(per, t_row)] * fwd_micro, "upd": [(per, t_row)] * upd_micro}
+    per = max(1, st.micro_rows or st.rows // max(1, st.minibatches))
+    mbs = {"fwd": [(per, t_row)] * -(-st.rows // per),
+           "upd": [(per, t_row)] * (-(-st.rows // per) * st.epochs)}
+  fwd_micro, upd_micro = len(mbs["fwd"]), len(mbs["upd"])
+  upd_calls = max(1, st.minibatches) * st.epochs
   for prog in progs:
     update = prog.name.endswith("_step")
     secs, line = step_terms.train_collectives(
@@ -472,12 +468,11 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
       secs, line = step_terms.layout_collectives(
           st, prog.name, mbs["upd" if update else "fwd"], update,
           a.critic_params if prog.name.startswith(("critic", "values")) else a.params,
-          compute_s=sum(prog.terms.values()), calls=upd_calls if update else 1)
+          compute_s=sum(prog.terms.values()))
     if line:
       prog.terms["collectives"] = secs
       prog.lines.append(line)
   return progs
-
 
 
 # ---------------------------------------------------------------------------- rollout

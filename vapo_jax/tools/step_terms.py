@@ -155,11 +155,11 @@ def train_collectives(st, name: str, micro_batches: float, calls: float) -> tupl
 
 
 def layout_collectives(st, name: str, micro: list, update: bool, params: float, *,
-                       compute_s: float, calls: int = 1) -> tuple[float, str]:
+                       compute_s: float) -> tuple[float, str]:
   """(exposed seconds, line) of one train program's collectives from its layout, for a
   program not compiled into --train_collectives (`train_layout`'s arithmetic, per program).
 
-  micro: [(n, T)] of its micro-batches (all calls); W = params of the learner. On the train
+  micro: [(n, T)] of its micro-batches (all its calls); W = params of the learner. On the train
   mesh of tp = st.train_tp tensor shards and D = chips / tp batch shards, per micro-batch:
   FSDP all-gathers of the master weights (1 per forward pass; 2 + r per update, r the
   rematerialised fraction), a gradient reduce-scatter per update micro-batch (fp32), and
