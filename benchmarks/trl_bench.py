@@ -42,7 +42,10 @@ Per RL step, the split of each side (seconds, medians over the timed steps):
         reward: `_calculate_rewards`;
         update: the rest of the step (loss forward, backward, clipping, AdamW);
         step: `on_step_begin` to `on_step_end` of a trainer callback.
-Ours packs each pass's sequences into rows and compiles once per packed shape (`rl.layout`):
+Ours packs each pass's sequences into rows and compiles once per packed shape (`rl.layout`);
+`--row-tokens=N --row-steps=S` set rl.packing_row_tokens / rl.packing_row_steps (default: the
+config's rows of P + R slots, which hold one sequence each when sequences are longer than
+half of P + R, as here):
 a timed step that meets a new shape compiles inside it. Its `compile` seconds (JAX's compile
 events, `rl_step_bench.compile_seconds`) are recorded, and where they are not ~0 the ratio is
 printed again without them (a long run meets each shape once).
@@ -144,6 +147,10 @@ def our_config(path: str, preset: str, model_dir: str, args):
   c.optim.policy_lr, c.optim.warmup_steps = args.lr, 0
   if args.old_logprobs:  # e.g. "exact": π_old from the update, as TRL (one update per batch)
     c.rl.old_logprobs = args.old_logprobs
+  if getattr(args, "row_tokens", None) is not None:  # packed rows (rl.packing_row_tokens)
+    c.rl.packing_row_tokens = args.row_tokens
+  if getattr(args, "row_steps", None) is not None:
+    c.rl.packing_row_steps = args.row_steps
   c.value_pretrain.enabled = False
   c.eval.every = 0
   c.checkpoint.every = 0
@@ -309,7 +316,8 @@ def measure(args, load) -> tuple[list[str], dict]:
            f"max prompt {args.max_prompt}, max new tokens {args.max_new}, temperature 1.0, "
            f"beta {cfg.rl.kl_coef}, lr {args.lr}, our old log-probs {cfg.old_logprobs}, "
            f"full fine-tuning, float32, remat "
-           f"{cfg.model.remat}; medians of "
+           f"{cfg.model.remat}, packed rows of {cfg.rl.packing_row_tokens or 'P + R'} slots "
+           f"({cfg.rl.packing_row_steps} length(s)); medians of "
            f"{n - 1} timed RL step(s) after 1 warm-up"]
   lines += split_lines("ours (vapo_jax grpo)", med_ours)
   lines += split_lines("TRL GRPOTrainer", med_trl)
@@ -387,6 +395,8 @@ def measure(args, load) -> tuple[list[str], dict]:
                    "max_new_tokens": args.max_new, "temperature": 1.0,
                    "beta": cfg.rl.kl_coef, "lr": args.lr, "lora": False, "dtype": "float32",
                    "remat": cfg.model.remat, "micro_batch_size": cfg.rl.micro_batch_size,
+                   "packing_row_tokens": cfg.rl.packing_row_tokens,
+                   "packing_row_steps": cfg.rl.packing_row_steps,
                    "timed_steps": n - 1, "rollout_rounds": args.rollout_rounds},
       "rl_step": {"ours": {"per_step": ours[:n], "median": med_ours},
                   "trl": {"per_step": trl_runs[:n], "median": med_trl},
@@ -450,6 +460,12 @@ def main(argv=None):
                   choices=["recompute", "exact", "auto", "behaviour"],
                   help="our rl.old_logprobs (default: the config's; exact skips the old "
                   "policy's forward as TRL does)")
+  ap.add_argument("--row-tokens", type=int, default=None,
+                  help="our rl.packing_row_tokens (default: the config's; 0: prompt + response "
+                  "length, one short sequence per row)")
+  ap.add_argument("--row-steps", type=int, default=None,
+                  help="our rl.packing_row_steps (default: the config's): row lengths a plan "
+                  "may pick from")
   ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
                   help="TRL's torch device (auto: cuda where torch sees one); ours is JAX's "
                   "default backend (JAX_PLATFORMS)")

@@ -90,3 +90,27 @@ def test_trl_timer_splits_a_step(bench, monkeypatch):
   assert run["experience"] == pytest.approx(2.875)
   assert run["step"] == pytest.approx(4.375)
   assert run["updates"] == pytest.approx(1.5)
+
+
+def test_our_config_takes_trl_settings_and_packing_overrides(bench):
+  """our_config: the bench's settings on our side (full fine-tuning, one update per batch,
+  TRL's lengths and group), and --row-tokens / --row-steps reach rl.packing_* and are
+  validated like any config (a row shorter than prompt + response is refused)."""
+  import types  # pylint: disable=import-outside-toplevel
+  from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  args = types.SimpleNamespace(max_prompt=96, max_new=32, prompts=3, group=4, lr=2e-6,
+                               old_logprobs="exact", row_tokens=None, row_steps=None)
+  path = os.path.join(os.path.dirname(_PATH), "..", "configs", "smollm2_135m.py")
+  cfg = bench.our_config(path, "grpo", "/nowhere", args)
+  assert (cfg.model.lora.rank, cfg.rl.prompts_per_step, cfg.rl.responses_per_prompt) == (0, 3, 4)
+  assert (cfg.rl.num_minibatches, cfg.rl.ppo_epochs, cfg.old_logprobs) == (1, 1, "exact")
+  assert (cfg.sampling.max_new_tokens, cfg.data.max_prompt_tokens) == (32, 96)
+  assert cfg.rl.micro_batch_size == 0          # 12 rows: the config's 8 does not divide them
+  assert (cfg.rl.packing_row_tokens, cfg.rl.packing_row_steps) == (0, 1)
+  long = bench.our_config(path, "grpo", "/nowhere",
+                          types.SimpleNamespace(**{**vars(args), "row_tokens": 512,
+                                                   "row_steps": 4}))
+  assert (long.rl.packing_row_tokens, long.rl.packing_row_steps) == (512, 4)
+  with pytest.raises(config_lib.ConfigError, match="rl.packing_row_tokens"):
+    bench.our_config(path, "grpo", "/nowhere",
+                     types.SimpleNamespace(**{**vars(args), "row_tokens": 100}))
