@@ -42,13 +42,13 @@ Per RL step, the split of each side (seconds, medians over the timed steps):
         reward: `_calculate_rewards`;
         update: the rest of the step (loss forward, backward, clipping, AdamW);
         step: `on_step_begin` to `on_step_end` of a trainer callback.
-Ours packs each pass's sequences into rows and compiles once per packed shape (`rl.layout`);
-`--row-tokens=N --row-steps=S` set rl.packing_row_tokens / rl.packing_row_steps (default: the
-config's rows of P + R slots, which hold one sequence each when sequences are longer than
-half of P + R, as here):
+Ours packs each pass's sequences into rows and compiles once per packed shape (`rl.layout`):
 a timed step that meets a new shape compiles inside it. Its `compile` seconds (JAX's compile
 events, `rl_step_bench.compile_seconds`) are recorded, and where they are not ~0 the ratio is
-printed again without them (a long run meets each shape once).
+printed again without them (a long run meets each shape once). `--row-tokens=N
+--row-steps=S` set our rl.packing_row_tokens / rl.packing_row_steps (default: the config's
+rows of P + R slots, which hold one sequence each when sequences are longer than half of
+P + R, as here; 2026-12-05: rows of 512 with 4 lengths cut our forward by 31%).
 The sides interleave round by round (benchmarks/quiet.py): TRL's `train()` runs warm-up + N
 steps and a callback runs our step k before TRL's step k on odd rounds and after it on even
 ones, outside TRL's timed span. Round 0 (compiles, first calls) is excluded from every figure.
