@@ -147,9 +147,9 @@ def our_config(path: str, preset: str, model_dir: str, args):
   c.optim.policy_lr, c.optim.warmup_steps = args.lr, 0
   if args.old_logprobs:  # e.g. "exact": π_old from the update, as TRL (one update per batch)
     c.rl.old_logprobs = args.old_logprobs
-  if getattr(args, "row_tokens", None) is not None:  # packed rows (rl.packing_row_tokens)
+  if args.row_tokens is not None:  # packed rows (rl.packing_row_tokens)
     c.rl.packing_row_tokens = args.row_tokens
-  if getattr(args, "row_steps", None) is not None:
+  if args.row_steps is not None:
     c.rl.packing_row_steps = args.row_steps
   c.value_pretrain.enabled = False
   c.eval.every = 0
