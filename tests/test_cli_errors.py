@@ -104,3 +104,30 @@ def test_a_cpu_run_prints_nothing_from_libtpu(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   bad = [l for l in out.stderr.splitlines() if any(s in l for s in LIBTPU_LINES)]
   assert not bad, out.stderr[-3000:]
+
+
+HELD_BY_THE_ERROR = """
+import sys
+from vapo_jax import cli
+
+class Held:  # stands for a `datasets` Arrow table in the frame that raised
+  def __del__(self):
+    sys.stderr.write("freed\\n")
+    sys.stderr.flush()
+
+def main(argv):
+  held = Held()
+  raise FileNotFoundError(2, "No such file or directory", "/no/such/rows.jsonl")
+
+cli.run(main)
+"""
+
+
+def test_what_the_failing_frame_held_is_freed_before_the_exit(tmp_path):
+  """A user error's frames are freed before `error:` is printed and the process exits, not
+  in interpreter teardown, where an Arrow table's threads can abort it (SIGABRT, not 2)."""
+  out = subprocess.run([sys.executable, "-c", HELD_BY_THE_ERROR], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env=_env())
+  assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+  assert out.stderr.strip().splitlines() == [
+      "freed", "error: No such file or directory: /no/such/rows.jsonl"], out.stderr[-3000:]

@@ -22,6 +22,7 @@ its traceback; the watchdog's and SIGTERM's exit codes (3, 143) are untouched.
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import re
@@ -173,6 +174,10 @@ def run(main: Callable, argv=None) -> None:
       message = user_error(e)
       if message is None or _want_traceback(args):
         raise
-      fail(message)
+    # Out of the except block, so the exception's frames and what they hold are freed now:
+    # objects left to interpreter teardown can abort it (a `datasets` Arrow table whose
+    # threads outlive Arrow's pools: "terminate called without an active exception").
+    gc.collect()
+    fail(message)
 
   app.run(guarded, argv=argv, flags_parser=parse)

@@ -260,8 +260,10 @@ def load_hf(name: str, split: str = "train", problem_field: str | None = None,
                                 solution=solution_field, uid=uid_field))
   label = f"hf:{name}" + (f"/{config}" if config else "")
   ds = _hf_split(datasets, name, split, config, label)
+  rows = ds.to_list()  # plain dicts: a bad row's error then holds no Arrow table
+  del ds
   return _finish([row_to_example(row, fields, f"{label} split {split!r} row {i}")
-                  for i, row in enumerate(ds, start=1)], f"{label} split {split!r}")
+                  for i, row in enumerate(rows, start=1)], f"{label} split {split!r}")
 
 
 def _hf_split(datasets, name: str, split: str, config: str | None, label: str):
