@@ -31,7 +31,8 @@ def root() -> str:
   return os.path.dirname(os.path.dirname(os.path.abspath(vapo_jax.__file__)))
 
 PRESETS = ("vapo", "ppo", "grpo", "dapo")
-TIMING = ("time/", "_per_s", "wall_s", "_seconds")  # timings: not reproducible
+# timings and what a process compiled: not reproducible
+TIMING = ("time/", "_per_s", "wall_s", "_seconds", "compile/")
 
 SHRINK = {
     "model": dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,

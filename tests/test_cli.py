@@ -65,9 +65,10 @@ def _records(workdir) -> list[dict]:
     return []
   with open(path, encoding="utf-8") as f:
     lines = [json.loads(line) for line in f]
-  # Everything but wall-clock figures.
+  # Everything but wall-clock figures and what this process compiled (a resumed process
+  # compiles its programs again, or loads them from the cache).
   return [{k: v for k, v in r.items()
-           if not any(w in k for w in ("time", "seconds", "_per_s"))} for r in lines]
+           if not any(w in k for w in ("time", "seconds", "_per_s", "compile/"))} for r in lines]
 
 
 def _wait_for(workdir, stage: str, step: int, proc: subprocess.Popen) -> None:

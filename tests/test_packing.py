@@ -63,14 +63,31 @@ def test_planner_places_every_sequence_once_within_budget_balanced(seed):
   assert (tables["segment_ids"] > 0).sum() == (p + r).sum()
 
 
-def test_bucket_and_shapes_are_a_small_fixed_set():
-  assert [packing.bucket(c) for c in (1, 3, 5, 8, 9, 11, 17, 33)] == [1, 3, 5, 8, 10, 12, 20, 40]
+def test_rows_per_micro_batch_are_fixed_and_k_is_the_only_thing_that_varies():
   spec = packing.PackSpec(100, 4, 2)
-  shapes = spec.shapes(512)
-  assert len(shapes) <= 32 and all(n % 2 == 0 and n <= 8 for _, n in shapes)
+  assert {n for _, n in spec.shapes(512)} == {8}                  # n = D * rows_per_device
   for rows in range(1, 512):
     k, n = spec.shape(rows)
-    assert rows <= k * n <= 1.25 * (rows + spec.max_rows)
+    assert n == 8 and rows <= k * n < rows + n                    # less than a micro-batch spare
+  assert spec.micro_cap(512) == 64 and spec.micro_cap(0) == 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tables_have_one_shape_per_batch_size_whatever_the_lengths(seed):
+  # The tables a program compiles for are [n, K_cap, T] for every batch of B sequences;
+  # micro-batches K .. K_cap - 1 hold nothing, and micro_B's max is K - 1.
+  rng = np.random.default_rng(seed)
+  spec = packing.PackSpec(40, 2, 1)
+  shapes = set()
+  for _ in range(20):
+    p, r = _mix(rng, 16, 10, int(rng.integers(1, 30)))
+    plan = packing.plan(p, r, spec)
+    tables = packing.pack_indices(plan, 10, 40)
+    shapes.add(tables["src"].shape)
+    n, k, _ = plan.shape
+    assert plan.micro_B.max() == k - 1
+    assert (tables["src"][:, k:] == -1).all() and (tables["segment_ids"][:, :k] > 0).any()
+  assert shapes == {(2, 8, 40)}
 
 
 def test_row_steps_lengths_counted_by_hand():
@@ -98,12 +115,16 @@ def test_row_steps_plan_picks_the_fewest_computed_slots():
   # A 17-token sequence fits only the rows of 20.
   long = packing.plan([9, 1], [8, 1], packing.PackSpec.from_budget(40, 20, 1, 2))
   assert long.row_len == 20
-  # Two sequences of 8: one row of 16 (16 slots) beats one row of 20.
+  # n is fixed per row length (2 rows of 16 or of 20 here): two sequences of 8 take a
+  # micro-batch of 2 rows of 16 (32 slots) rather than 2 rows of 20 (40).
   assert packing.plan([8, 8], [0, 0], packing.PackSpec.from_budget(40, 20, 1, 2)).shape == (
-      1, 1, 16)
-  # Two sequences of 10: one row of 20 (20 slots) beats two rows of 16 (32).
-  assert packing.plan([5, 5], [5, 5], packing.PackSpec.from_budget(40, 20, 1, 2)).shape == (
-      1, 1, 20)
+      2, 1, 16)
+  # 60 tokens per device: 3 rows of 20 or 3 of 16. Three sequences of 10 fill rows of 20
+  # two to a row (2 rows: one micro-batch, 60 slots) but need 3 rows of 16 (48): 16 wins;
+  # four of 10 need 2 rows of 20 (60 slots) or 4 of 16 (2 micro-batches, 96): 20 wins.
+  spec = packing.PackSpec.from_budget(60, 20, 1, 2)
+  assert packing.plan([5] * 3, [5] * 3, spec).shape == (3, 1, 16)
+  assert packing.plan([5] * 4, [5] * 4, spec).shape == (3, 1, 20)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -346,3 +367,53 @@ def test_config_switch_is_validated_before_any_compile():
   c.rl.packing_row_steps = 0
   with pytest.raises(config_lib.ConfigError, match="rl.packing_row_steps"):
     config_lib.from_config_dict(c)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_head_table_lists_exactly_the_response_slots_per_shard(shards):
+  rng = np.random.default_rng(shards)
+  p, r = _mix(rng, 32, 9, 20)
+  spec = packing.PackSpec(40, 2, shards)
+  plan = packing.plan(p, r, spec)
+  tab = packing.pack_indices(plan, 9, 29)
+  n, kc, t = plan.table_shape
+  want = np.zeros((n, kc, t), bool)
+  for b in range(len(p)):
+    s = plan.offset_B[b] + p[b] - 1
+    want[plan.row_B[b], plan.micro_B[b], s:s + r[b]] = True
+  head = tab["head"].reshape(shards, n // shards, kc, t).transpose(0, 2, 1, 3).reshape(
+      shards, kc, -1)
+  block = want.reshape(shards, n // shards, kc, t).transpose(0, 2, 1, 3).reshape(shards, kc, -1)
+  for s in range(shards):
+    for k in range(kc):
+      listed = head[s, k][head[s, k] >= 0]
+      np.testing.assert_array_equal(listed, np.flatnonzero(block[s, k]))  # ascending, all
+      assert (head[s, k][len(listed):] == -1).all()                       # compacted
+  assert (tab["head"] >= 0).sum() == r.sum()
+
+
+@pytest.mark.parametrize("remat", [True, False])
+def test_chunked_head_with_a_count_skips_only_the_chunks_past_it(remat):
+  from vapo_jax import policy  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  h = jnp.asarray(rng.normal(size=(2, 40, 8)), jnp.float32)
+  y = jnp.asarray(rng.integers(0, 24, (2, 40)), jnp.int32)
+  w = jnp.asarray(rng.normal(size=(8, 24)), jnp.float32)
+
+  def loss(h, w, count):
+    lp, ent = policy.chunked_logprobs(h, y, w, chunk=8, count=count, remat=remat, vocab_size=20)
+    return jnp.sum(lp * jnp.arange(40)[None, :] + ent), (lp, ent)
+
+  (_, (lp_all, ent_all)), g_all = jax.value_and_grad(loss, (0, 1), has_aux=True)(h, w, None)
+  (_, (lp, ent)), g = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(
+      h, w, jnp.int32(19))
+  # Chunks of 8: positions < 24 (3 chunks) computed, the rest 0.
+  np.testing.assert_allclose(lp[:, :24], lp_all[:, :24], rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(ent[:, :24], ent_all[:, :24], rtol=1e-6, atol=1e-6)
+  assert not np.asarray(lp[:, 24:]).any() and not np.asarray(ent[:, 24:]).any()
+  # Gradients: those of the loss over the first 24 positions only.
+  (_, _), g_ref = jax.value_and_grad(
+      lambda h, w: (lambda o: (jnp.sum((o[0] * jnp.arange(40)[None, :] + o[1])[:, :24]), o))(
+          policy.chunked_logprobs(h, y, w, chunk=8, vocab_size=20)), (0, 1), has_aux=True)(h, w)
+  for a, b in zip(g, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -108,12 +108,13 @@ def test_packed_programs_are_the_trainers_at_the_planners_shapes(built):
     assert all(f"{name}[rows={s[0]}x24]" in by_name for s in mini)
   for name in ("logprobs", "values"):
     assert by_name[f"{name}[rows={whole[0]}x24]"].trips == whole[1]
-  # The fit is judged at the set's largest micro-batch too (trips 0 when unused).
-  assert max(n for _, n in spec.shapes(16)) == 4
-  assert "policy_step[rows=4x24]" in by_name
-  # Each program's plan arrays have the shape set's largest K for its n.
+  # n is fixed (4 rows of 24 per micro-batch): one program per pass.
+  assert {n for _, n in spec.shapes(16)} == {4}
+  assert [p.name for p in plan.programs if p.name.startswith("policy_step")] == [
+      "policy_step[rows=4x24]"]
+  # Its plan tables hold K_cap = ceil(B / n) micro-batches whatever the lengths.
   prog = by_name["logprobs[rows=4x24]"]
-  assert prog.args[3]["src"].shape == (4, max(k for k, n in spec.shapes(32) if n == 4), 24)
+  assert prog.args[3]["src"].shape == (4, 8, 24) == (4, spec.micro_cap(32), 24)
 
 
 def test_row_steps_compile_the_planners_shorter_rows(built):

@@ -279,7 +279,10 @@ class RLSection:
   # gradients to float tolerance. False: padded rows of P + R (the oracle in tests).
   packing: bool = True
   packing_row_tokens: int = 0           # 0: max_prompt_tokens + max_new_tokens
-  packing_tokens_per_device: int = 0    # 0: the padded micro-batch's tokens per device
+  # Tokens per device per micro-batch; the rows per micro-batch (this // the row length) are
+  # fixed for a pass, the micro-batch count follows the batch at run time. 0: the padded
+  # micro-batch's tokens per device, at most the rows of 1/16 of the pass's sequences.
+  packing_tokens_per_device: int = 0
   # Row lengths a packing plan may choose from: S > 1 lets each plan run its batch in rows
   # of ⌈s T / S⌉ (s = 1 .. S, 128-aligned; T = the row length above) where its longest
   # sequence fits, at the same token budget (more, shorter rows), whichever computes the
@@ -382,6 +385,15 @@ class MetricsSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class CompileSection:
+  """What a run compiles (`run.compiles`): JAX's persistent compilation cache, so a rerun or
+  a resumed run loads its programs instead of compiling them again."""
+  # False: no persistent cache (JAX_COMPILATION_CACHE_DIR, when set, still wins).
+  cache: bool = True
+  cache_dir: str = ""                   # "": $XDG_CACHE_HOME/vapo_jax/jax; the user's, private
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   seed: int = 0
   log_every: int = 1
@@ -399,6 +411,7 @@ class Config:
   checkpoint: CheckpointSection = CheckpointSection()
   faults: FaultsSection = FaultsSection()
   metrics: MetricsSection = MetricsSection()
+  compile: CompileSection = CompileSection()
 
   # ---- derived quantities (one place, so every caller agrees)
   @property

@@ -15,18 +15,19 @@ s_b + t with s_b = o_b + p_b - 1, so
 
   out_BxR[b, t] = packed[k_b, r_b, s_b + t] * response_mask[b, t]      (`unpack`).
 
-Layout of packed arrays: `[n, K, T]`, rows of a micro-batch first so that, like every other
-train-batch array, axis 0 is split over the data-parallel mesh axes; `micro(x, k)` is
-micro-batch k, `[n, T]`.
+Layout of packed arrays: `[n, K, T]` (the tables: `[n, K_cap, T]`, below), rows of a
+micro-batch first so that, like every other train-batch array, axis 0 is split over the
+data-parallel mesh axes; `micro(x, k)` is micro-batch k, `[n, T]`.
 
 The planner (`plan`) is a pure function of the lengths (so every host computes the same
 plan), deterministic, and places every sequence exactly once:
   1. first-fit decreasing (ties by row index) of the n_b into rows of T;
-  2. a shape (K micro-batches of n rows) from a small fixed set: with n_max = D *
-     rows_per_device (the per-device token budget divided by T) and N rows needed,
-     K = bucket(ceil(N / n_max)) and n = min(n_max, D * bucket(ceil(N / (K D)))), where
-     `bucket` rounds up to 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, ... (so n is a
-     multiple of D, and K n exceeds N by at most ~25% plus a row per shard);
+  2. a shape: n = D * rows_per_device rows per micro-batch (the per-device token budget
+     divided by T), fixed for the pass, and K = ceil(N / n) micro-batches for the N rows
+     needed. n never changes with the batch: the compiled programs run a loop over K (a
+     traced trip count) on plan tables of a static K_cap = ceil(B / n) micro-batches (a
+     row holds at least one of the B sequences, so N <= B), and each (pass, T) compiles
+     once, whatever the lengths;
   3. rows go to the K * D (micro-batch, shard) bins of n / D rows each by longest
      processing time first (fullest row to the bin with the fewest tokens, ties to the
      lowest bin), which balances real tokens across shards and micro-batches.
@@ -34,10 +35,10 @@ With row steps S > 1 (`PackSpec.row_steps`, rl.packing_row_steps) the row length
 chosen per plan: among the S lengths T_s = min(T, ⌈s T / (S a)⌉ a), s = 1 .. S (a =
 `PackSpec.align`, 128 slots for long rows), those that hold the batch's longest sequence,
 each with rows_per_device = ⌊budget / T_s⌋ for the same per-device token budget, steps 1-3
-run and the plan that computes the fewest slots n K T_s is kept (ties: the longer rows). So
-a batch of short sequences runs in short rows with more of them per micro-batch, instead of
-rounding its micro-batch count K up over rows of the longest possible sequence: early in a
-long-CoT run (responses ~1k of a 20k cap) that rounding wasted ~30% of the update tokens.
+run and the plan that computes the fewest slots n K T_s is kept (ties: the longer rows): at
+most S compiled shapes per pass. So a batch of short sequences runs in short rows with more
+of them per micro-batch: early in a long-CoT run (responses ~1k of a 20k cap) rows of the
+longest possible sequence wasted ~30% of the update tokens.
 Pure numpy and jax (floor 1).
 """
 
@@ -48,16 +49,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-
-def bucket(c: int) -> int:
-  """The smallest of 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, ... >= c."""
-  if c <= 4:
-    return max(1, int(c))
-  e = 1
-  while 8 * e < c:
-    e *= 2
-  return next(m * e for m in (4, 5, 6, 7, 8) if m * e >= c)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,26 +104,41 @@ class PackSpec:
     return self.shards * self.rows_per_device
 
   def shape(self, rows_needed: int) -> tuple[int, int]:
-    """(K, n) for `rows_needed` packed rows, from the fixed set described above."""
-    d, need = self.shards, max(int(rows_needed), 1)
-    k = bucket(-(-need // self.max_rows))
-    return k, min(self.max_rows, d * bucket(-(-need // (k * d))))
+    """(K, n) for `rows_needed` packed rows: n = max_rows always, K = ceil(rows / n)."""
+    return -(-max(int(rows_needed), 1) // self.max_rows), self.max_rows
+
+  def micro_cap(self, sequences: int) -> int:
+    """K_cap = ceil(B / n): the static micro-batch axis of the plan tables of a batch of B
+    sequences (N <= B rows, so K <= K_cap). What a program compiles for is (n, K_cap, T)."""
+    return max(1, -(-int(sequences) // self.max_rows))
 
   def shapes(self, max_sequences: int) -> list[tuple[int, int]]:
     """Every (K, n) a batch of up to `max_sequences` sequences can get in rows of T (for
-    logging; with row steps, `at(T_s).shapes` per row length)."""
-    return sorted({self.shape(r) for r in range(1, max_sequences + 1)})
+    logging; with row steps, `at(T_s).shapes` per row length). One compiled program each T."""
+    return [(k, self.max_rows) for k in range(1, self.micro_cap(max_sequences) + 1)]
+
+
+# The default token budget holds at most 1 / DEFAULT_SHARE of a pass's sequences per device
+# in a micro-batch: with n fixed, the last micro-batch's empty rows are then a few per cent
+# of the pass (benchmarks/packing_fixed_n.py measures it on the real model's lengths).
+DEFAULT_SHARE = 16
 
 
 def spec_for(seq_len: int, rows_per_micro: int, shards: int, row_tokens: int = 0,
-             tokens_per_device: int = 0, row_steps: int = 1) -> PackSpec:
-  """The PackSpec of a pass whose padded micro-batch has `rows_per_micro` rows of seq_len =
-  P + R: rows of `row_tokens` (0: seq_len) and a budget of `tokens_per_device` (0: the padded
-  micro-batch's tokens per device, at least one row), `row_steps` row lengths to choose from.
+             tokens_per_device: int = 0, row_steps: int = 1, pass_rows: int = 0) -> PackSpec:
+  """The PackSpec of a pass of `pass_rows` sequences whose padded micro-batch has
+  `rows_per_micro` rows of seq_len = P + R: rows of `row_tokens` (0: seq_len) and a budget
+  of `tokens_per_device`, `row_steps` row lengths to choose from. The default budget (0) is
+  the padded micro-batch's tokens per device, at least one row, and at most the rows that
+  hold ceil(pass_rows / (DEFAULT_SHARE D)) sequences of the pass (no cap with pass_rows 0).
   rl.packing_row_tokens, rl.packing_tokens_per_device and rl.packing_row_steps are the
   overrides (`run.learners.pass_spec`)."""
   row = row_tokens or seq_len
-  budget = tokens_per_device or max(row, rows_per_micro * seq_len // shards)
+  budget = tokens_per_device
+  if not budget:
+    budget = max(row, rows_per_micro * seq_len // shards)
+    if pass_rows:
+      budget = min(budget, row * max(1, -(-pass_rows // (DEFAULT_SHARE * shards))))
   return PackSpec.from_budget(budget, row, shards, row_steps)
 
 
@@ -157,14 +163,21 @@ class Plan:
   offset_B: np.ndarray
   prompt_B: np.ndarray
   response_B: np.ndarray
-  micro_batches: int   # K
+  micro_batches: int   # K, the micro-batches that hold rows (run at run time)
   rows: int            # n
   row_len: int         # T
+  micro_cap: int = 0   # K_cap >= K, the tables' static micro-batch axis (0: K)
+  shards: int = 1      # D: rows n are D blocks of n / D, one per data-parallel shard
 
   @property
   def shape(self) -> tuple[int, int, int]:
-    """[n, K, T] of the packed arrays."""
+    """[n, K, T]: the packed micro-batches computed."""
     return self.rows, self.micro_batches, self.row_len
+
+  @property
+  def table_shape(self) -> tuple[int, int, int]:
+    """[n, K_cap, T] of the packed tables (`pack_indices`): what a program compiles for."""
+    return self.rows, max(self.micro_cap, self.micro_batches), self.row_len
 
   @property
   def real_tokens(self) -> int:
@@ -174,6 +187,13 @@ class Plan:
   def efficiency(self) -> float:
     """Real tokens / computed tokens (n K T)."""
     return self.real_tokens / float(np.prod(self.shape))
+
+  def metrics(self, name: str) -> dict[str, float]:
+    """perf/<name>_token_efficiency (real / computed tokens) and the shape computed: rows
+    n, micro-batches K, row length T (perf/<name>_rows, _micro_batches, _row_len)."""
+    n, k, t = self.shape
+    return {f"perf/{name}_token_efficiency": self.efficiency, f"perf/{name}_rows": float(n),
+            f"perf/{name}_micro_batches": float(k), f"perf/{name}_row_len": float(t)}
 
 
 def first_fit_decreasing(lengths_B: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarray,
@@ -258,7 +278,7 @@ def _plan_rows(prompt_B, response_B, n_B, spec: PackSpec) -> Plan:
               row_B=np.where(placed, local_N[safe] if len(fill) else 0, 0),
               offset_B=np.where(placed, offset, 0), prompt_B=prompt_B,
               response_B=np.where(placed, response_B, 0), micro_batches=k, rows=n,
-              row_len=spec.row_len)
+              row_len=spec.row_len, micro_cap=spec.micro_cap(len(n_B)), shards=spec.shards)
 
 
 def lengths(mask_BxL, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -268,15 +288,21 @@ def lengths(mask_BxL, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pack_indices(p: Plan, prompt_len: int, seq_len: int) -> dict[str, np.ndarray]:
-  """Host-built gather tables of the packed arrays, int32 [n, K, T] each:
+  """Host-built gather tables of the packed arrays, int32 [n, K_cap, T] each:
 
   src: flat index b * L + column into a [B, L] batch (-1 on padding slots),
-  segment_ids: 1 + the segment's index in its row (0 on padding), positions: j.
+  segment_ids: 1 + the segment's index in its row (0 on padding), positions: j,
+  head: the slots whose output a loss reads (those that predict a response token, s_b + t
+  for t < l_b), compacted per shard: a shard's block of n / D rows is read as one flat run
+  of (n / D) T slots, and its q-th entry (row q // T, column q % T of the block) holds the
+  flat index a T + j of the q-th such slot of the block, ascending (-1 after the last).
+  Micro-batches K .. K_cap - 1 are all padding (`Plan.table_shape`).
   """
-  n, k, t = p.shape
+  n, k, t = p.table_shape
   src = np.full((n, k, t), -1, np.int64)
   seg = np.zeros((n, k, t), np.int32)
   pos = np.zeros((n, k, t), np.int32)
+  out = np.zeros((n, k, t), bool)
   count = np.zeros((n, k), np.int32)
   n_B = p.prompt_B + p.response_B
   for b in np.lexsort((p.offset_B, p.row_B, p.micro_B)):
@@ -289,7 +315,18 @@ def pack_indices(p: Plan, prompt_len: int, seq_len: int) -> dict[str, np.ndarray
     count[r, mk] += 1
     seg[r, mk, o:o + m] = count[r, mk]
     pos[r, mk, o:o + m] = np.arange(m)
-  return {"src": src.astype(np.int32), "segment_ids": seg, "positions": pos}
+    start = o + p.prompt_B[b] - 1
+    out[r, mk, start:start + p.response_B[b]] = True
+  d = p.shards
+  block = out.reshape(d, n // d, k, t).transpose(0, 2, 1, 3).reshape(d, k, -1)  # [D, K, rT]
+  head = np.full(block.shape, -1, np.int64)
+  for s in range(d):
+    for mk in range(k):
+      at = np.flatnonzero(block[s, mk])
+      head[s, mk, :len(at)] = at
+  head = head.reshape(d, k, n // d, t).transpose(0, 2, 1, 3).reshape(n, k, t)
+  return {"src": src.astype(np.int32), "segment_ids": seg, "positions": pos,
+          "head": head.astype(np.int32)}
 
 
 def response_slots(p: Plan) -> dict[str, np.ndarray]:

@@ -26,7 +26,7 @@ from vapo_jax.models.transformer import Transformer, positions_from_mask
 def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
                      head_DxV: jax.Array, *, temperature: float = 1.0,
                      chunk: int = 128, dtype=None,
-                     vocab_size: int | None = None
+                     vocab_size: int | None = None, count=None, remat: bool = True
                      ) -> tuple[jax.Array, jax.Array]:
   """log p(target) and entropy from hidden states, chunked over R.
 
@@ -42,6 +42,10 @@ def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
     chunk: positions per vocab-projection chunk.
     dtype: matmul input dtype (default: hidden's); accumulation is float32.
     vocab_size: number of real tokens (None: every row of the head is real).
+    count: (traced) positions r < count are computed; the chunks past it are skipped
+      (`lax.cond`, forward and backward) and give 0. None: all R.
+    remat: recompute each chunk's logits in the backward pass (`jax.checkpoint`) rather
+      than keep them: peak memory B * chunk * V floats instead of B * R * V.
 
   Returns:
     (logp_BxR, entropy_BxR), float32.
@@ -64,7 +68,6 @@ def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
   real_V = None if vocab_size is None or vocab_size >= v else (
       jnp.arange(v) < vocab_size)
 
-  @jax.checkpoint
   def one(h_BxCxD, y_BxC):
     z = matmul(h_BxCxD.astype(dtype), w, 1, jnp.float32) * inv_t
     if real_V is not None:
@@ -78,10 +81,19 @@ def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
     ent = lse - jnp.sum(p * z, axis=-1)
     return z_y - lse, ent
 
-  def body(carry, xs):
-    return carry, one(*xs)
+  if remat:
+    one = jax.checkpoint(one)
+  if count is None:
+    body = lambda carry, xs: (carry, one(*xs[1:]))  # noqa: E731
+  else:
+    active = (jnp.asarray(count, jnp.int32) + c - 1) // c
 
-  _, (logp, ent) = jax.lax.scan(body, None, (h_NxBxCxD, y_NxBxC))
+    def body(carry, xs):
+      i, h_c, y_c = xs
+      zero = jnp.zeros(y_c.shape, jnp.float32)
+      return carry, jax.lax.cond(i < active, one, lambda h_, y_: (zero, zero), h_c, y_c)
+
+  _, (logp, ent) = jax.lax.scan(body, None, (jnp.arange(n), h_NxBxCxD, y_NxBxC))
   logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :r]
   ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :r]
   return logp, ent
@@ -135,19 +147,56 @@ def token_logprobs(model: Transformer, tokens_BxL: jax.Array,
 
 def packed_logprobs(model: Transformer, tokens_NxT: jax.Array, positions_NxT: jax.Array,
                     segment_ids_NxT: jax.Array, *, temperature: float = 1.0,
-                    chunk: int = 128) -> tuple[jax.Array, jax.Array]:
-  """Next-token log-probs and entropies at every slot of packed rows, float32 [N, T].
+                    chunk: int = 128, head_NxT: jax.Array | None = None, shards: int = 1
+                    ) -> tuple[jax.Array, jax.Array]:
+  """Next-token log-probs and entropies at the slots of packed rows, float32 [N, T].
 
   out[r, j] = log softmax(z[r, j])[tokens[r, j + 1]] (and the entropy of that softmax):
   the prediction of slot j's hidden state for the next slot. Across a segment's end (and
   at j = T - 1) the value is meaningless; `packing.unpack` reads only the slots that
   predict a response token of the same segment. Rows come from `packing.gather` with
   restarting positions and segment ids (`packing.pack_indices`).
+
+  head_NxT (the plan's "head" table, `packing.pack_indices`): the LM head runs only at the
+  slots it lists, compacted per shard (the N rows are `shards` blocks; a block's slots are
+  read as one flat run), in chunks up to the block with the most (a traced count): the
+  head's work follows the response tokens, not the slots. Every other slot gives 0. None:
+  the head at every slot.
   """
   seg = segment_ids_NxT.astype(jnp.int32)
   hidden, _ = model(tokens_NxT, positions_NxT.astype(jnp.int32), (seg > 0).astype(jnp.int32),
                     segment_ids_BxT=seg)
   targets = jnp.concatenate([tokens_NxT[:, 1:], jnp.zeros_like(tokens_NxT[:, :1])], axis=1)
-  return chunked_logprobs(hidden, targets, model.head_weight(), temperature=temperature,
-                          chunk=chunk, dtype=model.cfg.dtype, vocab_size=model.real_vocab_size)
+  kw = dict(temperature=temperature, chunk=chunk, dtype=model.cfg.dtype,
+            vocab_size=model.real_vocab_size)
+  if head_NxT is None:
+    return chunked_logprobs(hidden, targets, model.head_weight(), **kw)
+  n, t, d = hidden.shape
+  idx = head_NxT.reshape(shards, n // shards * t).astype(jnp.int32)   # [S, rT]
+  ok = idx >= 0
+  at = jnp.maximum(idx, 0)
+  h = jnp.take_along_axis(hidden.reshape(shards, -1, d), at[..., None], axis=1)
+  y = jnp.take_along_axis(targets.reshape(shards, -1), at, axis=1)
+  count = jnp.max(jnp.sum(ok, axis=1))
+  rows = (n // shards) * t * head_bytes_per_position(model)
+  logp_c, ent_c = chunked_logprobs(h, y, model.head_weight(), count=count,
+                                   remat=rows > HEAD_KEEP_BYTES, **kw)
+  lanes = jnp.arange(shards)[:, None]
 
+  def back(x_c):
+    """Compacted [S, rT] back to the slots [N, T] (0 on the others)."""
+    x = jnp.zeros(idx.shape, jnp.float32).at[lanes, at].add(jnp.where(ok, x_c, 0.0))
+    return x.reshape(n, t)
+
+  return back(logp_c), back(ent_c)
+
+
+# Below this many bytes of logits per micro-batch and shard the head keeps its logits for
+# the backward pass instead of recomputing them (one head matmul fewer per update).
+HEAD_KEEP_BYTES = 512 * 2**20
+
+
+def head_bytes_per_position(model: Transformer) -> int:
+  """Bytes the head's backward keeps per position when not rematerialised: the float32
+  logits and probabilities over the vocabulary."""
+  return 2 * 4 * model.head_weight().shape[-1]

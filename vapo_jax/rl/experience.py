@@ -180,9 +180,11 @@ class Experience:
         rows_per_call=(self.prompts_per_call or len(examples)) * self.group_size))
     # Real / computed tokens of the old-log-prob (and value) pass on packed rows (rl.packing).
     # The value pass plans with the same PackSpec (`run.learners.pass_spec`): the same plan.
-    if getattr(self.logprobs, "last_efficiency", None) is not None:
-      for name in ("forward", "logprobs") + (("values",) if values is not None else ()):
-        metrics[f"perf/{name}_token_efficiency"] = self.logprobs.last_efficiency
+    plan = getattr(self.logprobs, "last_plan", None)
+    if plan is not None:
+      metrics["perf/forward_token_efficiency"] = plan.efficiency
+      for name in ("logprobs",) + (("values",) if values is not None else ()):
+        metrics.update(plan.metrics(name))
     return batch, metrics
 
   def sample_and_score(self, policy_params, examples, key

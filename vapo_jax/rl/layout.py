@@ -41,7 +41,8 @@ from vapo_jax import sharding as shd
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import train_state
 
-PLAN_KEYS = ("src", "segment_ids", "positions", "micro_B", "row_B", "start_B")
+TABLE_KEYS = ("src", "segment_ids", "positions", "head")   # [n, K_cap, T] each
+PLAN_KEYS = TABLE_KEYS + ("micro_B", "row_B", "start_B")   # then [B] each
 
 
 @jax.tree_util.register_dataclass
@@ -111,6 +112,7 @@ class PackedRows:
   prompt_len: int
   plan: dict
   k: Any = None
+  shards: int = 1     # D, the data-parallel blocks of the n rows (the head's compaction)
 
   def _real(self):
     """The response part of the padded mask [B, R] (what the padded outputs are masked by)."""
@@ -119,40 +121,49 @@ class PackedRows:
   def _slots(self):
     return {key: self.plan[key] for key in ("micro_B", "row_B", "start_B")}
 
-  def _packed(self, k=None):
-    """Token, position and segment arrays of micro-batch k ([n, T]) or of all ([n, K, T])."""
-    tok = packing.gather(self.tokens_BxL, self.plan["src"])
-    out = {"tokens": tok, "positions": self.plan["positions"],
-           "segment_ids": self.plan["segment_ids"]}
-    return out if k is None else {name: packing.micro(x, k) for name, x in out.items()}
+  def _packed(self, k):
+    """Token, position and segment arrays of micro-batch k, [n, T] (only its tokens gathered)."""
+    src = packing.micro(self.plan["src"], k)
+    return {"tokens": packing.gather(self.tokens_BxL, src),
+            "positions": packing.micro(self.plan["positions"], k),
+            "segment_ids": packing.micro(self.plan["segment_ids"], k),
+            "head": packing.micro(self.plan["head"], k)}
 
   def _each(self, fn):
-    """fn(packed dict [n, T]) -> [n, T] outputs: of micro-batch k, or of all K ([n, K, T],
-    run one after another with `lax.map`)."""
+    """fn(packed dict [n, T], k) -> [B, ...] outputs of micro-batch k (0 on other rows): of
+    micro-batch self.k, or summed over all K that hold rows (a forward's), one after another
+    in a loop whose trip count K = max(micro_B) + 1 is traced, not compiled in."""
     if self.k is not None:
-      return fn(self._packed(self.k))
-    moved = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), self._packed())  # [K, n, T]
-    out = jax.lax.map(fn, moved)
-    return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1), out)
+      return fn(self._packed(self.k), self.k)
+    count = micro_count(self.plan)
+    first = jax.eval_shape(lambda: fn(self._packed(0), 0))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), first)
+    return jax.lax.fori_loop(
+        0, count, lambda k, acc: jax.tree.map(jnp.add, acc, fn(self._packed(k), k)), zeros)
 
   def logprobs(self, model, *, temperature: float = 1.0, chunk: int = 128):
-    logp, ent = self._each(lambda pk: policy_lib.packed_logprobs(
-        model, pk["tokens"], pk["positions"], pk["segment_ids"], temperature=temperature,
-        chunk=chunk))
     real, slots = self._real(), self._slots()
-    return (packing.unpack(logp, slots, real, self.k), packing.unpack(ent, slots, real, self.k))
 
-  def _critic(self, critic):
-    """The critic's value at every slot, [n, T] (or [n, K, T])."""
-    return self._each(lambda pk: critic(pk["tokens"], pk["segment_ids"] > 0,
-                                        positions_BxT=pk["positions"],
-                                        segment_ids_BxT=pk["segment_ids"]))
+    def one(pk, k):
+      logp, ent = policy_lib.packed_logprobs(
+          model, pk["tokens"], pk["positions"], pk["segment_ids"], temperature=temperature,
+          chunk=chunk, head_NxT=pk["head"], shards=self.shards)
+      return packing.unpack(logp, slots, real, k), packing.unpack(ent, slots, real, k)
+    return self._each(one)
+
+  def _critic(self, critic, pk):
+    """The critic's value at every slot of one micro-batch, [n, T]."""
+    return critic(pk["tokens"], pk["segment_ids"] > 0, positions_BxT=pk["positions"],
+                  segment_ids_BxT=pk["segment_ids"])
 
   def values(self, critic):
-    return packing.unpack(self._critic(critic), self._slots(), self._real(), self.k)
+    real, slots = self._real(), self._slots()
+    return self._each(lambda pk, k: packing.unpack(self._critic(critic, pk), slots, real, k))
 
   def last_values(self, critic, lengths_B):
-    return packing.last_token(self._critic(critic), self._slots(), lengths_B, self.k)
+    slots = self._slots()
+    return self._each(lambda pk, k: packing.last_token(self._critic(critic, pk), slots,
+                                                       lengths_B, k))
 
   # Micro-batch k's loss holds the terms of its own rows; the other rows are masked out.
   def _here(self):
@@ -166,6 +177,12 @@ class PackedRows:
 
   def valid(self, ok_B):
     return ok_B & self._here()
+
+
+def micro_count(plan: dict) -> jax.Array:
+  """K, the packed micro-batches that hold rows, from the plan's arrays (traced): the
+  planner fills micro-batches 0 .. K - 1 (`packing.plan`), so K = max(micro_B) + 1."""
+  return jnp.max(plan["micro_B"]).astype(jnp.int32) + 1
 
 
 # ------------------------------------------------------------------------------ layouts
@@ -215,18 +232,21 @@ class Padded:
 
 @dataclasses.dataclass(frozen=True)
 class Packed:
-  """Packed rows of `spec` (`vapo_jax.packing`); K, the micro-batches, comes from each plan."""
+  """Packed rows of `spec` (`vapo_jax.packing`): n rows of T per micro-batch, fixed for the
+  pass; K, the micro-batches, comes from each plan and is a loop's trip count at run time,
+  so a pass compiles once per row length (at most rl.packing_row_steps programs)."""
   spec: packing.PackSpec
 
   def accumulate(self, loss_fn: Callable, params, packed: PackedBatch):
     """Σ over the K packed micro-batches of loss_fn(params, batch, rows_k) (the whole padded
-    batch: the loss masks out the rows of other micro-batches through rows_k)."""
+    batch: the loss masks out the rows of other micro-batches through rows_k); K traced
+    (`train_state.accumulate_count`)."""
     batch, plan = packed.batch, packed.plan
-    k = plan["src"].shape[1]
-    return train_state.accumulate(
+    return train_state.accumulate_count(
         lambda p, i: loss_fn(p, batch, PackedRows(batch.tokens_BxL, batch.mask_BxL,
-                                                   batch.prompt_len, plan, i)),
-        params, 0 if k == 1 else jnp.arange(k), k)
+                                                   batch.prompt_len, plan, i,
+                                                   self.spec.shards)),
+        params, micro_count(plan))
 
   def plan(self, mask_BxL, prompt_len: int, seq_len: int, mesh, batch_axes):
     """(the plan's arrays on the mesh, the host Plan) of a batch (planned on the host)."""
@@ -234,21 +254,55 @@ class Packed:
     arrays, plan = plan_arrays(p_B, l_B, self.spec, prompt_len, seq_len)
     return batch_lib.shard_batch(arrays, mesh, batch_axes), plan
 
+  def programs(self, rows: int) -> dict[tuple[int, int, int], str]:
+    """The bounded program set of a pass over batches of `rows` sequences: {plan tables'
+    shape [n, K_cap, T]: a label "rows=<n>x<T>"}, one per row length."""
+    out = {}
+    for t in self.spec.row_lens():
+      sp = self.spec.at(t)
+      out[(sp.max_rows, sp.micro_cap(rows), t)] = f"rows={sp.max_rows}x{t}"
+    return out
+
+  def _ahead(self, name: str, lower: Callable, rows: int, mesh, batch_axes) -> set:
+    """Compiles every program of the pass (`programs`) now, before its first batch runs:
+    lower(plan arrays) -> the jitted program's `Lowered`, for dummy plan arrays of each
+    shape, sharded as the real ones are (a later call with a real plan of that shape then
+    finds the program compiled). Returns the table shapes compiled."""
+    progs = self.programs(rows)
+    print(f"[compile] {name}: {len(progs)} program{'s' * (len(progs) > 1)} "
+          f"({', '.join(progs.values())}) ...", flush=True)
+    for (n, k, t) in progs:
+      dummy = {key: np.zeros((n, k, t) if key in TABLE_KEYS else (rows,), np.int32)
+               for key in PLAN_KEYS}
+      lower(batch_lib.shard_batch(dummy, mesh, batch_axes)).compile()
+    return set(progs)
+
+  def _check(self, name: str, plan: packing.Plan, ready: set) -> None:
+    """A plan outside the compiled set would compile a new program mid-run: say so once."""
+    if plan.table_shape not in ready:
+      ready.add(plan.table_shape)
+      print(f"[compile] {name}: a plan of shape {list(plan.table_shape)} outside the "
+            "program set compiled ahead: compiling it now", flush=True)
+
   def step(self, name: str, compiled: Callable, mesh, batch_axes) -> Callable:
     """A `Learner.step` (state, padded RolloutBatch) -> (state, metrics, skipped) that plans
-    the batch on the host and runs the compiled step on a `PackedBatch` (one compile per
-    (K, n) shape). Adds `perf/<name>_token_efficiency` = real / computed tokens."""
-    shapes_seen = set()
+    the batch on the host and runs the compiled step on a `PackedBatch`. Its first call
+    compiles the pass's whole program set (`programs`: one per row length, the tables
+    [n, K_cap, T] whatever K is), so no later batch compiles. Adds
+    `perf/<name>_token_efficiency` = real / computed tokens and the plan's shape
+    (`packing.Plan.metrics`)."""
+    ready = set()
 
     def step(state, batch):
       arrays, plan = self.plan(batch.mask_BxL, batch.prompt_len, batch.tokens_BxL.shape[1],
                                mesh, batch_axes)
-      if plan.shape not in shapes_seen:
-        shapes_seen.add(plan.shape)
-        print(f"[packing] {name}: packed shape [n, K, T] = {list(plan.shape)} "
-              f"({len(shapes_seen)} so far)", flush=True)
+      if not ready:
+        ready.update(self._ahead(
+            name, lambda dummy: compiled.lower(state, PackedBatch(batch, dummy)),
+            batch.tokens_BxL.shape[0], mesh, batch_axes))
+      self._check(name, plan, ready)
       state, metrics, skipped = compiled(state, PackedBatch(batch, arrays))
-      return state, {**metrics, f"perf/{name}_token_efficiency": plan.efficiency}, skipped
+      return state, {**metrics, **plan.metrics(name)}, skipped
 
     step.compiled, step.spec = compiled, self.spec
     return step
@@ -256,21 +310,30 @@ class Packed:
   def forward(self, name: str, fn: Callable, mesh, batch_axes, rules=shd.DEFAULT_RULES,
               static=()) -> Callable:
     """fn(params, rows, **kw) as (params, tokens_BxL, mask_BxL, *, prompt_len, **kw): planned
-    on the host, jitted once per packed shape (`.jitted` takes the plan's arrays after the
-    mask). `.last_efficiency` holds the last call's real / computed tokens."""
+    on the host, jitted once per row length, all of them at the first call (`.jitted` takes
+    the plan's arrays after the mask). `.last_efficiency` holds the last call's real /
+    computed tokens, `.last_plan` its Plan."""
 
     def whole(params, tokens_BxL, mask_BxL, plan, *, prompt_len, **kw):
-      return fn(params, PackedRows(tokens_BxL, mask_BxL, prompt_len, plan), **kw)
+      return fn(params, PackedRows(tokens_BxL, mask_BxL, prompt_len, plan,
+                                   shards=self.spec.shards), **kw)
 
     jitted = jax.jit(shd.traced_under(whole, mesh, rules),
                      static_argnames=("prompt_len",) + tuple(static))
+    ready = set()
 
     def run(params, tokens_BxL, mask_BxL, *, prompt_len, **kw):
       arrays, plan = self.plan(mask_BxL, prompt_len, tokens_BxL.shape[1], mesh, batch_axes)
-      run.last_efficiency = plan.efficiency
+      if not ready:
+        ready.update(self._ahead(
+            name, lambda dummy: jitted.lower(params, tokens_BxL, mask_BxL, dummy,
+                                             prompt_len=prompt_len, **kw),
+            tokens_BxL.shape[0], mesh, batch_axes))
+      self._check(name, plan, ready)
+      run.last_efficiency, run.last_plan = plan.efficiency, plan
       return jitted(params, tokens_BxL, mask_BxL, arrays, prompt_len=prompt_len, **kw)
 
-    run.last_efficiency = None
+    run.last_efficiency = run.last_plan = None
     run.jitted, run.spec = jitted, self.spec
     run.__name__ = name
     return run

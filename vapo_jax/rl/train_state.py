@@ -130,6 +130,26 @@ def accumulate(loss_fn: Callable, params, micro, n: int):
   return loss, grads, metrics
 
 
+def accumulate_count(loss_fn: Callable, params, count: jax.Array):
+  """`accumulate` over inputs i = 0 .. count - 1 with a *traced* count: a `fori_loop` (a
+  while loop) calls loss_fn(params, i) -> (loss, metrics) for each index, so one compiled
+  program serves every count (the packed layout's micro-batches, `rl.layout.Packed`).
+  Gradients are taken inside the loop body, of `trainable(params)` only; sums as in
+  `accumulate`, in the order i = 0, 1, … (the same order a scan would take).
+  """
+  params, frozen = lora.split_trainable(params)
+  grad_fn = jax.value_and_grad(lambda p, i: loss_fn(lora.join(p, frozen), i), has_aux=True)
+  (loss0, metrics0), grads0 = jax.eval_shape(grad_fn, params, jnp.int32(0))
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss0, grads0, metrics0))
+
+  def body(i, acc):
+    (loss, metrics), grads = grad_fn(params, i)
+    return jax.tree.map(jnp.add, acc, (loss, grads, metrics))
+
+  loss, grads, metrics = jax.lax.fori_loop(0, jnp.asarray(count, jnp.int32), body, zeros)
+  return loss, grads, metrics
+
+
 def apply_update(tx, state: TrainState, grads, loss) -> tuple[TrainState, jax.Array, jax.Array]:
   """Applies one optimizer update unless the loss or a gradient is NaN/inf.
 

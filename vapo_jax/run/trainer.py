@@ -33,6 +33,7 @@ from vapo_jax import data as data_lib
 from vapo_jax.data import PromptIterator
 from vapo_jax.run import learners as run_learners
 from vapo_jax.run import checkpoint as run_checkpoint
+from vapo_jax.run import compiles
 from vapo_jax.run import control as run_control
 from vapo_jax.run import evaluation
 from vapo_jax.run import inputs
@@ -62,6 +63,8 @@ class Trainer:
         perhaps while it trains): no metrics are written and no checkpoint is touched.
     """
     self.cfg, self.workdir, self.progress = cfg, workdir, progress
+    # Before anything compiles: JAX reads the persistent cache's setting at its first compile.
+    self.compile_cache = compiles.enable_cache(cfg.compile.cache, cfg.compile.cache_dir)
     wandb_args = None if read_only else _wandb_args(cfg)  # a missing wandb stops us here
     self.parts = p = parts.build(cfg)
     self.critic_values = None  # the critic's jitted forward, once it is set up
@@ -145,6 +148,7 @@ class Trainer:
     bar = self._bar(cfg.sft.steps, "sft", start)
     metrics = {}
     for i in range(start, cfg.sft.steps):
+      c0 = compiles.snapshot()
       batch = batch_lib.RolloutBatch(**inputs.sft_batch(
           next(s.sft_prompts), self.parts.text, cfg.data.max_prompt_tokens,
           cfg.sampling.max_new_tokens))
@@ -152,6 +156,7 @@ class Trainer:
           sft.state, batch_lib.shard_batch(batch, self.parts.mesh, self.parts.batch_axes))
       m = {k: float(v) for k, v in jax.device_get(m).items()}
       m.update(self.ctl.count_skipped([float(skipped) > 0], f"sft step {i + 1}"))
+      m.update(compiles.since(c0))
       if (i + 1) % cfg.log_every == 0 or i + 1 == cfg.sft.steps:
         m["lr/sft"] = sft.learning_rate()
         metrics = m
@@ -237,9 +242,10 @@ class Trainer:
     bar = self._bar(vp.max_steps, "value pretraining", start)
     metrics, losses = {}, []
     for i in range(start, vp.max_steps):
+      c0 = compiles.snapshot()
       batch, em = self.experience(next(self.state.prompts), for_value_pretraining=True)
       um = self.update(batch, stage="value_pretrain", step=i, policy=False)
-      metrics = {**em, **um}
+      metrics = {**em, **um, **compiles.since(c0)}
       losses.append(um["value_loss"])
       why = stopping.stop_reason(
           losses, em["value/explained_variance"], step=i + 1, max_steps=vp.max_steps,
@@ -286,6 +292,7 @@ class Trainer:
     bar = self._bar(rl.steps, "rl", start)
     history = []
     for i in range(start, rl.steps):
+      c0 = compiles.snapshot()
       t0 = time.perf_counter()
       batch, em = self.experience(next(s.prompts))
       t1 = time.perf_counter()
@@ -300,6 +307,7 @@ class Trainer:
         metrics["time/eval_s"] = time.perf_counter() - t2
         s.log.write("eval", i + 1, ev)
         score = ev[f"avg@{cfg.eval.samples_per_problem}"]
+      metrics.update(compiles.since(c0))  # the step's compiles, its evaluation's included
       history.append(metrics)
       if (i + 1) % cfg.log_every == 0 or i + 1 == rl.steps:
         s.log.write("rl", i + 1, metrics)

@@ -223,35 +223,29 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
 def _abstract_plan(n: int, k: int, t: int, b: int, rows_sh) -> dict:
   """The packing plan's arrays (`rl.layout.PLAN_KEYS`) as ShapeDtypeStructs, rows on axis 0."""
   big, small = _sds((n, k, t), jnp.int32, rows_sh), _sds((b,), jnp.int32, rows_sh)
-  return {"src": big, "segment_ids": big, "positions": big, "micro_B": small, "row_B": small,
-          "start_B": small}
+  return {**{key: big for key in layout_lib.TABLE_KEYS},
+          **{key: small for key in layout_lib.PLAN_KEYS if key not in layout_lib.TABLE_KEYS}}
 
 
 def packed_shapes(spec: packing.PackSpec, calls: list[tuple[np.ndarray, np.ndarray]],
                   rows: int) -> list[tuple[int, int, int, float]]:
-  """(n, K to compile at, T, trips) of the programs one packed pass needs.
+  """(n, K_cap, T, trips) of the programs one packed pass needs.
 
   The pass runs len(calls) times per RL step (a mini-batch of `rows` sequences each; calls
-  holds their (prompt, response) lengths). Of the planner's fixed shapes (K, n) in rows of
-  T (`PackSpec.at(T).shapes(rows)`; T is spec.row_len, or with rl.packing_row_steps the
-  row length each plan picks), each (n, T) the calls' plans use is compiled once, at the
-  largest K the set has for it (its plan arrays are the largest), and its trips are the
-  calls' micro-batches K summed over the calls with that (n, T), per call (so the step
-  estimate's calls × trips is every packed micro-batch of the step). The largest n in rows
-  of spec.row_len is always compiled, for the fit (trips 0 when no call uses it; a shorter
-  row holds more rows of the same token budget). One compiled micro-batch body is the same
-  program for every K (K is the scan's trip count).
+  holds their (prompt, response) lengths). A packed pass compiles one program per row length
+  T its plans use (spec.row_len, or with rl.packing_row_steps the length each plan picks):
+  n rows of T per micro-batch, fixed for that T, over plan tables of K_cap = ceil(rows / n)
+  micro-batches (`PackSpec.micro_cap`), the micro-batch count K a loop's trip count at run
+  time. trips is the calls' K summed over the calls with that T, per call (so the step
+  estimate's calls x trips is every packed micro-batch of the step). Rows of spec.row_len
+  are always compiled, for the fit (trips 0 when no call uses them).
   """
-  def largest_k(n, t):
-    return max(k for k, m in spec.at(t).shapes(rows) if m == n)
-
-  trips: dict[tuple[int, int], float] = {}
+  trips: dict[int, float] = {}
   for p_B, l_B in calls:
-    n, k, t = packing.plan(p_B, l_B, spec).shape
-    trips[(n, t)] = trips.get((n, t), 0.0) + k / len(calls)
-  trips.setdefault((max(n for _, n in spec.at(spec.row_len).shapes(rows)), spec.row_len), 0.0)
-  return [(n, largest_k(n, t), t, trips[(n, t)])
-          for n, t in sorted(trips, key=lambda nt: (nt[1], nt[0]))]
+    _, k, t = packing.plan(p_B, l_B, spec).shape
+    trips[t] = trips.get(t, 0.0) + k / len(calls)
+  trips.setdefault(spec.row_len, 0.0)
+  return [(spec.at(t).max_rows, spec.at(t).micro_cap(rows), t, trips[t]) for t in sorted(trips)]
 
 
 def _train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy, critic,
@@ -281,8 +275,9 @@ def _train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy, criti
     for n, k, t, trips in packed_shapes(layout.spec, calls, b):
       fn, args, kwargs, held = make(_abstract_plan(n, k, t, b, rows_sh))
       out.append(Program(f"{name}[rows={n}x{t}]", fn, args, kwargs, held, trips=trips))
-    shapes[f"{name}_packed_shapes"] = [[k, n, t] for t in layout.spec.row_lens()
-                                       for k, n in layout.spec.at(t).shapes(b)]
+    shapes[f"{name}_packed_shapes"] = [[layout.spec.at(t).micro_cap(b),
+                                        layout.spec.at(t).max_rows, t]
+                                       for t in layout.spec.row_lens()]
 
   tokens, mask = batch(rows.rollout).tokens_BxL, batch(rows.rollout).mask_BxL
   steps = [("policy_step", "policy", graphdef, p_tx, p_state, True),

@@ -193,9 +193,9 @@ class Setup:
     rows, micro = cfg.prompts_per_step * n, cfg.rl.micro_batch_size
     train_tp = 1 if cfg.mesh.train_layout == "fsdp" else max(1, cfg.mesh.tensor)
     shards = max(1, s.chips // train_tp)
-    spec = lambda per_micro: packing.spec_for(  # noqa: E731
+    spec = lambda per_micro, pass_rows: packing.spec_for(  # noqa: E731
         p + r, per_micro, shards, cfg.rl.packing_row_tokens, cfg.rl.packing_tokens_per_device,
-        cfg.rl.packing_row_steps)
+        cfg.rl.packing_row_steps, pass_rows)
     knobs = dataclasses.replace(
         knobs, train=knobs.train or ("packed" if cfg.rl.packing else "padded"),
         rollout=knobs.rollout or ("continuous" if cfg.sampling.engine == "continuous"
@@ -209,8 +209,9 @@ class Setup:
              np.dtype(mcfg.param_dtype).itemsize, eval_rows,
              ev.batch_prompts * ev.samples_per_problem, max(1, ev.every or 1), knobs,
              cfg.rl.num_minibatches, ev.samples_per_problem,
-             pack_steps=spec(micro or rows // cfg.rl.num_minibatches),
-             pack_forward=spec(micro or rows),
+             pack_steps=spec(micro or rows // cfg.rl.num_minibatches,
+                             rows // cfg.rl.num_minibatches),
+             pack_forward=spec(micro or rows, rows),
              prompt_buckets=(ops.power_buckets(p, cfg.sampling.prompt_bucket_min)
                              if cfg.sampling.engine == "continuous" else (p,)),
              micro_rows=micro or rows // cfg.rl.num_minibatches,
@@ -393,12 +394,23 @@ def attention_line(st: Setup, rows_t: list, seq: np.ndarray) -> str:
           f"rows of {', '.join(str(t) for t in lens)}")
 
 
+def head_positions(plan, micro: int, chunk: int = 128) -> float:
+  """Per row, the LM head's positions in packed micro-batch `micro`: each shard runs the
+  chunks up to the shard with the most response tokens (`policy.packed_logprobs`)."""
+  d = plan.shards
+  per_shard = plan.rows // d
+  here = (plan.micro_B == micro) & (plan.response_B > 0)
+  counts = np.bincount(plan.row_B[here] // per_shard, plan.response_B[here], minlength=d)
+  return float(-(-int(counts.max(initial=0)) // chunk) * chunk) / per_shard
+
+
 def packed_groups(st: Setup, spec, prompts: np.ndarray, resp: np.ndarray, calls: int = 1
                   ) -> list[tuple[int, int, float, float]]:
   """The `_train_program` rows of a packed pass run on `calls` equal slices of the batch:
   each slice planned by the code's own planner (`packing.plan` with the pass's PackSpec),
   per packed micro-batch (n rows of T, the attention pairs `step_counts.packed_pairs` gives
-  for its layout, the LM head at every slot: `policy.packed_logprobs` projects all T)."""
+  for its layout, the LM head at the response slots: `policy.packed_logprobs` projects each
+  shard's response tokens rounded up to a chunk, `head_positions` per row)."""
   from vapo_jax import packing  # pylint: disable=import-outside-toplevel
   out = []
   per = len(resp) // calls
@@ -408,7 +420,7 @@ def packed_groups(st: Setup, spec, prompts: np.ndarray, resp: np.ndarray, calls:
     segs = packing.row_segments(plan)
     for mk in range(k):
       pairs = step_counts.packed_pairs(st.arch, [segs.get((mk, r), []) for r in range(n)], t)
-      out.append((n, t, pairs / n, step_counts.padded_head_positions(t)))
+      out.append((n, t, pairs / n, head_positions(plan, mk)))
   return out
 
 
