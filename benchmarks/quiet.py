@@ -427,13 +427,27 @@ def add_flags(parser) -> None:
                       help="also write the figures as JSON, with \"quiet\": true/false")
 
 
-def write_json(path: str | None, load: Load, facts: dict, results: dict) -> None:
+def write_json(path: str | None, load: Load, facts: dict, results: dict,
+               announce: bool = True) -> None:
+  """Writes the run's JSON (load verdict, machine, results) to `path` (None: nothing), whole
+  or not at all (a temporary file renamed over it: a bench that rewrites it after every round
+  never leaves half a file); `announce=False` prints nothing."""
   if not path:
     return
-  with open(path, "w", encoding="utf-8") as f:
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
     json.dump({**load.to_json(), "machine": facts, "results": results}, f, indent=1,
-              ensure_ascii=False)
-  print(f"wrote {path}" + ("" if load.quiet else f" (\"quiet\": false, {LOADED})"))
+              ensure_ascii=False, default=_json_default)
+  os.replace(tmp, path)
+  if announce:
+    print(f"wrote {path}" + ("" if load.quiet else f" (\"quiet\": false, {LOADED})"))
+
+
+def _json_default(x):
+  """numpy scalars and arrays as plain numbers and lists; anything else as its str."""
+  if hasattr(x, "tolist"):
+    return x.tolist()
+  return str(x)
 
 
 def main(argv=None) -> None:

@@ -3,7 +3,8 @@
   * `summarize(runs)`: per phase the mean and the median over the timed rounds, every round
     counted (a round that compiled is a round a run pays for too); `ratio_of_means` is the
     headline of a comparison (the peer's mean step / ours); `steady` the rounds after the
-    first timed one, `quiet_rounds` the rounds that compiled nothing.
+    first timed one, `quiet_rounds` the rounds that compiled nothing; `step_results` /
+    `step_lines` the JSON and the printed figures of a whole comparison.
   * `CompileEvents`: JAX's compile events (`jax.monitoring`), per round: how many programs
     XLA compiled (or loaded from the persistent cache), their seconds, the largest by name.
     The event names, the same on jax 0.10.2 and 0.12.0.1: "/jax/core/compile/
@@ -108,6 +109,63 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
   return "n/a" if x is None else format(x, spec)
 
 
+# ------------------------------------------------------------------ a comparison's JSON
+def step_results(ours: list[dict], trl: list[dict]) -> dict:
+  """The JSON of an RL-step comparison (ours against TRL's): every round of each side (round
+  0 the warm-up), and over the timed rounds (1 ..) both sides' mean / median summaries and
+  their `comparison`."""
+  n = min(len(ours), len(trl))
+  timed_o, timed_t = ours[1:n], trl[1:n]
+  return {"rounds_timed": max(n - 1, 0),
+          "ours": {"warmup": ours[0] if ours else None, "per_round": timed_o,
+                   "summary": summarize(timed_o)},
+          "trl": {"warmup": trl[0] if trl else None, "per_round": timed_t,
+                  "summary": summarize(timed_t)},
+          "comparison": comparison(timed_o, timed_t) if timed_o and timed_t else None}
+
+
+def step_lines(res: dict, skip_phase: str | None = None) -> list[str]:
+  """The printed figures of `step_results`: each side's mean / median split, the headline
+  ratio of means, steady state, the rounds without our compiles, what each round compiled,
+  generated and packed (packed passes of `skip_phase` left out)."""
+  c = res["comparison"]
+  if c is None:
+    return ["no timed round finished (only the warm-up): no figures"]
+  o, t = res["ours"], res["trl"]
+  lines = mean_median_lines("ours (vapo_jax grpo)", o["summary"])
+  lines += mean_median_lines("TRL GRPOTrainer", t["summary"])
+  per = ", ".join(f"{r:.2f}" for r in c["ratio_per_round"])
+  lines.append(f"RL step from step 2, TRL's mean / ours: {fmt(c['ratio_of_means'])}x "
+               f"(> 1: we are faster) over {c['rounds']} timed round(s), compiles counted; "
+               f"per round {per}; median of per-round ratios {fmt(c['median_of_ratios'])}x")
+  st = c["steady"]
+  lines.append(f"  steady state (timed rounds after the first, {st['rounds']}): ours mean "
+               f"{fmt(st['ours']['mean'], '.3f')} s, TRL {fmt(st['peer']['mean'], '.3f')} "
+               f"s: {fmt(st['ratio_of_means'])}x")
+  nc = c["without_our_compiles"]
+  lines.append(f"  rounds where ours compiled nothing ({len(nc['round_indices'])} of "
+               f"{c['rounds']}): {fmt(nc['ratio_of_means'])}x")
+  for k in ("rollout", "forward", "updates"):
+    so, stt = o["summary"].get(k), t["summary"].get(k)
+    if so and stt and so["mean"]:
+      lines.append(f"  {k}: TRL / ours {stt['mean'] / so['mean']:.2f}x (means)")
+  warm = o["warmup"].get("jax_compile", {}) if o["warmup"] else {}
+  lines.append(describe_compiles([r.get("jax_compile", {}) for r in o["per_round"]])
+               + f"; warm-up: {warm.get('backend_compiles', 0)} "
+               f"({warm.get('compile_s', 0.0):.1f} s)")
+  gen = []
+  for i, (ro, rt) in enumerate(zip(o["per_round"], t["per_round"])):
+    lo, lt = ro.get("generated_lengths"), rt.get("generated_lengths")
+    gen.append(f"r{i + 1}: {sum(lo) if lo else '?'} / {sum(lt) if lt else '?'}")
+  lines.append("generated response tokens per round, ours / TRL: " + ", ".join(gen))
+  shapes = [f"r{i + 1}: " + "; ".join(f"{name} {sh}" for name, sh in
+                                       shapes_by_pass(r.get("packed", []),
+                                                      skip_phase).items())
+            for i, r in enumerate(o["per_round"])]
+  lines.append("ours' packed shapes [n, K, T] per pass: " + (", ".join(shapes) or "none"))
+  return lines
+
+
 # --------------------------------------------------------------------------- compile events
 class CompileEvents:
   """JAX's compile events since the last `take()` (see the module doc). Thread-safe; the
@@ -198,13 +256,14 @@ class _Recorded:
     setattr(self._inner, attr, value)
 
 
-def plan_record(name: str, arrays, plan) -> dict:
-  """A call's record: pass name, the plan's shape ([n, K, T] today) and real / computed
-  tokens, and the shapes of the arrays the compiled program takes (whatever the planner
-  calls them: these fix what is compiled)."""
+def plan_record(name: str, arrays, plan, phase: str | None = None) -> dict:
+  """A call's record: pass name, the caller's phase (set by the bench, e.g. "update"), the
+  plan's shape ([n, K, T] today) and real / computed tokens, and the shapes of the arrays the
+  compiled program takes (whatever the planner calls them: these fix what is compiled)."""
   shape = getattr(plan, "shape", None)
   eff = getattr(plan, "efficiency", None)
-  rec = {"pass": name, "shape": None if shape is None else [int(x) for x in shape],
+  rec = {"pass": name, "phase": phase,
+         "shape": None if shape is None else [int(x) for x in shape],
          "efficiency": None if eff is None else round(float(eff), 4)}
   if isinstance(arrays, dict):
     rec["arrays"] = {k: [int(x) for x in getattr(v, "shape", ())] for k, v in arrays.items()}
@@ -214,17 +273,19 @@ def plan_record(name: str, arrays, plan) -> dict:
 class PackedShapes:
   """Records the plan of every packed pass while installed (patches `Packed.plan`, `.step`
   and `.forward` of `vapo_jax.rl.layout` on the class: install before the trainer builds
-  its learners). `take()` returns the calls since the last take."""
+  its learners). `take()` returns the calls since the last take; `phase`, set by the caller,
+  is written into each call's record."""
 
   def __init__(self):
     self._calls: list[dict] = []
     self._last = None
     self._saved: dict = {}
     self.installed = False
+    self.phase: str | None = None
 
   def note(self, name: str):
     if self._last is not None:
-      self._calls.append(plan_record(name, *self._last))
+      self._calls.append(plan_record(name, *self._last, phase=self.phase))
       self._last = None
 
   def take(self) -> list[dict]:
@@ -263,9 +324,11 @@ class PackedShapes:
       self.installed = False
 
 
-def shapes_by_pass(calls: Sequence[dict]) -> dict[str, list]:
-  """{pass: [shape of each call]} of one round's `PackedShapes.take()`."""
+def shapes_by_pass(calls: Sequence[dict], skip_phase: str | None = None) -> dict[str, list]:
+  """{pass: [shape of each call]} of one round's `PackedShapes.take()`, leaving out the calls
+  of `skip_phase`."""
   out: dict[str, list] = {}
   for c in calls:
-    out.setdefault(c["pass"], []).append(c["shape"])
+    if skip_phase is None or c.get("phase") != skip_phase:
+      out.setdefault(c["pass"], []).append(c["shape"])
   return out

@@ -135,3 +135,28 @@ def test_packed_shapes_decline_a_layout_without_the_methods(monkeypatch):
   from vapo_jax.rl import layout
   monkeypatch.setattr(layout, "Packed", types.SimpleNamespace())
   assert not sr.PackedShapes().install()
+
+
+def test_step_results_schema_and_lines():
+  """The JSON of a comparison: warm-up kept apart, every timed round, summaries, comparison;
+  the printed lines name the headline, the steady state, compiles, lengths and shapes."""
+  def ours(step, compiles):
+    return {**_run(step, compiles=compiles), "generated_lengths": [3, 5],
+            "jax_compile": {"backend_compiles": compiles, "compile_s": 2.0 * compiles},
+            "packed": [{"pass": "policy", "phase": "update", "shape": [7, 2, 192]},
+                       {"pass": "logprobs", "phase": "alone", "shape": [4, 1, 192]}]}
+  o = [ours(30.0, 9), ours(10.0, 0), ours(14.0, 2)]
+  t = [{**_run(20.0), "generated_lengths": [4, 4]} for _ in range(4)]
+  res = sr.step_results(o, t)
+  assert res["rounds_timed"] == 2
+  assert res["ours"]["warmup"]["step"] == 30.0 and len(res["ours"]["per_round"]) == 2
+  assert res["ours"]["summary"]["step"]["mean"] == 12.0
+  assert res["comparison"]["ratio_of_means"] == pytest.approx(20.0 / 12.0)
+  assert res["comparison"]["without_our_compiles"]["round_indices"] == [0]
+  text = "\n".join(sr.step_lines(res, skip_phase="alone"))
+  assert "TRL's mean / ours: 1.67x" in text and "steady state" in text
+  assert "r1: 0 (0.0 s), r2: 2 (4.0 s); warm-up: 9 (18.0 s)" in text
+  assert "r1: 8 / 8" in text
+  assert "policy [[7, 2, 192]]" in text and "logprobs" not in text
+  assert sr.step_results(o[:1], t[:1])["comparison"] is None
+  assert "no timed round" in sr.step_lines(sr.step_results(o[:1], t[:1]))[0]
