@@ -105,8 +105,9 @@ def mean_median_lines(name: str, summary: dict[str, dict]) -> list[str]:
   return out
 
 
-def fmt(x: float | None, spec: str = ".2f") -> str:
-  return "n/a" if x is None else format(x, spec)
+def fmt(x: float | None, spec: str = ".2f", unit: str = "") -> str:
+  """`x` formatted with its unit, "n/a" when None."""
+  return "n/a" if x is None else format(x, spec) + unit
 
 
 # ------------------------------------------------------------------ a comparison's JSON
@@ -135,16 +136,17 @@ def step_lines(res: dict, skip_phase: str | None = None) -> list[str]:
   lines = mean_median_lines("ours (vapo_jax grpo)", o["summary"])
   lines += mean_median_lines("TRL GRPOTrainer", t["summary"])
   per = ", ".join(f"{r:.2f}" for r in c["ratio_per_round"])
-  lines.append(f"RL step from step 2, TRL's mean / ours: {fmt(c['ratio_of_means'])}x "
+  lines.append(f"RL step from step 2, TRL's mean / ours: {fmt(c['ratio_of_means'], unit='x')} "
                f"(> 1: we are faster) over {c['rounds']} timed round(s), compiles counted; "
-               f"per round {per}; median of per-round ratios {fmt(c['median_of_ratios'])}x")
+               f"per round {per}; median of per-round ratios "
+               f"{fmt(c['median_of_ratios'], unit='x')}")
   st = c["steady"]
   lines.append(f"  steady state (timed rounds after the first, {st['rounds']}): ours mean "
-               f"{fmt(st['ours']['mean'], '.3f')} s, TRL {fmt(st['peer']['mean'], '.3f')} "
-               f"s: {fmt(st['ratio_of_means'])}x")
+               f"{fmt(st['ours']['mean'], '.3f', ' s')}, TRL "
+               f"{fmt(st['peer']['mean'], '.3f', ' s')}: {fmt(st['ratio_of_means'], unit='x')}")
   nc = c["without_our_compiles"]
   lines.append(f"  rounds where ours compiled nothing ({len(nc['round_indices'])} of "
-               f"{c['rounds']}): {fmt(nc['ratio_of_means'])}x")
+               f"{c['rounds']}): {fmt(nc['ratio_of_means'], unit='x')}")
   for k in ("rollout", "forward", "updates"):
     so, stt = o["summary"].get(k), t["summary"].get(k)
     if so and stt and so["mean"]:
