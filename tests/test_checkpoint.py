@@ -267,7 +267,7 @@ def test_weights_only_restore_still_refuses_other_weights(stopped_in_rl, tmp_pat
   t = trainer_lib.Trainer(cfg, str(workdir), progress=False)
   try:
     with pytest.raises(checkpoint_store.CheckpointMismatch,
-                       match=r"mlp.*float32\[64,32\] there but float32\[32,32\] in this run.*"
+                       match=r"mlp.*float32\[1,64,32\] there but float32\[1,32,32\] in this run.*"
                              r"model.intermediate_size=32 \(was 64\)") as e:
       t.resume()
     assert "restore only the model weights" not in str(e.value)  # (that would not help)

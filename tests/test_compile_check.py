@@ -223,6 +223,7 @@ def test_remat_search_picks_the_fewest_rematerialised_blocks_that_fit(monkeypatc
   why = compile_check.probe_refusal(m48, (2, 4))
   assert "1.5 of 2" in why and "--probe_layers=4,8" in why
   assert compile_check.probe_refusal(m48, (4, 8)) == ""
+  assert "inlines" in compile_check.probe_refusal(m48.replace(remat_layers=-1), (1, 2))
   assert compile_check.probe_refusal(m48.replace(remat_layers=-1), (2, 4)) == ""
   assert compile_check.probe_refusal(m48.replace(remat_layers=40), (4, 8)).endswith(
       "--probe_layers=8,16")

@@ -18,7 +18,7 @@ from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
 from vapo_jax import policy as policy_lib
 from vapo_jax import sharding as shd
-from vapo_jax.models import lora, transformer
+from vapo_jax.models import lora, stacked, transformer
 from vapo_jax.models.config import LORA_TARGETS, tiny_config
 from vapo_jax.rl import forward
 from vapo_jax.rl import layout
@@ -45,7 +45,7 @@ def adapted(seed=0, targets=LORA_TARGETS, randomize_b=True, **kw):
   model = lora.attach(base, cfg, mesh1(), seed=seed + 1)
   if randomize_b:
     key = jax.random.key(seed + 7)
-    for blk in model.blocks:
+    for blk in ([model.blocks] if model.cfg.scan_layers else model.blocks):  # (stacked [L])
       for mod in (blk.attn, blk.mlp):
         for name in targets:
           var = getattr(mod, name + "_lora_b", None)
@@ -117,19 +117,21 @@ def test_gradients_are_the_adapters_chain_rule(remat):
   p_graphdef, p_params = nnx.split(plain)
   full = jax.grad(lambda p: loss(p, p_graphdef))(p_params)
   s = ALPHA / RANK
+  per_layer = lambda t: stacked.unstack_tree(nnx.to_pure_dict(t))["blocks"]  # noqa: E731
+  grads, params, full = per_layer(grads), per_layer(params), per_layer(full)
   for blk in range(2):
     for mod, name, n_in in (("attn", "q", 1), ("attn", "o", 2), ("mlp", "down", 1)):
-      g = grads["blocks"][blk][mod]
-      a = params["blocks"][blk][mod][name + "_lora_a"][...]
-      b = params["blocks"][blk][mod][name + "_lora_b"][...]
-      dw = full["blocks"][blk][mod][name][...]
+      g = grads[blk][mod]
+      a = params[blk][mod][name + "_lora_a"]
+      b = params[blk][mod][name + "_lora_b"]
+      dw = full[blk][mod][name]
       n_out = dw.ndim - n_in
       want_a = s * jnp.tensordot(dw, b, axes=(tuple(range(n_in, dw.ndim)),
                                               tuple(range(1, 1 + n_out))))
       want_b = s * jnp.tensordot(a, dw, axes=(tuple(range(n_in)), tuple(range(n_in))))
-      np.testing.assert_allclose(np.asarray(g[name + "_lora_a"][...]), np.asarray(want_a),
+      np.testing.assert_allclose(np.asarray(g[name + "_lora_a"]), np.asarray(want_a),
                                  rtol=2e-3, atol=2e-4)
-      np.testing.assert_allclose(np.asarray(g[name + "_lora_b"][...]), np.asarray(want_b),
+      np.testing.assert_allclose(np.asarray(g[name + "_lora_b"]), np.asarray(want_b),
                                  rtol=2e-3, atol=2e-4)
 
 

@@ -48,9 +48,10 @@ def test_sharded_forward_matches_one_device(checkpoint, axes):
   path, tokens, mask, ref = checkpoint
   mesh = shd.make_mesh(**axes)
   model, cfg = hf_io.from_pretrained(path, mesh=mesh)
-  q = model.blocks[0].attn.q[...]
+  q = model.blocks.attn.q[...]  # stacked [L, D, H, Dh]: the layer axis never sharded
   assert q.sharding.spec == shd.logical_to_spec(
-      ("embed", "heads", "head_dim"), mesh=mesh, shape=q.shape)
+      ("layers", "embed", "heads", "head_dim"), mesh=mesh, shape=q.shape)
+  assert q.sharding.spec[0] is None
   assert len(q.sharding.device_set) == 8
   graphdef, state = nnx.split(model)
   batch = jax.sharding.NamedSharding(
@@ -65,8 +66,9 @@ def test_init_sharded_places_parameters():
   mesh = shd.make_mesh(data=1, fsdp=4, tensor=2)
   cfg = tiny_config()
   model = init_sharded(lambda r: Transformer(cfg, rngs=r), mesh)
-  up = model.blocks[1].mlp.up[...]
-  assert up.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+  up = model.blocks.mlp.up[...][1]
+  assert model.blocks.mlp.up[...].sharding.spec == jax.sharding.PartitionSpec(
+      None, "fsdp", "tensor")
   ref = Transformer(cfg, rngs=nnx.Rngs(0))
   np.testing.assert_allclose(np.asarray(up), np.asarray(ref.blocks[1].mlp.up[...]),
                              atol=1e-7)

@@ -118,19 +118,27 @@ def test_tiny_model_collectives_grow_per_layer(name):
   cfg = _tiny_config()
   mcfg = archs.model_config(cfg)
   mesh = shd.make_mesh(1, 4, 2, devices=jax.devices()[:8])
+  # (Probes of >= 2 layers: XLA inlines the blocks' scan of one trip.)
   texts = {n: train_hlo.compile_texts(cfg, mcfg.replace(num_layers=n), mesh, (name,),
-                                      log=lambda *a, **k: None)[name] for n in (1, 2)}
+                                      log=lambda *a, **k: None)[name] for n in (2, 4)}
   sp = {n: train_hlo.split(t) for n, t in texts.items()}
   # The fsdp weight gathers and tensor-parallel all-reduces sit in the micro-batch loop,
   # and a layer adds some.
-  assert sp[1].per_trip.count > 0
-  assert sp[2].per_trip.count > sp[1].per_trip.count
-  assert sp[2].per_trip.nbytes > sp[1].per_trip.nbytes
-  # Without nested loops of known trips, trip + call = every collective of the program.
-  total = hlo_stats.collectives(texts[2]).total
-  assert sp[2].per_trip.count + sp[2].per_call.count == total
-  x = train_hlo.extrapolate(sp[1], sp[2], 1, 2, 2)
-  assert x.per_trip.count == pytest.approx(sp[2].per_trip.count)
+  assert sp[2].per_trip.count > 0
+  assert sp[4].per_trip.count > sp[2].per_trip.count
+  assert sp[4].per_trip.nbytes > sp[2].per_trip.nbytes
+  # The blocks' scan is a loop of known trips (L) nested in the micro-batch loop: its
+  # collectives count L times, the program's text holds them once, at every depth.
+  total = hlo_stats.collectives(texts[4]).total
+  assert total == hlo_stats.collectives(texts[2]).total
+  assert sp[4].per_trip.count + sp[4].per_call.count > total
+  x = train_hlo.extrapolate(sp[2], sp[4], 2, 4, 4)
+  assert x.per_trip.count == pytest.approx(sp[4].per_trip.count)
+  # Per-layer blocks (a Python loop): no nested loop, trip + call = every collective.
+  text = train_hlo.compile_texts(cfg, mcfg.replace(num_layers=2, scan_layers=False), mesh,
+                                 (name,), log=lambda *a, **k: None)[name]
+  loop = train_hlo.split(text)
+  assert loop.per_trip.count + loop.per_call.count == hlo_stats.collectives(text).total
 
 
 def test_from_saved_takes_the_two_largest_probes(tmp_path):

@@ -58,6 +58,13 @@ class ModelConfig:
       others keep their activations for the backward pass (one forward less each, their
       activations held). -1: every block. Chosen by memory (`tools.compile_check
       --remat_search`): the fewest that fit.
+    scan_layers: the blocks' parameters are stacked on a leading layer axis [L, ...]
+      (logical axis "layers", never sharded; `models.stacked`) and a cache-free call runs
+      them under `jax.lax.scan` -- two scans with a partial remat, the rematerialised
+      blocks then the rest -- so a program compiles one block, whatever the depth.
+      False: a list of L blocks run by a Python loop (per-layer parameters
+      `blocks/<i>/...`, the layout of checkpoints before 2026-12-05; the decode copy's
+      layout, and the oracle the scan is tested against).
     attention_impl: "dense" (`jax.nn.dot_product_attention` with a [B, 1,
       T, S] mask: T x S scores per layer), "blocked" (`attention.
       blocked_attention`: key blocks with an online softmax and its own
@@ -97,6 +104,7 @@ class ModelConfig:
   dtype: Any = jnp.float32
   remat: bool = False
   remat_layers: int = -1
+  scan_layers: bool = True
   attention_impl: str = "auto"
   attention_block: int = 512
   attention_kernel: str = "auto"
@@ -156,6 +164,14 @@ class ModelConfig:
   def remats(self, layer: int) -> bool:
     """Whether block `layer` is rematerialised in the backward pass."""
     return self.remat and (self.remat_layers < 0 or layer < self.remat_layers)
+
+  @property
+  def num_remat(self) -> int:
+    """How many blocks (the first ones) are rematerialised: N of `remats`."""
+    if not self.remat:
+      return 0
+    return self.num_layers if self.remat_layers < 0 else min(self.remat_layers,
+                                                               self.num_layers)
 
   @property
   def rope(self) -> dict[str, Any]:

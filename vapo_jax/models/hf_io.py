@@ -17,6 +17,10 @@ with attention heads split out):
   lm_head.weight                           [V, D]      lm_head [D, V] (untied)
   score.weight (sequence classification)   [1, D]      critic score [D]
 
+With stacked blocks (`models.stacked`, the default) our path is blocks/<name> with a leading
+layer axis [L, ...]: `hf_name` gives the HF name as a template "model.layers.{}.<name>",
+and the array holds the L tensors model.layers.0 ... model.layers.L-1, one per row.
+
 Loading places each tensor straight into its sharding with
 `jax.make_array_from_callback`: the callback reads, from a memory-mapped
 file, only the slice a local device owns, so no host holds a whole 32B model.
@@ -81,6 +85,10 @@ def hf_name(path: str, prefix: str = "model.") -> tuple[str, str]:
   if m and m.group(2) in _LAYER:
     name, kind = _LAYER[m.group(2)]
     return f"{prefix}layers.{m.group(1)}.{name}", kind
+  m = re.fullmatch(r"blocks/(.+)", path)
+  if m and m.group(1) in _LAYER:  # stacked blocks: one HF tensor per layer
+    name, kind = _LAYER[m.group(1)]
+    return prefix + "layers.{}." + name, kind
   raise KeyError(f"No HF name for parameter {path!r}.")
 
 
@@ -154,6 +162,18 @@ def path_str(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
+def _is_template(name: str) -> bool:
+  return "{}" in name
+
+
+def _tensor_names(name: str, shape: tuple[int, ...]) -> tuple[list[str], tuple[int, ...]]:
+  """(HF tensor names, the shape of each in our layout) of one of our arrays: one name, or
+  for a template (stacked blocks) one per row of the leading layer axis."""
+  if _is_template(name):
+    return [name.format(i) for i in range(shape[0])], tuple(shape[1:])
+  return [name], tuple(shape)
+
+
 def load_state(files: st_io.CheckpointFiles, abs_state: Any, shardings: Any,
                name_fn: Callable[[str], tuple[str, str]],
                ignore: tuple[str, ...] = (),
@@ -181,18 +201,21 @@ def load_state(files: st_io.CheckpointFiles, abs_state: Any, shardings: Any,
     ours = path_str(path)
     name, kind = name_fn(ours)
     abs_v = var.get_value()
-    want = hf_shape(kind, abs_v.shape)
-    if name not in files and ours in zeros_if_missing:
+    names, shape = _tensor_names(name, abs_v.shape)
+    want = hf_shape(kind, shape)
+    if any(n not in files for n in names) and ours in zeros_if_missing:
       plan.append((var, sh.get_value() if _is_var(sh) else sh, None, kind,
                    abs_v))
       continue
-    if name not in files:
-      missing.append(f"{name} (for {ours}, shape {want})")
+    absent = [n for n in names if n not in files]
+    if absent:
+      missing.extend(f"{n} (for {ours}, shape {want})" for n in absent)
       continue
-    used.add(name)
-    if files.shape(name) != want:
-      mismatched.append(f"{name}: checkpoint {files.shape(name)}, model "
-                        f"expects {want} (for {ours} {abs_v.shape})")
+    used.update(names)
+    bad = [n for n in names if files.shape(n) != want]
+    if bad:
+      mismatched.extend(f"{n}: checkpoint {files.shape(n)}, model "
+                        f"expects {want} (for {ours} {abs_v.shape})" for n in bad)
       continue
     plan.append((var, sh.get_value() if _is_var(sh) else sh, name, kind,
                  abs_v))
@@ -216,11 +239,18 @@ def load_state(files: st_io.CheckpointFiles, abs_state: Any, shardings: Any,
       new_leaves.append(var.replace(jax.device_put(
           jnp.zeros(abs_v.shape, abs_v.dtype), sharding)))
       continue
-    hf = files.array(name)
     dtype = abs_v.dtype
+    if _is_template(name):  # stacked blocks: row l of the array is model.layers.l
 
-    def cb(index, hf=hf, kind=kind, shape=abs_v.shape, dtype=dtype):
-      return read_slice(kind, hf, index, shape).astype(dtype)
+      def cb(index, name=name, kind=kind, shape=abs_v.shape, dtype=dtype):
+        rows = range(*index[0].indices(shape[0])) if index else range(shape[0])
+        return np.stack([read_slice(kind, files.array(name.format(i)), index[1:],
+                                    shape[1:]).astype(dtype) for i in rows])
+    else:
+      hf = files.array(name)
+
+      def cb(index, hf=hf, kind=kind, shape=abs_v.shape, dtype=dtype):
+        return read_slice(kind, hf, index, shape).astype(dtype)
 
     arr = jax.make_array_from_callback(abs_v.shape, sharding, cb)
     new_leaves.append(var.replace(arr))
@@ -347,12 +377,17 @@ def state_tensors(state: Any, name_fn: Callable[[str], tuple[str, str]],
       continue
     name, kind = name_fn(ours)
 
-    def thunk(var=var, kind=kind):
-      x = gather(var.get_value())
+    def thunk(var=var, kind=kind, row=None):
+      x = var.get_value()
+      x = gather(x if row is None else x[row])
       x = to_hf_layout(kind, x)
       return np.ascontiguousarray(x.astype(dtype) if dtype is not None else x)
 
-    out[name] = thunk
+    if _is_template(name):  # stacked blocks: one tensor per layer
+      for i in range(var.get_value().shape[0]):
+        out[name.format(i)] = lambda thunk=thunk, i=i: thunk(row=i)
+    else:
+      out[name] = thunk
   return out
 
 

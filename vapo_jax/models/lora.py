@@ -17,7 +17,8 @@ call. Here every projection goes through `matmul.matmul` (a custom_vjp over a ca
 the weight) and decoder blocks run split/merged inside `transformer.remat_block`, so its
 interception would see no parameter, and its lazily created adapters would not survive the
 block's split; its adapters also take the base's dtype (bfloat16 adapters for a bfloat16
-base). The same math is written out here, over the same `matmul`.
+base). The same math is written out here, over the same `matmul`. With stacked blocks
+(`models.stacked`) A and B carry the leading layer axis too: [L, *in, r], [L, r, *out].
 """
 
 from __future__ import annotations
@@ -150,6 +151,15 @@ def attach(model: nnx.Module, cfg, mesh, rules: shd.Rules = shd.DEFAULT_RULES,
   return nnx.merge(graphdef, nnx.merge_state(base, init()))
 
 
+def _delta(a: jax.Array, b: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """A B in float32 as an array of `shape`: A [*lead, *in, r], B [*lead, r, *out] with
+  leading axes shared (a stacked layer axis [L] has one: `models.stacked`)."""
+  lead = a.ndim + b.ndim - 2 - len(shape)
+  a32 = a.astype(jnp.float32).reshape(*a.shape[:lead], -1, a.shape[-1])
+  b32 = b.astype(jnp.float32).reshape(*b.shape[:lead + 1], -1)
+  return jnp.matmul(a32, b32).reshape(shape)
+
+
 def merged(model: nnx.Module) -> nnx.Module:
   """A model without adapters whose adapted weights are W + (alpha/r) A B, in float32 (a
   bfloat16 base plus a small delta would round the delta away); the rest as they are.
@@ -167,8 +177,7 @@ def merged(model: nnx.Module) -> nnx.Module:
       name = key[:-len("_lora_a")]
       a, b = d.pop(key), d.pop(name + "_lora_b")
       w = d[name]
-      delta = jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1)
-      d[name] = w.astype(jnp.float32) + scale * delta
+      d[name] = w.astype(jnp.float32) + scale * _delta(a, b, w.shape)
     for v in d.values():
       if isinstance(v, dict):
         fold(v)

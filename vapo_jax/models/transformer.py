@@ -2,6 +2,11 @@
 
   tokens_BxT -embed-> [Block x L] -RMSNorm-> hidden_BxTxD -logits-> [B, T, V]
 
+The L blocks' parameters are stacked [L, ...] (`models.stacked`, `cfg.scan_layers`) and a
+cache-free call (the train passes) runs them under `jax.lax.scan`: with a partial remat
+(`cfg.remat_layers` = N < L) one scan over the N rematerialised blocks (`remat_block`),
+then one over the L - N others. Calls with a cache (prefill, decode) loop over the layers.
+
 Left-padded batches are handled by the caller's positions (for a mask m:
 `positions = max(cumsum(m) - 1, 0)`) and the key mask. Decoding uses a KV
 cache: a tuple of L dicts {"k", "v"} of plain arrays [B, K, S, Dh] (batch is
@@ -21,6 +26,7 @@ import jax.numpy as jnp
 from vapo_jax import sharding as shd
 from vapo_jax.models import layers
 from vapo_jax.models import lora
+from vapo_jax.models import stacked
 from vapo_jax.models.config import ModelConfig
 from vapo_jax.models.matmul import matmul
 
@@ -92,6 +98,34 @@ def _remat_bwd(graphdef, res, dy):
 remat_block.defvjp(_remat_fwd, _remat_bwd)
 
 
+def scan_blocks(blocks: stacked.StackedBlocks, x_BxTxD: jax.Array, cos, sin, mask, seg,
+                num_remat: int) -> jax.Array:
+  """Cache-free blocks 0..L-1 over x, as `jax.lax.scan`s over the stacked parameters.
+
+  Blocks [0, num_remat) run as `remat_block` (each keeps only its input for the backward,
+  which recomputes it; the two optimization barriers act per scan step), blocks
+  [num_remat, L) as plain blocks (their activations saved, stacked by the scan). Equal to
+  the per-layer loop of `Transformer.__call__` with `scan_layers=False`.
+  """
+  graphdef, state = nnx.split(blocks)
+  n = len(blocks)
+
+  def remat_step(x, layer):
+    return remat_block(graphdef, layer, x, cos, sin, mask, seg), None
+
+  def plain_step(x, layer):
+    return _run_block(graphdef, layer, x, cos, sin, mask, seg), None
+
+  parts = ((remat_step, 0, num_remat), (plain_step, num_remat, n))
+  for step, lo, hi in parts:
+    if hi <= lo:
+      continue
+    part = state if (lo, hi) == (0, n) else jax.tree.map(lambda a, lo=lo, hi=hi: a[lo:hi],
+                                                         state)
+    x_BxTxD, _ = jax.lax.scan(step, x_BxTxD, part)
+  return x_BxTxD
+
+
 class Transformer(nnx.Module):
   """Decoder-only transformer configured by a `ModelConfig`."""
 
@@ -101,8 +135,11 @@ class Transformer(nnx.Module):
     self.cfg = cfg
     self.embed = layers.param(rngs, (cfg.vocab_size, cfg.hidden_size),
                               ("vocab", "embed"), cfg.param_dtype)
-    self.blocks = nnx.List([layers.Block(cfg, rngs=rngs)
-                            for _ in range(cfg.num_layers)])
+    if cfg.scan_layers:
+      self.blocks = stacked.StackedBlocks(cfg, rngs=rngs)
+    else:
+      self.blocks = nnx.List([layers.Block(cfg, rngs=rngs)
+                              for _ in range(cfg.num_layers)])
     self.final_norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
                                      ("embed",), cfg.param_dtype)
     if lm_head and not cfg.tie_word_embeddings:
@@ -161,6 +198,9 @@ class Transformer(nnx.Module):
     # (A cache-free call passed the checks above, so it always qualifies.)
     causal = (isinstance(cache_index, int) and cache_index == 0
               and kv_mask_BxS.shape[1] == t)
+    if cache is None and cfg.scan_layers:
+      x = scan_blocks(self.blocks, x, cos, sin, mask, seg, cfg.num_remat)
+      return self.final_norm(x), None
     new_cache = []
     for i, block in enumerate(self.blocks):
       if cache is None and cfg.remats(i):

@@ -24,6 +24,11 @@ Two ways a checkpoint can fail to restore, told apart because they call for oppo
                       with the one saved. It is reported with a warning, moved aside, and the
                       next older one is tried.
 
+Checkpoints written before the decoder's blocks were stacked (2026-12-05: per-layer leaves
+`['blocks'][i][...]` where this run has one `['blocks'][...]` leaf [L, ...]) restore
+converted: each stacked leaf is read as its L saved layers (each checked against its own
+checksum) and stacked (`models.stacked`).
+
 Orbax writes into a temporary directory and renames it when the save is complete, so a save
 cut short by a kill is never mistaken for a checkpoint.
 
@@ -38,6 +43,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocp_managers
 
@@ -98,6 +104,11 @@ def checksums(tree: Any) -> list[int]:
   return sums
 
 
+def _stack(layers: list[jax.Array], like: Any) -> jax.Array:
+  """Saved per-layer arrays as one stacked [L, ...] array in `like`'s sharding."""
+  return jax.jit(lambda *xs: jnp.stack(xs), out_shardings=like.sharding)(*layers)
+
+
 def _first_line(e: BaseException) -> str:
   lines = str(e).strip().splitlines()
   return lines[0][:300] if lines else ""
@@ -111,10 +122,50 @@ def _flat(tree: Any) -> dict[str, Any]:
   return {f"{i:05d}": x for i, x in enumerate(jax.tree.leaves(tree))}
 
 
-def _abstract(leaves: list[Any], indices: list[int]) -> dict[str, jax.ShapeDtypeStruct]:
-  """Restore targets: leaf k of `leaves` is the saved leaf number indices[k]."""
-  return {f"{i:05d}": jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-          for i, x in zip(indices, leaves)}
+def _abstract(leaves: list[Any], indices: list[Any]) -> dict[str, jax.ShapeDtypeStruct]:
+  """Restore targets: leaf k of `leaves` is the saved leaf number indices[k], or stacked
+  from the saved per-layer leaves indices[k] (a list)."""
+  out = {}
+  for ix, x in zip(indices, leaves):
+    if isinstance(ix, int):
+      out[f"{ix:05d}"] = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+      continue
+    sharding = x.sharding
+    if isinstance(sharding, NamedSharding):  # the layer axis is never sharded: drop it
+      sharding = NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
+    for i in ix:
+      out[f"{i:05d}"] = jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=sharding)
+  return out
+
+
+_BLOCKS = "['blocks']"
+
+
+def _layer_paths(path: str, n: int) -> list[str]:
+  """The per-layer key paths (checkpoints before stacked blocks) of a stacked leaf's path."""
+  at = path.find(_BLOCKS) + len(_BLOCKS)
+  if at < len(_BLOCKS) or path[at:at + 1] != "[" or path[at + 1:at + 2].isdigit():
+    return []
+  return [f"{path[:at]}[{i}]{path[at:]}" for i in range(n)]
+
+
+def _per_layer(theirs: list[str], tree: Any) -> list[Any] | None:
+  """For each leaf of `tree`: its position in `theirs`, or (a stacked leaf saved per layer)
+  the list of its layers' positions; None unless that uses every saved leaf exactly once."""
+  where = {p: i for i, p in enumerate(theirs)}
+  out = []
+  for path, x in jax.tree_util.tree_leaves_with_path(tree):
+    p = jax.tree_util.keystr(path)
+    layers = _layer_paths(p, x.shape[0]) if p not in where and x.ndim else []
+    if p not in where and not (layers and all(q in where for q in layers)):
+      return None
+    out.append(where[p] if p in where else [where[q] for q in layers])
+  used = [i for ix in out for i in ([ix] if isinstance(ix, int) else ix)]
+  return out if sorted(used) == list(range(len(theirs))) else None
+
+
+def _flat_indices(indices: list[Any]) -> list[int]:
+  return [i for ix in indices for i in ([ix] if isinstance(ix, int) else ix)]
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -213,20 +264,27 @@ class CheckpointStore:
     theirs = [paths[i][len(prefix or ""):] for i in indices]
     mine = key_paths(tree)
     where = f"{name}{prefix or ''}"
+    picks: list[Any] = list(range(len(theirs)))
     if mine != theirs:
-      diff = next(((a, b) for a, b in zip(theirs, mine) if a != b), None)
-      raise CheckpointMismatch(
-          f"checkpoint {step}: {where!r} has other leaves than this run's (first difference: "
-          + (f"saved {where}{diff[0]}, this run {where}{diff[1]})" if diff else
-             f"{len(theirs)} leaves saved, {len(mine)} in this run)"))
+      picks = _per_layer(theirs, tree)  # (saved before the blocks were stacked?)
+      if picks is None:
+        diff = next(((a, b) for a, b in zip(theirs, mine) if a != b), None)
+        raise CheckpointMismatch(
+            f"checkpoint {step}: {where!r} has other leaves than this run's (first "
+            "difference: " + (f"saved {where}{diff[0]}, this run {where}{diff[1]})" if diff
+                              else f"{len(theirs)} leaves saved, {len(mine)} in this run)"))
     if "shapes" in saved and "dtypes" in saved:  # (checkpoints since they were stored)
-      for i, path, x in zip(indices, theirs, jax.tree.leaves(tree)):
-        want = _describe(saved["shapes"][i], saved["dtypes"][i])
-        have = _describe(x.shape, x.dtype)
-        if want != have:
-          raise CheckpointMismatch(f"checkpoint {step}: {where}{path} is {want} there but "
-                                   f"{have} in this run")
-    return indices
+      for ix, path, x in zip(picks, mine, jax.tree.leaves(tree)):
+        for i in ([ix] if isinstance(ix, int) else ix):
+          shape = x.shape if isinstance(ix, int) else x.shape[1:]
+          want = _describe(saved["shapes"][indices[i]], saved["dtypes"][indices[i]])
+          have = _describe(shape, x.dtype)
+          if want != have:
+            layer = "" if isinstance(ix, int) else f" (a layer of {where}{path})"
+            raise CheckpointMismatch(f"checkpoint {step}: {where}{theirs[i]} is {want} "
+                                     f"there but {have} in this run{layer}")
+    return [indices[ix] if isinstance(ix, int) else [indices[i] for i in ix]
+            for ix in picks]
 
   def check(self, step: int, like: dict[str, Any], *,
             subtrees: dict[str, str] | None = None) -> dict[str, list[int]]:
@@ -279,16 +337,20 @@ class CheckpointStore:
                               f"({type(e).__name__}: {_first_line(e)})") from e
     groups = {}
     for name, tree in like.items():
-      leaves = [out[name][f"{i:05d}"] for i in indices[name]]
-      groups[name] = jax.tree.unflatten(jax.tree.structure(tree), leaves)
-      want = [saved[name]["checksums"][i] for i in indices[name]]
-      got = checksums(groups[name])
+      flat = _flat_indices(indices[name])
+      read = [out[name][f"{i:05d}"] for i in flat]
+      want = [saved[name]["checksums"][i] for i in flat]
+      got = checksums(read)
       if got != want:
         bad = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
-        path = saved[name]["paths"][indices[name][bad]]
+        path = saved[name]["paths"][flat[bad]]
         raise CheckpointDamaged(f"checkpoint {step}: {name}{path} does not match its stored "
                                 f"checksums (read {got[bad]}, saved {want[bad]}): damaged "
                                 "files")
+      arrays = {i: x for i, x in zip(flat, read)}
+      leaves = [arrays[ix] if isinstance(ix, int) else _stack([arrays[i] for i in ix], x)
+                for ix, x in zip(indices[name], jax.tree.leaves(tree))]
+      groups[name] = jax.tree.unflatten(jax.tree.structure(tree), leaves)
     return groups
 
   def restore_latest(self, restore_fn: Callable[[int, dict[str, Any]], Any]) -> Any:

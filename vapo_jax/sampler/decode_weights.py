@@ -7,6 +7,9 @@ its own copy and never reads the training copy again:
     so decode runs the weights the train step scores, as one matmul per projection;
   * every floating parameter is cast to `dtype` (bfloat16 at pod scale: half the bytes per
     decode step; float32 keeps the engine bit-comparable with the training forward);
+  * stacked blocks (`models.stacked`, the training layout) are split back into L per-layer
+    blocks: decode runs a Python loop over layers with a cache (a scan would slice every
+    weight out of the stack in every decode step), so the copy keeps decode as it was;
   * the layout drops FSDP from the weights (`decode_rules`: logical axes that the training
     rules put on the batch axes -- `embed` over fsdp -- are replicated): each data x fsdp
     group holds a whole tensor-parallel replica, so a decode step needs no weight
@@ -26,6 +29,7 @@ import jax.numpy as jnp
 
 from vapo_jax import sharding as shd
 from vapo_jax.models import lora
+from vapo_jax.models import stacked
 
 
 def decode_rules(mesh: jax.sharding.Mesh | None, rules: shd.Rules = shd.DEFAULT_RULES
@@ -64,14 +68,15 @@ def decode_layout(graphdef, params, dtype: Any, mesh: jax.sharding.Mesh | None =
     model = nnx.merge(graphdef, p)
     if merge:
       model = lora.merged(model)
-    return jax.tree.map(_cast(dtype), nnx.state(model))
+    return jax.tree.map(_cast(dtype), nnx.state(stacked.unstack(model)))
 
   abstract = jax.eval_shape(build, params)
   out_graphdef = graphdef
-  if merge:
-    base_cfg = lora.base_config(model0.cfg)
+  out_cfg = lora.base_config(model0.cfg) if merge else model0.cfg
+  if merge or out_cfg.scan_layers:
+    out_cfg = out_cfg.replace(scan_layers=False)
     out_graphdef, _ = nnx.split(nnx.eval_shape(
-        lambda: type(model0)(base_cfg, rngs=nnx.Rngs(0))))
+        lambda: type(model0)(out_cfg, rngs=nnx.Rngs(0))))
   shardings = None
   if mesh is not None:
     shardings = shd.state_shardings(abstract, mesh, decode_rules(mesh, rules))

@@ -199,7 +199,12 @@ def probe_refusal(mcfg, probe_layers: tuple[int, int]) -> str:
   can): each probe must rematerialise exactly the model's fraction N / L of its blocks, or
   the line through the two probes prices a kept block as a per-layer cost (48 of 64 with
   probes of 2 and 4 layers: 2 of 2 and 3 of 4, and the critic step extrapolated to 134 GB
-  where 4- and 8-layer probes, 3 of 4 and 6 of 8, give 44 GB)."""
+  where 4- and 8-layer probes, 3 of 4 and 6 of 8, give 44 GB). With the blocks under scan
+  (`ModelConfig.scan_layers`) a probe needs >= 2 layers: XLA inlines a one-trip scan."""
+  if getattr(mcfg, "scan_layers", False) and min(probe_layers) < 2:
+    return (f"probes of {','.join(str(k) for k in probe_layers)} layers: XLA inlines the "
+            "blocks' scan at one layer, not the program of a deeper model; use "
+            "--probe_layers=2,4 or more")
   n, total = mcfg.remat_layers, mcfg.num_layers
   if not mcfg.remat or not 0 < n < total:
     return ""

@@ -9,7 +9,11 @@ values, policy and critic steps; packed or padded as the config says) for a TPU 
 this CPU (libtpu, no TPU) at two layer counts La < Lb, reads every collective of the
 compiled HLO (`hlo_stats`), and extrapolates per layer to the model's depth L:
 
-  x(L) = x(La) + (x(Lb) − x(La)) (L − La) / (Lb − La)     (layers are unrolled in the HLO)
+  x(L) = x(La) + (x(Lb) − x(La)) (L − La) / (Lb − La)
+
+(The blocks run under a scan, `ModelConfig.scan_layers`: a loop of L known trips nested in
+the micro-batch loop, counted × L as below. Probe at La >= 2: XLA inlines a one-trip scan,
+so a 1-layer program is not the same program as the deeper ones.)
 
 Per program, split by where a collective sits (`split`):
   per_trip   inside the micro-batch loop's body (the outermost while loop, e.g. the FSDP
