@@ -367,3 +367,23 @@ def test_full_critic_trains_base_weights_and_lora_critic_does_not(monkeypatch):
 def test_pretrain_loop_defaults_are_the_runs_own():
   cfg = tiny()
   assert critic_stage.pretrain_loop(cfg, 1) == learners.ppo_loop(cfg)
+
+
+def test_return_statistics_survive_a_resume(tmp_path):
+  cfg = tiny(**{"rl.value_norm": "running", "value_pretrain.max_steps": 2,
+                "value_pretrain.min_steps": 2, "rl.steps": 1, "checkpoint.every": 1,
+                "checkpoint.async_save": False, "metrics.tensorboard": False,
+                "metrics.plot": False})
+  t = trainer_lib.Trainer(cfg, str(tmp_path), progress=False)
+  try:
+    t.run()
+    stats = t.return_stats()
+  finally:
+    t.close()
+  assert stats.weight == pytest.approx(1 - cfg.rl.value_norm_decay ** 3)  # 2 VP + 1 RL batch
+  again = trainer_lib.Trainer(cfg, str(tmp_path), progress=False)
+  try:
+    again.resume()
+    assert again.return_stats() == stats
+  finally:
+    again.close()
