@@ -93,6 +93,12 @@ def test_head_bias_is_a_trainable_parameter_and_round_trips_hf(tmp_path):
   np.testing.assert_allclose(np.asarray(with_b), np.einsum(
       "btd,d->bt", np.asarray(hidden, np.float64), np.asarray(critic.score[...])) + 0.25,
       atol=1e-5)
+  # A critic of standardised targets saved in units of the returns: V = σ·v + μ.
+  stats = critic_lib.ReturnStats(weight=0.5, mean=0.2, sq=0.5 * (0.4 ** 2 + 0.4 ** 2))
+  folded = critic_lib.in_return_units(critic, stats)
+  np.testing.assert_allclose(np.asarray(folded(tokens, mask)),
+                             0.4 * np.asarray(with_b) + 0.4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(critic(tokens, mask)), np.asarray(with_b))
   critic_lib.save_pretrained(critic, str(tmp_path / "c"))
   back, _ = critic_lib.CriticWithBias.from_pretrained(str(tmp_path / "c"))
   assert float(back.score_bias[...]) == pytest.approx(0.25)

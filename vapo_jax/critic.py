@@ -21,6 +21,7 @@ and may take their own learning rate (`run.learners.optimizer`, optim.critic_hea
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 from flax import nnx
@@ -277,3 +278,23 @@ def unstandardise(v_BxR: jax.Array, mask_BxR: jax.Array, stats: ReturnStats) -> 
   (what GAE and the metrics read). The inverse of `standardise` on the real tokens."""
   mu, sigma = stats.scale()
   return (sigma * jnp.asarray(v_BxR, jnp.float32) + mu) * jnp.asarray(mask_BxR, jnp.float32)
+
+
+def in_return_units(critic: Critic, stats: ReturnStats) -> Critic:
+  """A critic trained on standardised targets with its head rescaled to give V = σ·v + μ
+  itself (w' = σ·w, b' = σ·b + μ): what workdir/critic holds, so that it loads anywhere as
+  a critic in units of the returns. Needs the bias for μ: a bias-free critic comes back
+  unchanged with a warning (its saved values stay standardised)."""
+  mu, sigma = stats.scale()
+  if (mu, sigma) == (0.0, 1.0):
+    return critic
+  if not isinstance(critic, CriticWithBias):
+    warnings.warn("rl.value_norm without model.critic_head_bias: the saved critic's values are "
+                  f"standardised (V = {sigma:.4g}·v + {mu:.4g}); add a head bias to save them "
+                  "in units of the returns")
+    return critic
+  out = nnx.clone(critic)  # (its own Variables; the arrays, immutable, are shared)
+  out.score[...] = sigma * critic.score[...]
+  out.score_bias[...] = sigma * critic.score_bias[...] + mu
+  return out
+

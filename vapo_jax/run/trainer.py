@@ -468,7 +468,10 @@ class Trainer:
     if not (self.workdir and self.cfg.checkpoint.save_critic
             and "critic" in self.state.learners):
       return
-    critic_lib.save_pretrained(self.critic_model(), os.path.join(self.workdir, CRITIC_DIR))
+    model = self.critic_model()
+    if self.cfg.rl.value_norm != "none":  # its head rescaled to give values in return units
+      model = critic_lib.in_return_units(model, self.return_stats())
+    critic_lib.save_pretrained(model, os.path.join(self.workdir, CRITIC_DIR))
 
   def _plot(self):
     if not (self.workdir and self.cfg.metrics.plot and self.state.log.path):
