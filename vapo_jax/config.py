@@ -24,6 +24,16 @@ and the baselines' extras and the advantage scale:
   overlong shaping       rl.overlong_shaping   (DAPO; L_cache = rl.overlong_cache_tokens)
   advantage whitening    rl.whiten_advantages  (on by default; off in grpo / dapo)
 
+and the critic's levers (issue 53; all off by default):
+
+  head bias, head lr     model.critic_head_bias, optim.critic_head_lr (−1: critic_lr)
+  full fine-tuning       model.critic_lora=False (the critic without LoRA adapters)
+  return scale           rl.reward_scale / rl.reward_shift (±1: 2, −1), rl.value_norm
+  reused rollouts        value_pretrain.epochs, value_pretrain.replay_batches
+  held-out stop rule     value_pretrain.heldout_batches (EV of fresh batches, pooled)
+  α sized to lengths     rl.alpha = 0 (auto: `auto_alpha`); a warning when α·max_new_tokens < 8
+  diagnostics            metrics.critic_diagnostics (critic/* records)
+
 Units: `rl.steps`, `value_pretrain.*_steps` and `eval.every` count rollout steps (one sampled
 batch, then rl.ppo_epochs × rl.num_minibatches optimizer updates); `sft.steps` and
 `optim.warmup_steps` count optimizer updates.
