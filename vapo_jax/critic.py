@@ -240,6 +240,15 @@ class ReturnStats(NamedTuple):
     weight = 1 − d^n,   mean = Σ_k (1−d) d^(n−k) m_k,   sq = the same of s_k,
   so μ = mean / weight and σ² = sq / weight − μ² are bias-corrected EMAs (decay d) of the
   return's mean and variance; with no batch yet, μ = 0 and σ = 1 (the identity).
+
+  Why running and not per batch: the values of a batch are un-standardised for its GAE
+  before its returns may be used, so a per-batch (μ, σ) of the batch's own returns would
+  put each response's own outcome into its baseline (a 1/B leak) and move every value of
+  the batch with the batch's luck. The running statistics of earlier batches are known
+  before the batch is drawn; they are updated with its returns right after its values are
+  read (`run.trainer.Trainer.critic_targets`), and its targets are standardised by them.
+  With the policy frozen (value pretraining) the returns' distribution is fixed and the
+  EMA settles on it; in RL it follows the policy's drift at a horizon of ~1/(1 − d) batches.
   """
   weight: float = 0.0
   mean: float = 0.0

@@ -15,6 +15,7 @@ experience's value pass), in units of the returns, against the batch's targets R
                     answer is there), and at its last token, where V is an outcome model's
                     score (`half_evs`)
 
+In RL every batch is fresh too: the step's value/explained_variance is held out already.
 Rows b answer prompt b // n (`sampler.types.Rollout.group_ids_B`). `metrics` gathers them as
 `critic/*` records (metrics.critic_diagnostics).
 """
