@@ -9,7 +9,10 @@
   reused rollouts     value pretraining trains on the last value_pretrain.replay_batches
                       batches joined (`joined`), value_pretrain.epochs passes in mini-batches
                       of the run's size (`pretrain_loop`); with the defaults (1 batch,
-                      epochs 0) exactly the run's own PPO loop over the step's batch
+                      epochs 0) exactly the run's own PPO loop over the step's batch;
+                      what a resumed stage needs to draw the same batches again (each one's
+                      prompt iterator state and rollout key) and the held-out EV's sums are
+                      kept in the summary too (`replay_state`, `set_replay_state`)
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vapo_jax import critic as critic_lib
 from vapo_jax.rl import batch as batch_lib
@@ -25,6 +29,7 @@ from vapo_jax.rl import update
 from vapo_jax.run import learners
 
 SUMMARY_KEY = "critic_return_stats"  # the summary's entry: [weight, mean, sq]
+REPLAY_KEY = "critic_replay"  # {"draws": [{"iterator", "key"}], "heldout": [[5 sums]]}
 
 
 def return_stats(summary: dict) -> critic_lib.ReturnStats:
@@ -60,3 +65,42 @@ def pretrain_loop(cfg, num_batches: int) -> update.PPOLoop:
   loop = learners.ppo_loop(cfg)
   return dataclasses.replace(loop, epochs=cfg.value_pretrain.epochs or loop.epochs,
                              num_minibatches=loop.num_minibatches * num_batches)
+
+
+def last(items: list, k: int) -> list:
+  """The last k items (none for k = 0)."""
+  return items[len(items) - k:] if k > 0 else []
+
+
+def draw_record(state) -> dict:
+  """What draws the run's next value-pretraining batch again: its prompt iterator's state
+  and the key the next `state.next_key()` returns (call before drawing)."""
+  sub = jax.random.split(state.key)[1]  # (what next_key will return)
+  return {"iterator": state.prompts.get_state(),
+          "key": [int(x) for x in np.asarray(jax.random.key_data(sub)).ravel()]}
+
+
+def examples_of(trainer, draw: dict) -> list:
+  """The prompts of a recorded draw (a copy of the run's iterator at that state)."""
+  it = type(trainer.state.prompts)(trainer.parts.train_examples, trainer.cfg.prompts_per_step,
+                                   seed=trainer.cfg.seed)
+  it.set_state(draw["iterator"])
+  return next(it)
+
+
+def key_of(draw: dict) -> jax.Array:
+  return jax.random.wrap_key_data(jnp.asarray(draw["key"], jnp.uint32))
+
+
+def replay_state(summary: dict, start: int) -> tuple[list, list]:
+  """(draws of the batches to replay, held-out sums) a stage resumed at step `start` goes on
+  with (none at step 0)."""
+  kept = summary.get(REPLAY_KEY) if start else None
+  if not kept:
+    return [], []
+  return list(kept["draws"]), [np.asarray(x, np.float64) for x in kept["heldout"]]
+
+
+def set_replay_state(summary: dict, draws: list, heldout: list) -> None:
+  summary[REPLAY_KEY] = {"draws": draws, "heldout": [[float(v) for v in x] for x in heldout]}
+

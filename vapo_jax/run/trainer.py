@@ -203,12 +203,13 @@ class Trainer:
     self.setup("critic")
     del s.learners["reward_model"]  # the critic holds the weights now; frees its optimizer
 
-  def experience(self, examples, *, for_value_pretraining: bool = False
+  def experience(self, examples, *, for_value_pretraining: bool = False, key=None
                  ) -> tuple[batch_lib.RolloutBatch, dict]:
     """Steps 1–3 on the step's global prompts: (device batch, metrics); see rl.experience.
 
     Dynamic sampling's extra rounds take the next prompts of the same iterator (so a resumed
-    run draws the same ones); the reference's log-probs come with the KL penalty."""
+    run draws the same ones); the reference's log-probs come with the KL penalty. The
+    rollout key is `key`, else the run's next."""
     s = self.state
     critic = s.learners.get("critic")
     values = None
@@ -217,7 +218,7 @@ class Trainer:
                                  self.return_stats() if self.cfg.rl.value_norm != "none"
                                  else None)
     return self.parts.experience(
-        s.policy_params, examples, s.next_key(), values=values,
+        s.policy_params, examples, s.next_key() if key is None else key, values=values,
         for_value_pretraining=for_value_pretraining,
         ref_params=None if for_value_pretraining else s.ref_params,
         more_examples=lambda: next(s.prompts))
@@ -274,9 +275,16 @@ class Trainer:
     start = self.ctl.enter("value_pretrain")
     bar = self._bar(vp.max_steps, "value pretraining", start)
     metrics, losses = {}, []
-    replay, heldout = [], []  # (a resumed stage starts both afresh, like its plateau rule)
+    # The batches replayed and the held-out EV's sums: a resumed stage draws the same
+    # batches again (prompts and keys from the summary; the policy is frozen) and takes the
+    # sums as they were, so it goes on as if it never stopped (its plateau rule restarts).
+    draws, heldout = critic_stage.replay_state(self.state.summary, start)
+    replay = [self.experience(critic_stage.examples_of(self, d), for_value_pretraining=True,
+                              key=critic_stage.key_of(d))[0] for d in draws]
     for i in range(start, vp.max_steps):
-      batch, em = self.experience(next(self.state.prompts), for_value_pretraining=True)
+      draw = critic_stage.draw_record(self.state) if vp.replay_batches > 1 else None
+      batch, em = self.experience(next(self.state.prompts), for_value_pretraining=True,
+                                  key=self.state.next_key())
       # Held-out: the critic scored this fresh batch before training on any of it (its EV
       # is the experience's value/explained_variance; pooled over the last few here).
       ev = em["value/explained_variance"]
@@ -288,10 +296,15 @@ class Trainer:
         em["critic/heldout_ev"] = ev
         em.update(self.critic_diagnostics(batch))
       # The policy is frozen: older batches' Monte Carlo returns are still exact targets.
-      replay = replay[len(replay) - vp.replay_batches + 1:] if vp.replay_batches > 1 else []
+      keep = vp.replay_batches - 1
+      replay, draws = critic_stage.last(replay, keep), critic_stage.last(draws, keep)
       um = self.update(self.critic_targets(batch, replay), stage="value_pretrain", step=i,
                        policy=False, loop=critic_stage.pretrain_loop(self.cfg, len(replay) + 1))
       replay.append(batch)
+      draws.append(draw)
+      if vp.replay_batches > 1 or vp.heldout_batches > 1:
+        critic_stage.set_replay_state(self.state.summary, critic_stage.last(draws, keep),
+                                      heldout)
       metrics = {**em, **um}
       losses.append(um["value_loss"])
       why = stopping.stop_reason(
