@@ -34,7 +34,7 @@ def test_every_config_file_and_preset_validates(name):
 
 @pytest.mark.parametrize("field,value,message", [
     ("rl.eps_low", 1.5, "config.rl.eps_low=1.5: must be in [0, 1)"),
-    ("rl.alpha", 0.0, "config.rl.alpha=0.0: must be > 0"),
+    ("rl.alpha", -0.1, "config.rl.alpha=-0.1: must be >= 0 (0: auto"),
     ("rl.num_minibatches", 3, "config.rl.num_minibatches=3: must be a divisor"),
     ("sampling.temperature", 0.0, "config.sampling.temperature"),
     ("sampling.decode_windows", 0, "config.sampling.decode_windows=0: must be >= 1"),

@@ -24,6 +24,16 @@ and the baselines' extras and the advantage scale:
   overlong shaping       rl.overlong_shaping   (DAPO; L_cache = rl.overlong_cache_tokens)
   advantage whitening    rl.whiten_advantages  (on by default; off in grpo / dapo)
 
+and the critic's levers (issue 53; all off by default):
+
+  head bias, head lr     model.critic_head_bias, optim.critic_head_lr (−1: critic_lr)
+  full fine-tuning       model.critic_lora=False (the critic without LoRA adapters)
+  return scale           rl.reward_scale / rl.reward_shift (±1: 2, −1), rl.value_norm
+  reused rollouts        value_pretrain.epochs, value_pretrain.replay_batches
+  held-out stop rule     value_pretrain.heldout_batches (EV of fresh batches, pooled)
+  α sized to lengths     rl.alpha = 0 (auto: `auto_alpha`); a warning when α·max_new_tokens < 8
+  diagnostics            metrics.critic_diagnostics (critic/* records)
+
 Units: `rl.steps`, `value_pretrain.*_steps` and `eval.every` count rollout steps (one sampled
 batch, then rl.ppo_epochs × rl.num_minibatches optimizer updates); `sft.steps` and
 `optim.warmup_steps` count optimizer updates.
@@ -33,6 +43,7 @@ import dataclasses
 import sys
 import types
 import typing
+import warnings
 from typing import Any
 
 import ml_collections
@@ -64,6 +75,13 @@ class ModelSection:
   # "reward_model" (an outcome reward model this run trains first: the `reward_model` stage,
   # as PPO's critic starts in the paper) or "path" (model.critic_path).
   critic_start: str = "policy"
+  # The critic's value head V = <h, w> (+ b with critic_head_bias: a float32 scalar
+  # `score_bias`, zero at the start, trained with the head; saved as HF `score.bias`).
+  critic_head_bias: bool = False
+  # With model.lora.rank > 0: True = the critic trains LoRA adapters (+ its head) like the
+  # policy; False = full fine-tuning of the critic (the policy's adapters merged into its
+  # copy of the weights, every weight trained; the policy keeps its LoRA).
+  critic_lora: bool = True
   init_from: str = ""          # a run's workdir: the policy starts from its newest checkpoint
   # Seed of the fresh model's initialisation and of the SFT batch order (-1: `seed`). Fixed
   # apart from `seed`, every run seed starts from the same SFT policy (`Config.init_seed`).
@@ -196,6 +214,10 @@ class RewardSection:
 class OptimSection:
   policy_lr: float = 1e-6
   critic_lr: float = 2e-6
+  # The value head's own rate (score, score_bias; for the critic and the reward model), a
+  # second AdamW beside the backbone's/adapters' at critic_lr (optax.multi_transform, the
+  # same warm-up and clipping over both). -1: none, the head takes critic_lr in one AdamW.
+  critic_head_lr: float = -1.0
   sft_lr: float = 1e-3
   warmup_steps: int = 0        # optimizer updates of linear warm-up (each model its own count)
   weight_decay: float = 0.01
@@ -234,6 +256,17 @@ class ValuePretrainSection:
   # The critic's targets: False = Monte Carlo returns (λ = 1, VAPO); True = GAE returns with
   # the RL stage's λ_policy (the second reading of "without decoupled GAE").
   coupled_gae: bool = False
+  # Reuse of rollouts (the policy is frozen here, so old rollouts' Monte Carlo returns stay
+  # exact targets): each step trains the critic for `epochs` passes (0: rl.ppo_epochs)
+  # over the last `replay_batches` rollout batches (1: the step's own batch only), each
+  # batch in rl.num_minibatches mini-batches.
+  epochs: int = 0
+  replay_batches: int = 1
+  # Held-out explained variance, what stop_explained_variance reads: the step's fresh batch
+  # is scored by the critic before it trains on it; pooled over the last `heldout_batches`
+  # fresh batches (1 - Σ(R - V)² / Σ(R - R̄)² over their tokens; 1: the step's batch alone,
+  # Var-based, `losses.explained_variance`).
+  heldout_batches: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +285,9 @@ class RLSection:
   decoupled_gae: bool = True
   lam_critic: float = 1.0
   length_adaptive: bool = True
+  # α of λ_policy = 1 − 1/(α·l) (a horizon α·l tokens). 0: auto, sized to the token cap,
+  # α = max(0.05, 32 / sampling.max_new_tokens) (`Config.alpha`): the paper's 0.05 at
+  # long caps, a horizon of at least 32 tokens at the cap on short ones (tiny, 48: 0.67).
   alpha: float = 0.05
   lam_policy: float = 0.95              # λ_policy when length_adaptive is off
   token_level_loss: bool = True
@@ -269,6 +305,18 @@ class RLSection:
   # are already normalised per group, as in their papers).
   whiten_advantages: bool = True
   value_clip: float = 0.0               # PPO value clipping range; 0: off
+  # The return scale: rewards r' = reward_scale · r + reward_shift everywhere the advantages
+  # and the critic's targets see them (the batch's scores_B, the NLL's, stay the checker's).
+  # Rewards {0, 1} -> ±1: reward_scale=2, reward_shift=-1 (NeMo-RL's reward_scaling).
+  reward_scale: float = 1.0
+  reward_shift: float = 0.0
+  # Critic targets standardised: "none", or "running": the critic learns (R - μ) / σ with
+  # (μ, σ) running, bias-corrected EMAs (decay value_norm_decay per batch) of the token-
+  # weighted return mean and second moment; its outputs are un-standardised, V = σ·v + μ,
+  # wherever GAE and the metrics read them. The statistics are those of the batches before
+  # (updated after the batch's values are read), checkpointed with the run.
+  value_norm: str = "none"
+  value_norm_decay: float = 0.9
   ppo_epochs: int = 1
   num_minibatches: int = 1
   micro_batch_size: int = 0             # 0: the whole mini-batch at once
@@ -382,6 +430,10 @@ class MetricsSection:
   wandb: bool = False                   # also log to Weights & Biases (pip install wandb)
   wandb_project: str = "vapo_jax"       # the W&B project
   wandb_name: str = ""                  # the W&B run's name ("": W&B picks one)
+  # The critic's diagnostics in value pretraining and RL records (`run.critic_diagnostics`):
+  # held-out EV pooled over fresh batches, Spearman ρ over prompts of V(s_0) against the
+  # group's mean reward, token-level EV on each response's first and second half.
+  critic_diagnostics: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,6 +510,18 @@ class Config:
     return mode
 
   @property
+  def alpha(self) -> float:
+    """α of length-adaptive λ_policy: rl.alpha, or with rl.alpha = 0 (auto) sized to the
+    token cap, max(ALPHA_PAPER, AUTO_HORIZON / sampling.max_new_tokens)."""
+    return self.rl.alpha or auto_alpha(self.sampling.max_new_tokens)
+
+  @property
+  def full_critic(self) -> bool:
+    """The critic trains every weight though the policy has LoRA adapters
+    (model.critic_lora=False with model.lora.rank > 0)."""
+    return self.model.lora.rank > 0 and not self.model.critic_lora
+
+  @property
   def uses_critic(self) -> bool:
     """The advantage estimator reads a critic's values: the run trains a critic."""
     return uses_critic(self.rl.advantage_estimator)
@@ -486,6 +550,20 @@ REMOVED: dict[str, tuple[type, str]] = {
     "rl.use_critic": (bool, 'set rl.advantage_estimator="gae" (was True) or "group" (was '
                             'False)'),
 }
+
+
+# rl.alpha = 0 (auto): α = max(ALPHA_PAPER, AUTO_HORIZON / max_new_tokens). The paper's
+# α = 0.05 looks 5% of a response ahead, sized for 1k-20k-token answers; on short answers
+# 5% is a token or two and λ_policy = 1 − 1/(α·l) is clipped to 0 below l = 1/α. The auto
+# value keeps a horizon α·L of at least AUTO_HORIZON tokens at the cap L (λ ≈ 0.94 at
+# half the cap) and the paper's α wherever that is already so (L ≥ 640).
+ALPHA_PAPER = 0.05
+AUTO_HORIZON = 32.0
+
+
+def auto_alpha(max_new_tokens: int) -> float:
+  """rl.alpha = 0's α: max(ALPHA_PAPER, AUTO_HORIZON / max_new_tokens)."""
+  return max(ALPHA_PAPER, AUTO_HORIZON / max_new_tokens)
 
 
 def uses_critic(advantage_estimator: str) -> bool:
@@ -570,6 +648,9 @@ def from_command_line(config: ml_collections.ConfigDict) -> Config:
     sys.stderr.write(f"error: Invalid config: {e}\n")
     sys.exit(2)
 
+
+# rl.value_norm: how the critic's targets are standardised (RLSection's comment).
+VALUE_NORMS = ("none", "running")
 
 # rl.old_logprobs: where π_old comes from (RLSection's comment).
 OLD_LOGPROBS = ("recompute", "exact", "auto", "behaviour")
@@ -669,6 +750,15 @@ def validate(cfg: Config) -> None:
   vp = cfg.value_pretrain
   need(vp.max_steps >= vp.min_steps >= 0, "value_pretrain.min_steps", vp.min_steps,
        f"in [0, value_pretrain.max_steps={vp.max_steps}]")
+  need(vp.epochs >= 0, "value_pretrain.epochs", vp.epochs, ">= 0 (0: rl.ppo_epochs)")
+  need(vp.replay_batches >= 1, "value_pretrain.replay_batches", vp.replay_batches,
+       ">= 1 (1: the step's own batch)")
+  need(vp.heldout_batches >= 1, "value_pretrain.heldout_batches", vp.heldout_batches, ">= 1")
+  need(vp.replay_batches == 1 or rl.value_clip == 0, "value_pretrain.replay_batches",
+       vp.replay_batches, "1 with rl.value_clip > 0 (a replayed batch's old values are "
+       "an older critic's)")
+  need(o.critic_head_lr >= 0 or o.critic_head_lr == -1, "optim.critic_head_lr",
+       o.critic_head_lr, ">= 0, or -1 (optim.critic_lr, one AdamW)")
   need(vp.plateau_window >= 0 and vp.plateau_smooth >= 1 and vp.plateau_tol >= 0,
        "value_pretrain.plateau_window", vp.plateau_window,
        ">= 0 (0: off), with plateau_smooth >= 1 and plateau_tol >= 0")
@@ -688,7 +778,17 @@ def validate(cfg: Config) -> None:
   need(0 < rl.gamma <= 1, "rl.gamma", rl.gamma, "in (0, 1]")
   need(0 <= rl.lam_critic <= 1, "rl.lam_critic", rl.lam_critic, "in [0, 1]")
   need(0 <= rl.lam_policy <= 1, "rl.lam_policy", rl.lam_policy, "in [0, 1]")
-  need(rl.alpha > 0, "rl.alpha", rl.alpha, "> 0")
+  need(rl.alpha >= 0, "rl.alpha", rl.alpha, ">= 0 (0: auto, sized to sampling.max_new_tokens)")
+  if rl.length_adaptive and cfg.uses_critic and cfg.alpha * s.max_new_tokens < 8:
+    warnings.warn(
+        f"config.rl.alpha={rl.alpha}: 1/α = {1 / cfg.alpha:.0f} tokens against a cap of "
+        f"{s.max_new_tokens}: a response of a quarter of the cap gets λ_policy = 1 − 1/(α·l) "
+        "< 0.5 (0 below l = 1/α: the critic's credit reaches the last few tokens only); "
+        "size α to the lengths, e.g. rl.alpha=0 (auto: "
+        f"{auto_alpha(s.max_new_tokens):.3g} here)", stacklevel=2)
+  need(rl.reward_scale != 0, "rl.reward_scale", rl.reward_scale, "!= 0")
+  need(rl.value_norm in VALUE_NORMS, "rl.value_norm", rl.value_norm, f"one of {VALUE_NORMS}")
+  need(0 <= rl.value_norm_decay < 1, "rl.value_norm_decay", rl.value_norm_decay, "in [0, 1)")
   need(0 <= rl.eps_low < 1, "rl.eps_low", rl.eps_low, "in [0, 1)")
   need(rl.eps_high >= 0, "rl.eps_high", rl.eps_high, ">= 0")
   need(rl.dual_clip == 0 or rl.dual_clip > 1, "rl.dual_clip", rl.dual_clip, "0 (off) or > 1")

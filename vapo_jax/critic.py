@@ -1,6 +1,7 @@
 """The value model: transformer backbone + float32 scalar head.
 
-  V(s_t) = <hidden(s_t), w>,   w in R^D (float32), no bias,
+  V(s_t) = <hidden(s_t), w>,   w in R^D (float32), no bias   (`Critic`)
+  V(s_t) = <hidden(s_t), w> + b,   b a float32 scalar         (`CriticWithBias`),
 
 where hidden(s_t) is the final hidden state at the last token of state s_t.
 For a row `concat(prompt left-padded to P, response)` the state before
@@ -11,12 +12,17 @@ response token t is everything up to column P + t - 1, so
 the same alignment as `policy.response_logprobs`. The head is stored like an
 HF `*ForSequenceClassification` model with one label (`score.weight` [1, D]),
 so critic checkpoints are HF reward-model directories and HF reward models
-load as critics.
+load as critics (the bias as `score.bias` [1], which transformers' classification heads
+lack: it loads back here, and transformers warns that it is unused).
+
+`HEAD` names the head's parameters: they are trained under LoRA too (`lora.split_trainable`)
+and may take their own learning rate (`run.learners.optimizer`, optim.critic_head_lr).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from typing import Any, NamedTuple
 
 from flax import nnx
 import jax
@@ -32,6 +38,7 @@ from vapo_jax.models.transformer import Transformer, positions_from_mask
 
 _SEQ_CLS = {k: v[0].replace("ForCausalLM", "ForSequenceClassification")
             for k, v in SUPPORTED.items()}
+HEAD = lora.HEAD  # the value head's parameters (top-level names: "score", "score_bias")
 
 
 class Critic(nnx.Module):
@@ -60,7 +67,11 @@ class Critic(nnx.Module):
     else:
       hidden, _ = self.backbone(tokens_BxT, positions, mask_BxT,
                                 segment_ids_BxT=segment_ids_BxT.astype(jnp.int32))
-    return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), self.score[...])
+    return self.head(hidden)
+
+  def head(self, hidden_BxTxD: jax.Array) -> jax.Array:
+    """V = <h, w>, float32 [B, T]."""
+    return jnp.einsum("btd,d->bt", hidden_BxTxD.astype(jnp.float32), self.score[...])
 
   @classmethod
   def from_policy(cls, policy: Transformer, *, head_scale: float = 0.0,
@@ -87,7 +98,10 @@ class Critic(nnx.Module):
           sharding.mesh, jax.sharding.PartitionSpec()))
     backbone = nnx.to_pure_dict(nnx.state(policy, nnx.Param))
     backbone.pop("lm_head", None)
-    nnx.replace_by_pure_dict(state, {"backbone": backbone, "score": w})
+    pure = {"backbone": backbone, "score": w}
+    if "score_bias" in state:  # (CriticWithBias: b = 0, replicated like w)
+      pure["score_bias"] = jax.device_put(jnp.zeros((), jnp.float32), getattr(w, "sharding", None))
+    nnx.replace_by_pure_dict(state, pure)
     return nnx.merge(graphdef, state)
 
   @classmethod
@@ -121,13 +135,45 @@ class Critic(nnx.Module):
     shardings = shd.state_shardings(abs_state, mesh, rules)
     state = hf_io.load_state(files, abs_state, shardings, _name,
                              ignore=(r"lm_head\.weight",),
-                             zeros_if_missing=("score",))
+                             zeros_if_missing=HEAD)
     return lora.attach(nnx.merge(graphdef, state), cfg, mesh, rules, seed=1), cfg
+
+
+class CriticWithBias(Critic):
+  """A critic whose head has a bias: V = <hidden, w> + b (w, b float32; b starts at 0).
+
+  A bias lets the head carry the returns' mean without moving w along the hidden states'
+  common direction (with SmolLM2's final-norm gains, Σ|g| ≈ 1,045, every Adam step on w
+  moves all values together by ~lr·Σ|h_i|)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    super().__init__(cfg, rngs=rngs)
+    self.score_bias = nnx.Param(jnp.zeros((), jnp.float32), out_sharding=(),
+                                eager_sharding=False)
+
+  def head(self, hidden_BxTxD: jax.Array) -> jax.Array:
+    """V = <h, w> + b, float32 [B, T]."""
+    return super().head(hidden_BxTxD) + self.score_bias[...]
+
+
+def critic_type(head_bias: bool) -> type[Critic]:
+  """The critic class of a run: `CriticWithBias` with model.critic_head_bias, else `Critic`."""
+  return CriticWithBias if head_bias else Critic
+
+
+def builder(cfg: ModelConfig, *, head_bias: bool, full: bool):
+  """rngs -> a fresh critic on the policy's ModelConfig `cfg`: with a head bias, and
+  without adapters when `full` (full fine-tuning, model.critic_lora=False); what the memory
+  estimate and the compile check build abstractly."""
+  cls, ccfg = critic_type(head_bias), lora.base_config(cfg) if full else cfg
+  return lambda rngs: cls(ccfg, rngs=rngs)
 
 
 def _name(path: str) -> tuple[str, str]:
   if path == "score":
     return "score.weight", hf_io.ROW
+  if path == "score_bias":
+    return "score.bias", hf_io.ROW
   if path.startswith("backbone/"):
     return hf_io.hf_name(path[len("backbone/"):])
   raise KeyError(f"No HF name for critic parameter {path!r}.")
@@ -144,9 +190,12 @@ def save_pretrained(critic: Critic, path: str, *, dtype: Any = None,
   critic = lora.merged(critic)
   cfg = critic.cfg
   state = nnx.state(critic, nnx.Param)
-  tensors = hf_io.state_tensors(state, _name, dtype, skip=("score",))
+  tensors = hf_io.state_tensors(state, _name, dtype, skip=HEAD)
   tensors["score.weight"] = lambda: hf_io.to_hf_layout(
       hf_io.ROW, hf_io.gather(critic.score[...]).astype("float32"))
+  if isinstance(critic, CriticWithBias):
+    tensors["score.bias"] = lambda: hf_io.to_hf_layout(
+        hf_io.ROW, hf_io.gather(critic.score_bias[...]).astype("float32"))
   hf_cfg = cfg.to_hf(_SEQ_CLS[cfg.model_type])
   hf_cfg.update(num_labels=1, id2label={"0": "LABEL_0"},
                 label2id={"LABEL_0": 0})
@@ -178,4 +227,83 @@ def response_values(critic: Critic, tokens_BxL: jax.Array, mask_BxL: jax.Array,
     raise ValueError(f"prompt_len must be >= 1, got {prompt_len}.")
   v = critic(tokens_BxL, mask_BxL)[:, prompt_len - 1:-1]
   return v * mask_BxL[:, prompt_len:].astype(jnp.float32)
+
+
+
+# ------------------------------------------------------------ standardised critic targets
+
+
+class ReturnStats(NamedTuple):
+  """Running statistics of the critic's targets (rl.value_norm="running").
+
+  After batches 1..n with token-weighted return means m_k and second moments s_k:
+    weight = 1 − d^n,   mean = Σ_k (1−d) d^(n−k) m_k,   sq = the same of s_k,
+  so μ = mean / weight and σ² = sq / weight − μ² are bias-corrected EMAs (decay d) of the
+  return's mean and variance; with no batch yet, μ = 0 and σ = 1 (the identity).
+
+  Why running and not per batch: the values of a batch are un-standardised for its GAE
+  before its returns may be used, so a per-batch (μ, σ) of the batch's own returns would
+  put each response's own outcome into its baseline (a 1/B leak) and move every value of
+  the batch with the batch's luck. The running statistics of earlier batches are known
+  before the batch is drawn; they are updated with its returns right after its values are
+  read (`run.trainer.Trainer.critic_targets`), and its targets are standardised by them.
+  With the policy frozen (value pretraining) the returns' distribution is fixed and the
+  EMA settles on it; in RL it follows the policy's drift at a horizon of ~1/(1 − d) batches.
+  """
+  weight: float = 0.0
+  mean: float = 0.0
+  sq: float = 0.0
+
+  def scale(self, floor: float = 1e-3) -> tuple[float, float]:
+    """(μ, σ), σ at least `floor` (a batch whose returns are all equal)."""
+    if self.weight <= 0:
+      return 0.0, 1.0
+    mu = self.mean / self.weight
+    var = max(self.sq / self.weight - mu * mu, 0.0)
+    return mu, max(var ** 0.5, floor)
+
+
+def update_stats(stats: ReturnStats, returns_BxR, mask_BxR, decay: float) -> ReturnStats:
+  """`stats` after one more batch: its token-weighted mean and second moment of R (float64
+  on the host; the two sums are reduced on the device)."""
+  m = jnp.asarray(mask_BxR, jnp.float32)
+  r = jnp.asarray(returns_BxR, jnp.float32)
+  n, s1, s2 = (float(x) for x in jax.device_get((jnp.sum(m), jnp.sum(r * m),
+                                                 jnp.sum(r * r * m))))
+  if n <= 0:
+    return stats
+  return ReturnStats(decay * stats.weight + (1 - decay), decay * stats.mean + (1 - decay) * s1 / n,
+                     decay * stats.sq + (1 - decay) * s2 / n)
+
+
+def standardise(x_BxR: jax.Array, mask_BxR: jax.Array, stats: ReturnStats) -> jax.Array:
+  """(x − μ) / σ on the real tokens, 0 elsewhere: returns (or values) in the critic's units."""
+  mu, sigma = stats.scale()
+  return (jnp.asarray(x_BxR, jnp.float32) - mu) / sigma * jnp.asarray(mask_BxR, jnp.float32)
+
+
+def unstandardise(v_BxR: jax.Array, mask_BxR: jax.Array, stats: ReturnStats) -> jax.Array:
+  """σ·v + μ on the real tokens, 0 elsewhere: the critic's outputs in units of the returns
+  (what GAE and the metrics read). The inverse of `standardise` on the real tokens."""
+  mu, sigma = stats.scale()
+  return (sigma * jnp.asarray(v_BxR, jnp.float32) + mu) * jnp.asarray(mask_BxR, jnp.float32)
+
+
+def in_return_units(critic: Critic, stats: ReturnStats) -> Critic:
+  """A critic trained on standardised targets with its head rescaled to give V = σ·v + μ
+  itself (w' = σ·w, b' = σ·b + μ): what workdir/critic holds, so that it loads anywhere as
+  a critic in units of the returns. Needs the bias for μ: a bias-free critic comes back
+  unchanged with a warning (its saved values stay standardised)."""
+  mu, sigma = stats.scale()
+  if (mu, sigma) == (0.0, 1.0):
+    return critic
+  if not isinstance(critic, CriticWithBias):
+    warnings.warn("rl.value_norm without model.critic_head_bias: the saved critic's values are "
+                  f"standardised (V = {sigma:.4g}·v + {mu:.4g}); add a head bias to save them "
+                  "in units of the returns")
+    return critic
+  out = nnx.clone(critic)  # (its own Variables; the arrays, immutable, are shared)
+  out.score[...] = sigma * critic.score[...]
+  out.score_bias[...] = sigma * critic.score_bias[...] + mu
+  return out
 

@@ -8,7 +8,7 @@ For a targeted projection W [*in, *out] (q, k, v, o of `layers.Attention`; gate,
 so an adapted model starts equal to its base. A and B are `LoraParam`s named `<w>_lora_a` /
 `<w>_lora_b` beside W (as qwix names them), with W's logical axis names on their in/out
 axes and "lora_rank" (replicated) on r, so they shard like W. With adapters present only
-they (and the critic's value head `score`) are trained: `split_trainable` is what the train
+they (and the critic's value head, `HEAD`) are trained: `split_trainable` is what the train
 steps differentiate and the optimizer holds; the base can be stored in bfloat16.
 
 Why not qwix's `LoraProvider`: it adds the delta when it intercepts a `dot_general`/einsum
@@ -87,9 +87,14 @@ def project(module: nnx.Module, name: str, x: jax.Array, n_in: int, dtype: Any) 
 # ------------------------------------------------------------------ trainable parameters
 
 
+# The value head's parameters (`critic.Critic`'s w, `critic.CriticWithBias`'s b): trained
+# beside the adapters.
+HEAD = ("score", "score_bias")
+
+
 def _is_trainable(path, _) -> bool:
   last = str(path[-1]) if path else ""
-  return last.endswith(SUFFIXES) or tuple(str(p) for p in path) == ("score",)
+  return last.endswith(SUFFIXES) or (len(path) == 1 and str(path[0]) in HEAD)
 
 
 def has_adapters(params) -> bool:
@@ -113,7 +118,7 @@ def _last_name(path) -> str:
 
 def split_trainable(params):
   """(trainable, frozen) of an nnx.State: (params, None) without adapters, else (adapters and
-  the value head `score`, everything else)."""
+  the value head `HEAD`, everything else)."""
   if not has_adapters(params):
     return params, None
   if not isinstance(params, nnx.State):

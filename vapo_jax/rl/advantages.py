@@ -37,6 +37,10 @@ class AdvantageConfig:
   group_std_norm: bool
   whiten: bool
   gae_impl: str
+  # The return scale (rl.reward_scale, rl.reward_shift): r' = reward_scale · r + reward_shift
+  # before any estimator sees the rewards (rewards {0, 1} -> ±1: 2, −1).
+  reward_scale: float = 1.0
+  reward_shift: float = 0.0
 
 
 class Advantages(NamedTuple):
@@ -120,7 +124,7 @@ def compute_advantages(ac: AdvantageConfig, scores_B: jax.Array, lengths_B: jax.
 
   Args:
     ac: the advantage settings (`ac.estimator` names the row of ESTIMATORS).
-    scores_B: per-response reward.
+    scores_B: per-response reward (mapped to ac.reward_scale · r + ac.reward_shift).
     lengths_B: number of real response tokens.
     mask_BxR: response mask.
     values_BxR: V(s_t) from the critic (ignored, may be None, without a critic).
@@ -129,6 +133,8 @@ def compute_advantages(ac: AdvantageConfig, scores_B: jax.Array, lengths_B: jax.
   """
   mask = mask_BxR.astype(jnp.float32)
   lam_p = policy_lambda(ac, lengths_B)
+  if ac.reward_scale != 1.0 or ac.reward_shift != 0.0:
+    scores_B = ac.reward_scale * scores_B.astype(jnp.float32) + ac.reward_shift
   adv, ret, metrics = ESTIMATORS[ac.estimator].fn(ac, scores_B, lengths_B, mask, values_BxR,
                                                   group_ids_B, lam_p)
   metrics = dict(metrics)

@@ -11,9 +11,12 @@ import dataclasses
 import functools
 from typing import Callable
 
+import jax
 import numpy as np
+import optax
 
 from vapo_jax import config as config_lib
+from vapo_jax import critic as critic_lib
 from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.rl import layout as layout_lib
@@ -71,9 +74,12 @@ class LearnerRow:
   """How one trained network is built: its optimizer's (rate, warm-up) from the config; its
   step written once over a row layout, step(cfg, graphdef, tx, layout) -> (TrainState, rows)
   -> (TrainState, metrics, skipped) (`rl.update`); and the rows of one update and its padded
-  micro-batches (they size both layouts: `pass_layout`)."""
+  micro-batches (they size both layouts: `pass_layout`); and the value head's own rate, if
+  any (`optimizer`)."""
   schedule: Callable[[config_lib.Config], tuple[float, int]]
   step: Callable
+  # The value head's own rate (`critic.HEAD` parameters), or None: one rate for all.
+  head_lr: Callable[[config_lib.Config], float | None] = lambda cfg: None
   batch_rows: Callable[[config_lib.Config], int] = lambda cfg: rows_of(cfg).minibatch
   micro_batches: Callable[[config_lib.Config], int] = lambda cfg: rows_of(cfg).micro_batches
 
@@ -90,20 +96,59 @@ LEARNERS: dict[str, LearnerRow] = {
                              update.policy_step, g, tx, policy_hparams(cfg), layout)),
     "critic": LearnerRow(lambda cfg: (cfg.optim.critic_lr, cfg.optim.warmup_steps),
                          lambda cfg, g, tx, layout: functools.partial(
-                             update.critic_step, g, tx, critic_hparams(cfg), layout)),
+                             update.critic_step, g, tx, critic_hparams(cfg), layout),
+                         head_lr=lambda cfg: value_head_lr(cfg)),
     "reward_model": LearnerRow(lambda cfg: (cfg.optim.critic_lr, cfg.optim.warmup_steps),
                                lambda cfg, g, tx, layout: functools.partial(
                                    update.reward_model_step, g, tx, critic_hparams(cfg),
-                                   layout)),
+                                   layout),
+                               head_lr=lambda cfg: value_head_lr(cfg)),
 }
 
 
+def value_head_lr(cfg: config_lib.Config) -> float | None:
+  """optim.critic_head_lr, or None when it is -1 (the head takes optim.critic_lr)."""
+  return None if cfg.optim.critic_head_lr < 0 else cfg.optim.critic_head_lr
+
+
 def optimizer(cfg: config_lib.Config, name: str) -> train_state.Optimizer:
-  """The AdamW of one of LEARNERS."""
+  """The AdamW of one of LEARNERS; with a head rate (`LearnerRow.head_lr`), one AdamW for
+  the value head's parameters and one for the rest (`head_optimizer`)."""
   o = cfg.optim
   lr, warmup = LEARNERS[name].schedule(cfg)
-  return train_state.make_optimizer(lr, warmup_steps=warmup, weight_decay=o.weight_decay,
-                                    b1=o.b1, b2=o.b2, eps=o.eps, grad_clip=o.grad_clip)
+  head_lr = LEARNERS[name].head_lr(cfg)
+  adamw = functools.partial(train_state.make_optimizer, warmup_steps=warmup,
+                            weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps)
+  if head_lr is None:
+    return adamw(lr, grad_clip=o.grad_clip)
+  return head_optimizer(adamw(lr, grad_clip=0.0), adamw(head_lr, grad_clip=0.0), o.grad_clip)
+
+
+def head_optimizer(body: train_state.Optimizer, head: train_state.Optimizer,
+                   grad_clip: float) -> train_state.Optimizer:
+  """Global-norm clipping over all gradients, then `head` on the value head's parameters
+  (`critic.HEAD`, top-level names) and `body` on the rest (`optax.multi_transform`).
+
+  The rate it tells (`Optimizer.learning_rate`) is the body's."""
+  def labels(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "head" if path and _key(path[0]) in critic_lib.HEAD else "body",
+        params)
+
+  tx = optax.multi_transform({"body": optax.GradientTransformation(body.init, body.update),
+                              "head": optax.GradientTransformation(head.init, head.update)},
+                             labels)
+  if grad_clip > 0:
+    tx = optax.chain(optax.clip_by_global_norm(grad_clip), tx)
+  return train_state.Optimizer(tx.init, tx.update, body.learning_rate)
+
+
+def _key(k) -> str:
+  """A pytree path entry's name (a dict key, attribute or index) as a string."""
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
 
 
 def learner_step(cfg, name: str, graphdef, tx, state, mesh, rules) -> Callable:

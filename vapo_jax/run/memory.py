@@ -99,7 +99,8 @@ def resident(cfg, mcfg, mesh, rules, optimizer: Callable) -> dict[str, int]:
                                t_rules)
   out = {"policy_state": _state_bytes(params, optimizer(cfg, "policy")), "critic_state": 0}
   if cfg.uses_critic:
-    _, c_params = _abstract(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, t_rules)
+    _, c_params = _abstract(critic_lib.builder(mcfg, head_bias=cfg.model.critic_head_bias,
+                                               full=cfg.full_critic), mesh, t_rules)
     out["critic_state"] = _state_bytes(c_params, optimizer(cfg, "critic"))
   out["reference"] = kv_pool.per_device_bytes(params) if cfg.rl.kl_coef > 0 else 0
   rows = cfg.prompts_per_step * cfg.responses_per_prompt

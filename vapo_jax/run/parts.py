@@ -122,18 +122,23 @@ def build_critic(cfg, policy_graphdef, policy_params, mesh, rules, *, params=Non
   """(graphdef, params) of a value model (critic or reward model), its parameters copied.
 
   From model.critic_path (with model.critic_start = "path", or `from_path`), else the
-  policy's weights + a zero head; `params` (e.g. the trained reward model's) replace the
-  weights of the latter.
+  policy's weights + a zero head (+ a zero bias with model.critic_head_bias; without LoRA
+  adapters, every weight trained, with model.critic_lora=False); `params` (e.g. the trained
+  reward model's) replace the weights of the latter.
   """
   if from_path is None:
     from_path = cfg.model.critic_start == "path"
+  cls = critic_lib.critic_type(cfg.model.critic_head_bias)
+  full = cfg.full_critic
   if from_path:
-    critic, _ = critic_lib.Critic.from_pretrained(
+    options = {**model_options(cfg), **({"lora_rank": 0} if full else {})}
+    critic, _ = cls.from_pretrained(
         cfg.model.critic_path, mesh=mesh, rules=rules, param_dtype=cfg.model.param_dtype,
-        dtype=cfg.model.dtype, **model_options(cfg))
+        dtype=cfg.model.dtype, **options)
   else:
     policy = nnx.merge(policy_graphdef, policy_params)
-    critic = critic_lib.Critic.from_policy(policy)
+    # Full fine-tuning: the policy's adapters merged into the critic's copy (float32).
+    critic = cls.from_policy(lora.merged(policy) if full else policy)
   graphdef, own = nnx.split(critic)
   params = own if params is None else params
   # from_policy shares the policy's buffers; the critic's train step donates its own.
@@ -249,13 +254,15 @@ def device_count_check(cfg, mesh, rules, *, train: bool = False) -> None:
 
 
 def advantage_config(cfg: config_lib.Config) -> advantages.AdvantageConfig:
-  """The advantage settings of step 3 (`rl.alpha` reaches `gae` only through here)."""
+  """The advantage settings of step 3 (`rl.alpha`, resolved by `Config.alpha`, reaches `gae`
+  only through here)."""
   rl = cfg.rl
   return advantages.AdvantageConfig(
       estimator=rl.advantage_estimator, gamma=rl.gamma, decoupled=rl.decoupled_gae,
-      lam_critic=rl.lam_critic, length_adaptive=rl.length_adaptive, alpha=rl.alpha,
+      lam_critic=rl.lam_critic, length_adaptive=rl.length_adaptive, alpha=cfg.alpha,
       lam_policy=rl.lam_policy, group_std_norm=rl.group_std_norm,
-      whiten=rl.whiten_advantages, gae_impl=rl.gae_impl)
+      whiten=rl.whiten_advantages, gae_impl=rl.gae_impl, reward_scale=rl.reward_scale,
+      reward_shift=rl.reward_shift)
 
 
 def logprobs_fn(cfg, graphdef, mesh, rules):

@@ -153,7 +153,8 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   parts.device_count_check(cfg, mesh, rules, train=True)
   rows_sh = batch_lib.batch_sharding(mesh, batch_axes)
   graphdef, params = abstract_model(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
-  c_graphdef, c_params = abstract_model(lambda r: critic_lib.Critic(mcfg, rngs=r), mesh, rules)
+  c_graphdef, c_params = abstract_model(critic_lib.builder(
+      mcfg, head_bias=cfg.model.critic_head_bias, full=cfg.full_critic), mesh, rules)
   p_tx, c_tx = learners.optimizer(cfg, "policy"), learners.optimizer(cfg, "critic")
   p_state = abstract_train_state(params, p_tx, mesh)
   c_state = abstract_train_state(c_params, c_tx, mesh)
