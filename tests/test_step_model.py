@@ -54,7 +54,9 @@ ONE_TRIP = {"model.hidden_size": 512, "model.intermediate_size": 2048, "model.nu
 def one_trip():
   from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
   cfg = _config(**ONE_TRIP)
-  mcfg = archs.model_config(cfg).replace(vocab_size=512, real_vocab_size=512)
+  # The layers as a Python loop (the scanned layers' oracle): a scan over 2 layers is a
+  # 2-trip loop, which XLA's count would see once.
+  mcfg = archs.model_config(cfg).replace(vocab_size=512, real_vocab_size=512, scan_layers=False)
   mesh = shd.make_mesh(1, -1, 1, devices=jax.devices()[:8])
   plan = programs.build(cfg, mcfg, mesh, ("policy_step", "critic_step", "logprobs", "values",
                                           "decode_step"))

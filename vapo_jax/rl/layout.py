@@ -264,23 +264,27 @@ class Packed:
     return out
 
   def _ahead(self, name: str, lower: Callable, rows: int, mesh, batch_axes) -> set:
-    """Compiles every program of the pass (`programs`) now, before its first batch runs:
+    """Compiles every program of the pass (`programs`) for batches of `rows` sequences now:
     lower(plan arrays) -> the jitted program's `Lowered`, for dummy plan arrays of each
     shape, sharded as the real ones are (a later call with a real plan of that shape then
-    finds the program compiled). Returns the table shapes compiled."""
+    finds the program compiled). Returns {(rows, table shape)} compiled."""
     progs = self.programs(rows)
     print(f"[compile] {name}: {len(progs)} program{'s' * (len(progs) > 1)} "
-          f"({', '.join(progs.values())}) ...", flush=True)
+          f"({', '.join(progs.values())}) for batches of {rows} ...", flush=True)
     for (n, k, t) in progs:
       dummy = {key: np.zeros((n, k, t) if key in TABLE_KEYS else (rows,), np.int32)
                for key in PLAN_KEYS}
       lower(batch_lib.shard_batch(dummy, mesh, batch_axes)).compile()
-    return set(progs)
+    return {(rows, shape) for shape in progs}
 
-  def _check(self, name: str, plan: packing.Plan, ready: set) -> None:
-    """A plan outside the compiled set would compile a new program mid-run: say so once."""
-    if plan.table_shape not in ready:
-      ready.add(plan.table_shape)
+  def _ready(self, name: str, ready: set, plan: packing.Plan, rows: int, lower: Callable,
+             mesh, batch_axes) -> None:
+    """Before a call: the pass's program set for batches of `rows` compiled (once per batch
+    size, `_ahead`); a plan outside it would compile a new program mid-run: said once."""
+    if not any(r == rows for r, _ in ready):
+      ready.update(self._ahead(name, lower, rows, mesh, batch_axes))
+    if (rows, plan.table_shape) not in ready:
+      ready.add((rows, plan.table_shape))
       print(f"[compile] {name}: a plan of shape {list(plan.table_shape)} outside the "
             "program set compiled ahead: compiling it now", flush=True)
 
@@ -288,7 +292,7 @@ class Packed:
     """A `Learner.step` (state, padded RolloutBatch) -> (state, metrics, skipped) that plans
     the batch on the host and runs the compiled step on a `PackedBatch`. Its first call
     compiles the pass's whole program set (`programs`: one per row length, the tables
-    [n, K_cap, T] whatever K is), so no later batch compiles. Adds
+    [n, K_cap, T] whatever K is; again for a new batch size), so no later batch compiles. Adds
     `perf/<name>_token_efficiency` = real / computed tokens and the plan's shape
     (`packing.Plan.metrics`)."""
     ready = set()
@@ -296,11 +300,9 @@ class Packed:
     def step(state, batch):
       arrays, plan = self.plan(batch.mask_BxL, batch.prompt_len, batch.tokens_BxL.shape[1],
                                mesh, batch_axes)
-      if not ready:
-        ready.update(self._ahead(
-            name, lambda dummy: compiled.lower(state, PackedBatch(batch, dummy)),
-            batch.tokens_BxL.shape[0], mesh, batch_axes))
-      self._check(name, plan, ready)
+      self._ready(name, ready, plan, batch.tokens_BxL.shape[0],
+                  lambda dummy: compiled.lower(state, PackedBatch(batch, dummy)), mesh,
+                  batch_axes)
       state, metrics, skipped = compiled(state, PackedBatch(batch, arrays))
       return state, {**metrics, **plan.metrics(name)}, skipped
 
@@ -324,12 +326,9 @@ class Packed:
 
     def run(params, tokens_BxL, mask_BxL, *, prompt_len, **kw):
       arrays, plan = self.plan(mask_BxL, prompt_len, tokens_BxL.shape[1], mesh, batch_axes)
-      if not ready:
-        ready.update(self._ahead(
-            name, lambda dummy: jitted.lower(params, tokens_BxL, mask_BxL, dummy,
-                                             prompt_len=prompt_len, **kw),
-            tokens_BxL.shape[0], mesh, batch_axes))
-      self._check(name, plan, ready)
+      self._ready(name, ready, plan, tokens_BxL.shape[0],
+                  lambda dummy: jitted.lower(params, tokens_BxL, mask_BxL, dummy,
+                                             prompt_len=prompt_len, **kw), mesh, batch_axes)
       run.last_efficiency, run.last_plan = plan.efficiency, plan
       return jitted(params, tokens_BxL, mask_BxL, arrays, prompt_len=prompt_len, **kw)
 
