@@ -87,7 +87,7 @@ def test_padded_prompts_do_not_count(tmp_path):
   assert np.mean([r["greedy"] for r in recs]) == pytest.approx(out["greedy_accuracy"])
   assert all(len(r["lengths"]) == 2 == len(r["truncated"]) for r in recs)
   assert all(r["ops"] and r["n_ops"] == len(r["ops"]) for r in recs)  # arithmetic solutions
-  assert out["avg@2_lo95"] <= out["avg@2"] <= out["avg@2_hi95"]
+  assert out["ci95_lo/avg@2"] <= out["avg@2"] <= out["ci95_hi/avg@2"]
   assert out["shortcut/best"] == max(out[f"shortcut/{k}"] for k in shortcuts.SHORTCUTS)
 
 

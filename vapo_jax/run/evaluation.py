@@ -4,7 +4,7 @@
   pass@k = mean over problems of [any of the k samples is correct]
   greedy = accuracy of the argmax decode (one sample)
 
-avg@k_lo95 / avg@k_hi95: the 95% percentile-bootstrap interval of avg@k over the problems
+ci95_lo/avg@k, ci95_hi/avg@k: the 95% percentile-bootstrap interval of avg@k over the problems
 (`vapo_jax.bootstrap`, 2,000 resamples, seed 0): how far another draw of as many problems
 could move it. Differences between evaluations: `tools.compare` on their per-problem records.
 
@@ -119,7 +119,7 @@ def evaluate(sampled: types.RolloutSampler, greedy: types.RolloutSampler, params
     out.update(accuracy_metrics(scores, threshold))
     k = correct.shape[1]
     ci = bootstrap.interval(correct.mean(axis=1), num_samples=2000, seed=0)
-    out[f"avg@{k}_lo95"], out[f"avg@{k}_hi95"] = ci.lo, ci.hi
+    out[f"ci95_lo/avg@{k}"], out[f"ci95_hi/avg@{k}"] = ci.lo, ci.hi
     out["boxed_frac"] = boxed_frac(responses)
     if kind_of is not None:
       out.update(kind_metrics(scores, [kind_of(ex) for ex in examples], threshold))
