@@ -48,7 +48,8 @@ def test_evaluate_any_checkpoint(finished_run):
   run_recs = eval_records.read(eval_records.run_path(workdir, cfg.rl.steps))
   assert len(eval_records.read(eval_records.run_path(workdir, 0))) == out["num_problems"]
   assert np.mean([np.mean(r["correct"]) for r in run_recs]) == pytest.approx(out["avg@2"])
-  assert eval_records.read(os.path.join(workdir, "eval", f"step_{out['step']}.jsonl")) == run_recs
+  assert out["records"] == os.path.join(workdir, "eval", f"step_{out['step']}.jsonl")
+  assert eval_records.read(out["records"]) == run_recs
   assert out["shortcut/best"] >= out["shortcut/sum"] >= 0
   best = evaluate_tool.evaluate_checkpoint(cfg, workdir, "best")
   assert best["step"] == out["step"]  # the only checkpoint with a score

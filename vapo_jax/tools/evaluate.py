@@ -44,6 +44,7 @@ def evaluate_checkpoint(cfg, workdir: str | None, step: str = "latest",
     out.update(trainer.evaluate(records_path=records_path))
     out["num_problems"] = min(len(trainer.parts.eval_examples), cfg.eval.num_examples)
     out["k"] = cfg.eval.samples_per_problem
+    out["records"] = records_path
   finally:
     trainer.close()
   if workdir and out.get("step") is not None:
