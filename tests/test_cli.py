@@ -71,6 +71,13 @@ def _records(workdir) -> list[dict]:
            if not any(w in k for w in ("time", "seconds", "_per_s", "compile/"))} for r in lines]
 
 
+def _eval_files(workdir) -> dict[str, str]:
+  """{name: text} of the per-problem evaluation records (run.eval_records) in workdir/eval."""
+  folder = os.path.join(workdir, "eval")
+  return {n: open(os.path.join(folder, n), encoding="utf-8").read()
+          for n in sorted(os.listdir(folder))} if os.path.isdir(folder) else {}
+
+
 def _wait_for(workdir, stage: str, step: int, proc: subprocess.Popen) -> None:
   deadline = time.monotonic() + TIMEOUT
   while time.monotonic() < deadline:
@@ -117,6 +124,8 @@ def test_killed_stopped_and_rerun_ends_as_an_uninterrupted_run(uninterrupted, tm
     assert summary[key] == ref_summary[key], key
   assert _final(tmp_path) == _final(ref_dir)  # same step, same bits of every array
   assert _records(tmp_path) == _records(ref_dir)  # each record once, equal values
+  # Per-problem records: one file per evaluation, each problem once, the same verdicts.
+  assert _eval_files(tmp_path) == _eval_files(ref_dir) and "rl_step_5.jsonl" in _eval_files(ref_dir)
   # The rollout engine sampled them (the default sampling.engine), with its own metrics.
   assert all(r["rollout/decode_steps"] > 0 for r in _records(ref_dir) if r["stage"] == "rl")
 

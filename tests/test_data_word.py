@@ -1,10 +1,12 @@
-"""data.word_problems: exact answers, disjoint splits, several phrasings, the config path."""
+"""data.word_problems: exact answers, disjoint splits, several phrasings, the config path, a
+held-out split balanced over operation orders that shortcuts do not solve."""
 
 import random
 import re
 
 import pytest
 
+from vapo_jax.data import shortcuts
 from vapo_jax.data import word_problems as wp
 from vapo_jax.rewards import math as rmath
 
@@ -83,3 +85,47 @@ def test_the_config_builds_word_problems():
   c.data.synthetic_task = "words"
   with pytest.raises(config_lib.ConfigError, match="synthetic_task"):
     config_lib.from_config_dict(c)
+
+
+def _structure(ex) -> tuple[str, ...]:
+  """The operations of a problem as `wp.structures` names them ("x": a multiplying start)."""
+  ops = tuple(shortcuts.operations(ex.solution))
+  return ("x",) + ops[1:] if " in each." in ex.problem or "each one holds" in ex.problem else ops
+
+
+def test_heldout_cycles_through_mixed_structures():
+  spec = wp.WordSpec(min_ops=1, max_ops=2, max_operand=12)
+  shapes = wp.structures(spec)
+  assert sorted(shapes) == sorted([("x", "+"), ("x", "-"), ("+", "-"), ("+", "*"),
+                                   ("-", "+"), ("-", "*"), ("*", "+"), ("*", "-")])
+  test = wp.word_problems(4 * len(shapes), "test", 0, spec)
+  assert [_structure(e) for e in test] == shapes * 4
+  for e in test:
+    assert int(e.answer) == _replay(e.solution) >= 1
+    assert int(e.answer) not in shortcuts.numbers(e.problem)
+  # One kind of operation, or one operation: nothing to mix, every structure is used.
+  assert wp.structures(wp.WordSpec(ops="+", max_ops=2)) == [("+",), ("+", "+")]
+  assert sorted(wp.structures(wp.WordSpec(max_ops=1))) == [("*",), ("+",), ("-",), ("x",)]
+
+
+def _config_heldout(n: int):
+  """The held-out problems of configs/smollm2_135m.py, built as `run.inputs` builds them."""
+  from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  import configs.smollm2_135m as smollm2  # pylint: disable=import-outside-toplevel
+  cfg = config_lib.from_config_dict(smollm2.get_config())
+  d = cfg.data
+  assert d.source == "synthetic" and d.synthetic_task == "word"
+  spec = wp.WordSpec(min_ops=d.synthetic_min_steps, max_ops=d.synthetic_max_steps,
+                     max_operand=d.synthetic_max_operand, ops=d.synthetic_ops)
+  return cfg, wp.word_problems(n, "test", cfg.data_seed, spec)
+
+
+def test_real_model_heldout_defeats_shortcuts():
+  """configs/smollm2_135m.py: >= 256 held-out problems exist, and on the ones it evaluates
+  (and on the first 256) no shortcut of data.shortcuts is right on more than 5%."""
+  cfg, test = _config_heldout(256)
+  evaluated = test[:min(cfg.data.num_eval, cfg.eval.num_examples)]
+  assert len(test) >= 256 and len(evaluated) >= 48
+  for problems in (evaluated, test):
+    out = shortcuts.scores(problems)
+    assert out["best"] <= 0.05, out

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vapo_jax.run import eval_records
 from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.models import forward_logits
 from vapo_jax.tools import evaluate as evaluate_tool
@@ -43,6 +44,13 @@ def test_evaluate_any_checkpoint(finished_run):
   assert out["pass@2"] == summary["eval_after_rl"]["pass@2"]
   assert 0 <= out["avg@2"] <= out["pass@2"] <= 1
   assert json.load(open(os.path.join(workdir, "eval", f"step_{out['step']}.json")))["k"] == 2
+  # Per-problem records: the run's own (RL steps 0 and 2) and the tool's, beside its JSON.
+  run_recs = eval_records.read(eval_records.run_path(workdir, cfg.rl.steps))
+  assert len(eval_records.read(eval_records.run_path(workdir, 0))) == out["num_problems"]
+  assert np.mean([np.mean(r["correct"]) for r in run_recs]) == pytest.approx(out["avg@2"])
+  assert out["records"] == os.path.join(workdir, "eval", f"step_{out['step']}.jsonl")
+  assert eval_records.read(out["records"]) == run_recs
+  assert out["shortcut/best"] >= out["shortcut/sum"] >= 0
   best = evaluate_tool.evaluate_checkpoint(cfg, workdir, "best")
   assert best["step"] == out["step"]  # the only checkpoint with a score
 

@@ -13,11 +13,22 @@ Operations: add ("buys 4 more", "finds 4 more", ...), subtract ("gives 3 to ..."
 number of pencils doubles / triples"). Every operation has several phrasings, so a policy cannot
 learn one surface form. The train / held-out split of a problem is a fixed hash of its text
 (`synthetic.split_of`), so the splits are disjoint for every seed and every size.
+
+The two splits are drawn differently. Training problems take their operation count and kinds
+at random (a one-operation problem is often "add the two numbers"). The held-out split cycles
+through `structures(spec)`: every order of operations that mixes at least two kinds (a
+multiplying start counts as "*"), each equally often, so that no answer that ignores the
+operations (`data.shortcuts`: the sum, the product, the last number, ...) is right on more
+than a few held-out problems; and a held-out answer is never a number its story states (no
+"gets 4, gives 4 away": the first, last, largest or smallest number would be right). The
+i-th held-out problem has structure i mod the count.
 """
 
 import dataclasses
+import itertools
 import random
 
+from vapo_jax.data import shortcuts
 from vapo_jax.data import sources
 from vapo_jax.data import synthetic
 
@@ -90,18 +101,44 @@ class WordSpec:
       raise ValueError("heldout_fraction must be in (0, 1)")
 
 
-def make_problem(rng: random.Random, spec: WordSpec) -> sources.Example:
-  """Draws one problem, its answer and a worked solution."""
+def structures(spec: WordSpec) -> list[tuple[str, ...]]:
+  """The held-out split's operation sequences, in a fixed order.
+
+  Every sequence of min_ops..max_ops operations over `spec.ops` ("x" first: a multiplying
+  start, "x, b boxes of c"; it counts as one operation and as the kind "*") that mixes at
+  least two kinds; if the spec allows no such sequence (one kind, or one operation), all of
+  its sequences.
+  """
+  out = []
+  for n in range(spec.min_ops, spec.max_ops + 1):
+    for ops in itertools.product(spec.ops, repeat=n):
+      out.append(ops)
+      if "*" in spec.ops:
+        out.append(("x",) + ops[1:])
+  out = list(dict.fromkeys(out))
+  mixed = [s for s in out if len({"*" if o == "x" else o for o in s}) >= 2]
+  return mixed or out
+
+
+def make_problem(rng: random.Random, spec: WordSpec,
+                 structure: tuple[str, ...] | None = None) -> sources.Example | None:
+  """Draws one problem, its answer and a worked solution.
+
+  Args:
+    structure: the operations in order (see `structures`); None: drawn at random (the
+      training split's way). A structure whose subtraction would reach zero gives None.
+  """
   name, pron, poss = rng.choice(NAMES)
   things = rng.choice(THINGS)
   words = dict(N=name, p=pron, P=pron.capitalize(), o=poss, X=things,
                C=rng.choice(CONTAINERS), f=rng.choice(FRIENDS),
                O="him" if pron == "he" else "her")
   words["F_cap"] = f"{poss.capitalize()} {rng.choice(FRIENDS)}"
-  n_ops = rng.randint(spec.min_ops, spec.max_ops)
+  n_ops = rng.randint(spec.min_ops, spec.max_ops) if structure is None else len(structure)
   hi = spec.max_operand
   sentences, lines = [], []
-  if "*" in spec.ops and rng.random() < 0.3:
+  if (structure[0] == "x" if structure is not None
+      else "*" in spec.ops and rng.random() < 0.3):
     a, b = rng.randint(2, min(hi, 6)), rng.randint(2, hi)
     sentences.append(rng.choice(_START_MUL).format(a=a, b=b, **words))
     value = a * b
@@ -110,11 +147,16 @@ def make_problem(rng: random.Random, spec: WordSpec) -> sources.Example:
   else:
     value = rng.randint(2, hi)
     sentences.append(rng.choice(_START).format(a=value, **words))
-  for _ in range(n_ops):
-    choices = [o for o in spec.ops if o != "-" or value > 1]
-    if not choices:  # only "-" allowed and nothing left to take away
-      break
-    op = rng.choice(choices)
+  for j in range(n_ops):
+    if structure is not None:
+      op = structure[len(structure) - n_ops + j]
+      if op == "-" and value <= 1:
+        return None
+    else:
+      choices = [o for o in spec.ops if o != "-" or value > 1]
+      if not choices:  # only "-" allowed and nothing left to take away
+        break
+      op = rng.choice(choices)
     if op == "+":
       b = rng.randint(1, hi)
       sentences.append(rng.choice(_ADD).format(b=b, **words))
@@ -146,6 +188,7 @@ def word_problems(num_examples: int, split: str = "train", seed: int = 0,
   if split not in ("train", "test"):
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
   rng = random.Random(f"vapo_jax.word_problems/{seed}")
+  shapes = structures(spec) if split == "test" else None
   seen, out = set(), []
   attempts = 0
   while len(out) < num_examples:
@@ -153,8 +196,10 @@ def word_problems(num_examples: int, split: str = "train", seed: int = 0,
     if attempts > 50 * num_examples + 10_000:
       raise ValueError(f"only {len(out)} distinct {split} word problems for {spec}; "
                        "lower num_examples or widen the spec")
-    ex = make_problem(rng, spec)
-    if ex.problem in seen or synthetic.split_of(ex.problem, spec.heldout_fraction) != split:
+    ex = make_problem(rng, spec, shapes[len(out) % len(shapes)] if shapes else None)
+    if (ex is None or ex.problem in seen
+        or synthetic.split_of(ex.problem, spec.heldout_fraction) != split
+        or (shapes and int(ex.answer) in shortcuts.numbers(ex.problem))):
       continue
     seen.add(ex.problem)
     out.append(dataclasses.replace(ex, uid=f"word/{seed}/{split}/{len(out)}"))

@@ -4,6 +4,10 @@
   pass@k = mean over problems of [any of the k samples is correct]
   greedy = accuracy of the argmax decode (one sample)
 
+ci95_lo/avg@k, ci95_hi/avg@k: the 95% percentile-bootstrap interval of avg@k over the problems
+(`vapo_jax.bootstrap`, 2,000 resamples, seed 0): how far another draw of as many problems
+could move it. Differences between evaluations: `tools.compare` on their per-problem records.
+
 Multi-host: every host walks the same examples; each samples and scores only the rows its
 devices hold (`rl.rollout`, `rl.reward`), and the per-row scores are all-gathered, so every
 host returns the same metrics.
@@ -12,9 +16,12 @@ host returns the same metrics.
 import jax
 import numpy as np
 
+from vapo_jax import bootstrap
 from vapo_jax import distributed as dist
+from vapo_jax.data import shortcuts
 from vapo_jax.rl import reward as reward_lib
 from vapo_jax.rl import rollout as rollout_lib
+from vapo_jax.run import eval_records
 from vapo_jax.sampler import types
 
 
@@ -91,16 +98,28 @@ def kind_metrics(scores_Nxk: np.ndarray, kinds, threshold: float = 1.0) -> dict[
 
 def evaluate(sampled: types.RolloutSampler, greedy: types.RolloutSampler, params, examples,
              text, scorer, key, *, batch_prompts: int, threshold: float = 1.0,
-             short_tokens: int = 0, kind_of=None) -> dict[str, float]:
+             short_tokens: int = 0, kind_of=None,
+             records_path: str | None = None) -> dict[str, float]:
   """avg@k / pass@k with the sampling sampler (and boxed_frac, the share of its samples with a
   `\\boxed{}`), accuracy with the greedy one; with
   short_tokens > 0 also short_frac, the share of samples of at most that many tokens; with
-  kind_of (example -> its kind, e.g. `data.chain_mix.kind_of`) also avg@k per kind."""
-  out = {}
+  kind_of (example -> its kind, e.g. `data.chain_mix.kind_of`) also avg@k per kind.
+
+  Beside every figure, `shortcut/<name>` (`data.shortcuts.scores`: answers that ignore the
+  operations, scored on the same problems; `shortcut/best` the highest): a model's accuracy
+  at or below them is no evidence of solving. With `records_path`, also writes one record
+  per problem there (`run.eval_records`: each sample's correctness and length, greedy's, the
+  problem's operations and the shortcuts' verdicts) for paired comparisons."""
+  out = {f"shortcut/{k}": v for k, v in shortcuts.scores(examples).items()}
+  correct = lengths = truncated = greedy_right = greedy_lengths = None
   if sampled is not None:
     scores, lengths, truncated, responses = sample_and_score(sampled, params, examples, text,
                                                              scorer, key, batch_prompts)
+    correct = scores >= threshold
     out.update(accuracy_metrics(scores, threshold))
+    k = correct.shape[1]
+    ci = bootstrap.interval(correct.mean(axis=1), num_samples=2000, seed=0)
+    out[f"ci95_lo/avg@{k}"], out[f"ci95_hi/avg@{k}"] = ci.lo, ci.hi
     out["boxed_frac"] = boxed_frac(responses)
     if kind_of is not None:
       out.update(kind_metrics(scores, [kind_of(ex) for ex in examples], threshold))
@@ -109,7 +128,11 @@ def evaluate(sampled: types.RolloutSampler, greedy: types.RolloutSampler, params
     if short_tokens > 0:
       out["short_frac"] = float((lengths <= short_tokens).mean())
   if greedy is not None:
-    scores, _, _, _ = sample_and_score(greedy, params, examples, text, scorer, key,
-                                       batch_prompts)
-    out["greedy_accuracy"] = float((scores[:, 0] >= threshold).mean())
+    scores, glens, _, _ = sample_and_score(greedy, params, examples, text, scorer, key,
+                                           batch_prompts)
+    greedy_right, greedy_lengths = scores[:, 0] >= threshold, glens[:, 0]
+    out["greedy_accuracy"] = float(greedy_right.mean())
+  if records_path:
+    eval_records.write(records_path, eval_records.build(
+        examples, correct, lengths, truncated, greedy_right, greedy_lengths))
   return out

@@ -38,6 +38,7 @@ from vapo_jax.run import compiles
 from vapo_jax.run import control as run_control
 from vapo_jax.run import critic_diagnostics
 from vapo_jax.run import critic_stage
+from vapo_jax.run import eval_records
 from vapo_jax.run import evaluation
 from vapo_jax.run import inputs
 from vapo_jax.run import metrics as metrics_lib
@@ -333,9 +334,14 @@ class Trainer:
     bar.close()
     return metrics
 
-  def evaluate(self, examples=None) -> dict[str, float]:
+  def evaluate(self, examples=None, rl_step: int | None = None,
+               records_path: str | None = None) -> dict[str, float]:
+    """The held-out evaluation; its per-problem records go to records_path, else (at an RL
+    step of a run that writes metrics) to `eval_records.run_path`."""
     cfg, p = self.cfg, self.parts
     examples = (examples or p.eval_examples)[:cfg.eval.num_examples]
+    if records_path is None and rl_step is not None and self.state.log.workdir:
+      records_path = eval_records.run_path(self.state.log.workdir, rl_step)
     return evaluation.evaluate(p.samplers.eval, p.samplers.greedy, self.state.policy_params,
                                examples, p.text, p.eval_scorer, jax.random.key(cfg.seed + 7),
                                batch_prompts=cfg.eval.batch_prompts,
@@ -343,7 +349,8 @@ class Trainer:
                                short_tokens=cfg.eval.short_response_tokens,
                                kind_of=(data_lib.chain_mix.kind_of
                                         if cfg.data.synthetic_task == "chain_or_guess"
-                                        and cfg.data.source == "synthetic" else None))
+                                        and cfg.data.source == "synthetic" else None),
+                               records_path=records_path)
 
   def rl(self) -> dict[str, Any]:
     """VAPO RL (or the preset's variant) for rl.steps steps (continuing a resumed run)."""
@@ -370,7 +377,7 @@ class Trainer:
       metrics = {**em, **um, "time/update_s": t2 - t1, "time/step_s": t2 - t0}
       score = None
       if cfg.eval.every and (i + 1) % cfg.eval.every == 0 and i + 1 < rl.steps:
-        ev = self.evaluate()
+        ev = self.evaluate(rl_step=i + 1)
         metrics.update({f"eval/{k}": v for k, v in ev.items()})
         metrics["time/eval_s"] = time.perf_counter() - t2
         s.log.write("eval", i + 1, ev)
@@ -421,14 +428,14 @@ class Trainer:
         self._finish_stage("value_pretrain")
       if self.ctl.stage == "rl":
         if self.ctl.step == 0:
-          summary["eval_before_rl"] = self.evaluate()
+          summary["eval_before_rl"] = self.evaluate(rl_step=0)
           log.write("eval", 0, summary["eval_before_rl"])
         score = None
         if cfg.rl.steps:
           history = self.rl()["history"]
           if history:
             summary["rl_last"] = history[-1]
-          summary["eval_after_rl"] = self.evaluate()
+          summary["eval_after_rl"] = self.evaluate(rl_step=cfg.rl.steps)
           log.write("eval", cfg.rl.steps, summary["eval_after_rl"])
           score = summary["eval_after_rl"][f"avg@{cfg.eval.samples_per_problem}"]
         self._finish_stage("rl", score=score)
