@@ -97,3 +97,24 @@ def test_the_tally_counts_jax_compiles_and_the_cache_dir_must_be_private(tmp_pat
   assert "others can write" in compiles.private_dir(str(shared))
   assert compiles.private_dir(str(tmp_path / "mine")) is None
   assert oct(os.stat(tmp_path / "mine").st_mode & 0o777) == "0o700"
+
+
+def test_the_cache_set_after_a_compile_still_keeps_programs(tmp_path, monkeypatch):
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax.experimental.compilation_cache import compilation_cache as cc  # pylint: disable=import-outside-toplevel
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  jax.jit(lambda x: x + 1)(jnp.ones(3))              # JAX has compiled before the run starts
+  old = (jax.config.jax_compilation_cache_dir,
+         jax.config.jax_persistent_cache_min_compile_time_secs)
+  try:
+    assert compiles.enable_cache(False, str(tmp_path / "off")) is None
+    path = compiles.enable_cache(True, str(tmp_path / "cache"))
+    assert path == str(tmp_path / "cache")
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.jit(lambda x: jnp.cos(x) * 5 + 0.25)(jnp.ones(11))
+    assert os.listdir(path), "no program was written to the cache"
+  finally:
+    jax.config.update("jax_compilation_cache_dir", old[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+    cc.reset_cache()

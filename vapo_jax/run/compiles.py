@@ -134,6 +134,8 @@ def enable_cache(enabled: bool, cache_dir: str = "") -> str | None:
                   "programs will be compiled afresh (compile.cache=False silences this)",
                   stacklevel=2)
     return None
+  # Taken at the next compile, also after earlier ones in the process (a test, a notebook
+  # cell: tests/test_compile_once.py).
   jax.config.update("jax_compilation_cache_dir", path)
   # Every program the run compiles for more than a second is kept (JAX's default); the
   # many small eager ones are not worth a file each.
