@@ -102,6 +102,10 @@ class ModelSection:
   # (a forward pass less each, more memory). -1: all. `tools.compile_check --remat_search`
   # prints the fewest that fit a topology.
   remat_layers: int = -1
+  # The blocks under one `lax.scan` over stacked parameters (compile time flat in depth), or
+  # a Python loop (models/stacked.py). configs/qwen32b.py keeps the loop: its compile check
+  # on v5p-128 did not fit under scan (2026-12-05: critic step 154 GB, 37 GB as a loop).
+  scan_layers: bool = True
   attention_impl: str = "auto"  # dense | blocked | auto (blocked from 4 × attention_block keys)
   attention_block: int = 512    # keys per block of the blocked attention
   # The train passes' self-attention: "auto" (jax's Pallas splash kernel on TPU where it
