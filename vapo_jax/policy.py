@@ -182,9 +182,9 @@ def packed_logprobs(model: Transformer, tokens_NxT: jax.Array, positions_NxT: ja
   h = jnp.take_along_axis(hidden.reshape(shards, -1, d), at[..., None], axis=1)
   y = jnp.take_along_axis(targets.reshape(shards, -1), at, axis=1)
   count = jnp.max(jnp.sum(ok, axis=1))
-  rows = (n // shards) * t * head_bytes_per_position(model)
+  logit_bytes = (n // shards) * t * head_bytes_per_position(model)
   logp_c, ent_c = chunked_logprobs(h, y, model.head_weight(), count=count,
-                                   remat=rows > HEAD_KEEP_BYTES, **kw)
+                                   remat=logit_bytes > HEAD_KEEP_BYTES, **kw)
   lanes = jnp.arange(shards)[:, None]
 
   def back(x_c):
