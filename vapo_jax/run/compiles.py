@@ -134,9 +134,14 @@ def enable_cache(enabled: bool, cache_dir: str = "") -> str | None:
                   "programs will be compiled afresh (compile.cache=False silences this)",
                   stacklevel=2)
     return None
-  # Taken at the next compile, also after earlier ones in the process (a test, a notebook
-  # cell: tests/test_compile_once.py).
-  jax.config.update("jax_compilation_cache_dir", path)
+  # JAX opens its cache once, at the first compile after a directory is set, and keeps it:
+  # a process that compiled before (a notebook cell, a test, JAX_COMPILATION_CACHE_DIR read
+  # at start-up) would go on writing to the old one. Resetting makes the next compile open
+  # this one (tests/test_compile_once.py).
+  if jax.config.jax_compilation_cache_dir != path:
+    from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=import-outside-toplevel
+    jax.config.update("jax_compilation_cache_dir", path)
+    compilation_cache.reset_cache()
   # Every program the run compiles for more than a second is kept (JAX's default); the
   # many small eager ones are not worth a file each.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
