@@ -14,6 +14,7 @@ import re
 import shutil
 from typing import Sequence
 
+from experiments.ablation import paired_problems
 from experiments.ablation import sft_band
 
 STATUS = "ablate_status.json"
@@ -303,12 +304,16 @@ def write_reports(workdir: str, runs: Sequence, rows: Sequence, header: dict
   metrics.jsonl under W/metrics/; returns the rows."""
   keep_metrics(workdir, runs)
   records, summaries = summarize(runs, rows)
+  problems = paired_problems.paired(records, [row.name for row in rows])
+  if not any("gain" in p or "vapo_minus_row" in p for p in problems):  # no records
+    problems = []
   stage_wall = sum((read_status(r) or {}).get("wall_s") or 0 for r in runs if r.kind == "stage")
   with open(os.path.join(workdir, "ablation.jsonl"), "w", encoding="utf-8") as f:
-    for rec in [*records, *summaries]:
+    for rec in [*records, *summaries, *problems]:
       f.write(json.dumps(rec, default=_json_default) + "\n")
   with open(os.path.join(workdir, "ablation.md"), "w", encoding="utf-8") as f:
-    f.write(markdown(summaries, records, {**header, "stage_wall_s": stage_wall}))
+    f.write(markdown(summaries, records, {**header, "stage_wall_s": stage_wall})
+            + paired_problems.markdown(problems))
   try:
     plot(records, rows, os.path.join(workdir, "ablation.png"))
   except ImportError as e:
