@@ -1,4 +1,4 @@
-"""Every relative link of the front door and the docs resolves.
+"""Every relative link of the front door and the docs resolves; the front door stays one.
 
 The pages: README.md, docs/*.md, experiments/*/README.md, benchmarks/results/*/README.md. A
 link `[text](target)` that is not a URL must name a file or folder that exists, relative to
@@ -70,6 +70,15 @@ def test_a_broken_link_is_found(tmp_path):
   page.write_text("[ok](b.md#here) [bad](b.md#there) [gone](c.md) [web](https://x.org/y)\n"
                   "```\n[in a fence](nowhere.md)\n```\n")
   assert broken(str(page)) == ["b.md#there (no heading #there)", "c.md (no such file)"]
+
+
+def test_the_readme_is_a_front_door():
+  """Issue 54: at most 250 lines and one table (the headline figures); results live on the
+  pages it links to."""
+  raw = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+  assert len(raw.splitlines()) <= 250
+  tables = re.findall(r"^\|[-|: ]+\|$", FENCE.sub("", raw), re.M)
+  assert len(tables) <= 1, "one table at most: the headline"
 
 
 @pytest.mark.parametrize("page", [os.path.relpath(p, ROOT) for p in pages()])
