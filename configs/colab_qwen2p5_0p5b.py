@@ -6,7 +6,7 @@ with LoRA on the policy and the critic and a bfloat16 frozen base.
       --config.data.train_path=/content/gsm8k/train.jsonl \
       --config.data.eval_path=/content/gsm8k/test.jsonl --workdir=/content/vapo_colab
 
-Every program fits a 16 GB v5e chip per the compile check (figures in the README):
+Every program fits a 16 GB v5e chip per the compile check (figures in docs/experiments.md):
 
   python -m vapo_jax.tools.compile_check --config=configs/colab_qwen2p5_0p5b.py --topology=v5e-1
 

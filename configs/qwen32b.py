@@ -35,7 +35,7 @@ def get_config(preset: str = "vapo"):
   # is not yet known.
   c.model.scan_layers = False
   # Blocked (flash-style) attention: O(T × 512) scores per layer instead of T × T, which at
-  # 21.5k tokens is what lets the policy step fit a v5p chip (README, "Capacity").
+  # 21.5k tokens is what lets the policy step fit a v5p chip (docs/pod.md, "Capacity").
   c.model.attention_impl = "blocked"
   c.model.attention_block = 512
 

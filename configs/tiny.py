@@ -57,8 +57,8 @@ def get_config(preset: str = "vapo"):
   # its own correct samples (held-out avg@4 after 80 RL steps: μ = 1 +14 points, μ = 0.3
   # +10 in our runs).
   c.rl.nll_coef = 1.0
-  # The README's tiny figures were measured without advantage whitening (the default since):
-  # off here until they are re-measured.
+  # The tiny default's figures (docs/speed.md) were measured without advantage whitening
+  # (the default since): off here until they are re-measured.
   c.rl.whiten_advantages = False
 
   c.eval.num_examples = 256
