@@ -32,7 +32,7 @@ def root() -> str:
 
 PRESETS = ("vapo", "ppo", "grpo", "dapo")
 # timings and what a process compiled: not reproducible
-TIMING = ("time/", "_per_s", "wall_s", "_seconds", "compile/")
+TIMING = ("time/", "_per_s", "wall_s", "_seconds", "compile/", "mem/")
 
 SHRINK = {
     "model": dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,

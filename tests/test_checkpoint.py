@@ -102,7 +102,7 @@ def assert_bitwise_equal(a, b):
 
 
 def records(workdir):
-  return [{k: v for k, v in r.items() if k != "time" and not k.startswith(("time/", "compile/"))
+  return [{k: v for k, v in r.items() if k != "time" and not k.startswith(("time/", "compile/", "mem/"))
            and "per_s" not in k and "seconds" not in k}
           for r in metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
 

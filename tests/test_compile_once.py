@@ -88,6 +88,7 @@ def test_the_tally_counts_jax_compiles_and_the_cache_dir_must_be_private(tmp_pat
   f(jnp.ones(7))
   got = compiles.since(start)
   assert got["compile/count"] >= 1 and got["compile/seconds"] > 0
+  assert 0.05 < got["mem/peak_rss_gb"] < 1e3      # a JAX process holds > 50 MB; GB, not KiB
   again = compiles.snapshot()
   f(jnp.ones(7))
   assert compiles.since(again)["compile/count"] == 0

@@ -459,7 +459,7 @@ def test_resumed_value_pretraining_with_replay_equals_uninterrupted(tmp_path):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   assert whole[1] == resumed[1]
   # (as benchmarks/preset_fingerprint: timings, and what each process compiled)
-  timing = ("time/", "_per_s", "wall_s", "_seconds", "compile/")
+  timing = ("time/", "_per_s", "wall_s", "_seconds", "compile/", "mem/")
   strip = lambda r: {k: v for k, v in r.items()  # noqa: E731
                      if k != "time" and not any(t in k for t in timing)}
   assert [strip(r) for r in whole[2]] == [strip(r) for r in resumed[2]]

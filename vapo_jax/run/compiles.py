@@ -8,6 +8,8 @@ and eager alike), summed in one process-wide `Tally`:
                        (JAX's backend-compile event wraps both)
   compile/cache_loads  of those, loaded from the persistent cache
   compile/seconds      tracing + lowering to MLIR + backend compile (or load), summed
+  mem/peak_rss_gb      the process's peak resident memory so far (getrusage's ru_maxrss),
+                       so that a run's records say when its memory grew
 
 `since(snapshot())` gives the deltas of one step; the trainer logs them with every step's
 metrics, so `metrics.jsonl` shows which steps compiled and for how long.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+import sys
 import threading
 import warnings
 
@@ -85,11 +88,24 @@ def snapshot() -> Snapshot:
 
 
 def since(start: Snapshot) -> dict[str, float]:
-  """compile/count, compile/cache_loads and compile/seconds since `start`."""
+  """compile/count, compile/cache_loads and compile/seconds since `start`, and
+  mem/peak_rss_gb."""
   now = snapshot()
   return {"compile/count": float(now.count - start.count),
           "compile/cache_loads": float(now.cache_loads - start.cache_loads),
-          "compile/seconds": now.seconds - start.seconds}
+          "compile/seconds": now.seconds - start.seconds,
+          "mem/peak_rss_gb": peak_rss_gb()}
+
+
+def peak_rss_gb() -> float:
+  """This process's peak resident set size, GB (ru_maxrss is KiB on Linux, bytes on macOS;
+  0 where the resource module is missing)."""
+  try:
+    import resource  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return 0.0
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak / (1e9 if sys.platform == "darwin" else 1e9 / 1024)
 
 
 # ------------------------------------------------------------------- the persistent cache
