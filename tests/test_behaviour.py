@@ -7,6 +7,10 @@ import pytest
 from vapo_jax.rl import behaviour
 
 
+def _c(mode, cap=2.0, band=(0.5, 2.0)):
+  return behaviour.Correction(mode=mode, cap=cap, band=band)
+
+
 def _case():
   # Two responses of 4 and 2 tokens; r = π_old / π_b by hand: 1, 2, 0.25, e^0.1 | 3, 1.
   old = np.log(np.array([[0.5, 0.4, 0.05, 0.3], [0.9, 0.2, 0.0 + 1e-3, 0.7]]))
@@ -27,13 +31,12 @@ def test_gap_metrics_by_hand():
 
 def test_corrections_by_hand():
   old, beh, mask, _ = _case()
-  tis = np.asarray(behaviour.correction_weights(old, beh, mask, mode="tis", cap=2.5))
+  tis = np.asarray(behaviour.correction_weights(old, beh, mask, _c("tis", cap=2.5)))
   np.testing.assert_allclose(tis, [[1, 2, 0.25, np.exp(0.1)], [2.5, 1, 0, 0]], rtol=1e-5)
-  masked = np.asarray(behaviour.correction_weights(old, beh, mask, mode="mask",
-                                                   band=(0.5, 2.0)))
+  masked = np.asarray(behaviour.correction_weights(old, beh, mask, _c("mask", band=(0.5, 2.0))))
   np.testing.assert_array_equal(masked, [[1, 1, 0, 1], [0, 1, 0, 0]])
   np.testing.assert_array_equal(
-      np.asarray(behaviour.correction_weights(old, beh, mask, mode="none")), mask)
+      np.asarray(behaviour.correction_weights(old, beh, mask, _c("none"))), mask)
 
 
 @pytest.mark.parametrize("mode", behaviour.CORRECTIONS)
@@ -41,7 +44,7 @@ def test_no_gap_is_a_no_op(mode):
   old = jnp.log(jnp.linspace(0.05, 0.95, 12, dtype=jnp.float32)).reshape(3, 4)
   mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], jnp.float32)
   np.testing.assert_array_equal(
-      np.asarray(behaviour.correction_weights(old, old, mask, mode=mode)), np.asarray(mask))
+      np.asarray(behaviour.correction_weights(old, old, mask, _c(mode))), np.asarray(mask))
   gap = behaviour.gap_metrics(old, old, mask)
   assert all(float(v) == 0.0 for v in gap.values())
 
@@ -49,7 +52,7 @@ def test_no_gap_is_a_no_op(mode):
 def test_unknown_mode():
   with pytest.raises(ValueError, match="correction mode"):
     behaviour.correction_weights(jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.ones((1, 1)),
-                                 mode="clip")
+                                 _c("clip"))
 
 
 @pytest.mark.parametrize("mode", ["token", "seq_mean_token_mean", "seq_mean_token_sum"])

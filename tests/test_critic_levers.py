@@ -139,7 +139,8 @@ def test_default_is_one_adamw_as_before():
   assert learners.value_head_lr(cfg) is None
   _, params = lora_critic(head_bias=False)
   tx = learners.optimizer(cfg, "critic")
-  ref = train_state.make_optimizer(cfg.optim.critic_lr, weight_decay=cfg.optim.weight_decay,
+  ref = train_state.make_optimizer(cfg.optim.critic_lr, warmup_steps=cfg.optim.warmup_steps,
+                                   weight_decay=cfg.optim.weight_decay,
                                    b1=cfg.optim.b1, b2=cfg.optim.b2, eps=cfg.optim.eps,
                                    grad_clip=cfg.optim.grad_clip)
   p = train_state.trainable(params)

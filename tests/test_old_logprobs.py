@@ -123,7 +123,8 @@ def test_behaviour_is_allowed_with_a_correction_or_float32():
 def _hp(old_logprobs, mode="none", cap=2.0):
   return update.PolicyHParams(temperature=1.0, eps_low=0.2, eps_high=0.28, dual_clip=None,
                               loss_mode="token", nll_coef=0.0, nll_threshold=1.0,
-                              old_logprobs=old_logprobs, correction=(mode, cap, (0.5, 2.0)))
+                              kl_coef=0.0, policy_loss="ppo", old_logprobs=old_logprobs,
+                              correction=behaviour.Correction(mode, cap, (0.5, 2.0)))
 
 
 def _case():
@@ -163,8 +164,8 @@ def test_old_policy_by_hand():
 
 def test_update_weights_take_no_gradient():
   logp, beh, m, _ = _case()
-  g = jax.grad(lambda x: jnp.sum(behaviour.update_weights(x, beh, m, mode="tis",
-                                                          anchor="behaviour")))(logp)
+  g = jax.grad(lambda x: jnp.sum(behaviour.update_weights(
+      x, beh, m, behaviour.Correction("tis", 2.0, (0.5, 2.0)), anchor="behaviour")))(logp)
   np.testing.assert_array_equal(np.asarray(g), 0.0)
 
 

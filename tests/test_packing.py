@@ -19,6 +19,7 @@ from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.models import Transformer, init_sharded, positions_from_mask, tiny_config
 from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import behaviour
 from vapo_jax.rl import forward
 from vapo_jax.rl import layout as layout_lib
 from vapo_jax.rl import train_state
@@ -220,7 +221,8 @@ CFGS = {"dense": dataclasses.replace(MODEL, attention_impl="dense"),
                                        num_layers=1)}
 HP = update.PolicyHParams(temperature=0.9, eps_low=0.2, eps_high=0.28, dual_clip=3.0,
                           loss_mode="token", nll_coef=0.1, nll_threshold=1.0,
-                          kl_coef=0.05)
+                          kl_coef=0.05, policy_loss="ppo", old_logprobs="recompute",
+                          correction=behaviour.Correction("none", 2.0, (0.5, 2.0)))
 CHP = update.CriticHParams(value_clip=0.2, loss_mode="token")
 MODES = ("token", "seq_mean_token_mean", "seq_mean_token_sum")  # every rl.loss_mode
 

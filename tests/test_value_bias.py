@@ -120,7 +120,8 @@ def test_rl_steps_log_the_critics_start_of_response_bias():
   from vapo_jax.rl import advantages  # pylint: disable=import-outside-toplevel
   ac = advantages.AdvantageConfig(
       estimator="gae", gamma=1.0, decoupled=True, lam_critic=1.0, length_adaptive=True,
-      alpha=0.05, lam_policy=0.95, group_std_norm=True, whiten=True, gae_impl="scan")
+      alpha=0.05, lam_policy=0.95, group_std_norm=True, whiten=True, gae_impl="scan",
+      reward_scale=1.0, reward_shift=0.0)
   values = jnp.asarray([[0.2, 0.5, 0.9, 0.0], [0.6, 0.1, 0.0, 0.0]], jnp.float32)
   mask = jnp.asarray([[1, 1, 1, 0], [1, 1, 0, 0]], jnp.float32)
   out = advantages.compute_advantages(ac, jnp.asarray([1.0, 0.0]), jnp.asarray([3, 2]),

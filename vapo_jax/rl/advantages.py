@@ -26,7 +26,8 @@ from vapo_jax import losses
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
-  """The advantage settings (their defaults are the config's: `config.RLConfig`)."""
+  """The advantage settings, built from config.rl in one place (`run.parts.advantage_config`;
+  the defaults are the config's, `config.RLSection`)."""
   estimator: str        # a key of ESTIMATORS
   gamma: float
   decoupled: bool
@@ -39,8 +40,8 @@ class AdvantageConfig:
   gae_impl: str
   # The return scale (rl.reward_scale, rl.reward_shift): r' = reward_scale · r + reward_shift
   # before any estimator sees the rewards (rewards {0, 1} -> ±1: 2, −1).
-  reward_scale: float = 1.0
-  reward_shift: float = 0.0
+  reward_scale: float
+  reward_shift: float
 
 
 class Advantages(NamedTuple):

@@ -22,10 +22,27 @@ min(r_t, C), the truncated ratio) and "mask" is as above.
 Shapes: [B, R] response-aligned, float32; m is the response mask.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 CORRECTIONS = ("none", "tis", "mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class Correction:
+  """Which correction, with its parameters: rl.behaviour_correction, rl.behaviour_cap,
+  rl.behaviour_band (built by `config.RLSection.correction`; the defaults are the config's).
+
+  Attributes:
+    mode: "none" (w = 1), "tis" (w = min(r, cap)) or "mask" (w = [band[0] ≤ r ≤ band[1]]).
+    cap: C of truncated importance sampling (> 0).
+    band: (lo, hi) of the masked correction, lo < 1 < hi.
+  """
+  mode: str
+  cap: float
+  band: tuple[float, float]
 
 
 def log_ratio(old_logp_BxR, behaviour_logp_BxR, mask_BxR):
@@ -49,15 +66,10 @@ def gap_metrics(old_logp_BxR, behaviour_logp_BxR, mask_BxR, band=(0.5, 2.0)) -> 
   }
 
 
-def correction_weights(old_logp_BxR, behaviour_logp_BxR, mask_BxR, *, mode: str,
-                       cap: float = 2.0, band=(0.5, 2.0)):
-  """Per-token weights w_t of the policy loss (float32 [B, R]; 0 on padding).
-
-  Args:
-    mode: "none" (w = 1), "tis" (w = min(r, cap)) or "mask" (w = [band[0] ≤ r ≤ band[1]]).
-    cap: C of truncated importance sampling (> 0).
-    band: (lo, hi) of the masked correction, lo < 1 < hi.
-  """
+def correction_weights(old_logp_BxR, behaviour_logp_BxR, mask_BxR, correction: Correction):
+  """Per-token weights w_t of the policy loss (float32 [B, R]; 0 on padding):
+  `correction.mode` "none" w = 1, "tis" w = min(r, cap), "mask" w = [lo ≤ r ≤ hi]."""
+  mode = correction.mode
   if mode not in CORRECTIONS:
     raise ValueError(f"correction mode must be one of {CORRECTIONS}, got {mode!r}")
   m = mask_BxR.astype(jnp.float32)
@@ -65,12 +77,13 @@ def correction_weights(old_logp_BxR, behaviour_logp_BxR, mask_BxR, *, mode: str,
     return m
   r = jnp.exp(log_ratio(old_logp_BxR, behaviour_logp_BxR, m))
   if mode == "tis":
-    return jnp.minimum(r, cap) * m
-  return ((r >= band[0]) & (r <= band[1])).astype(jnp.float32) * m
+    return jnp.minimum(r, correction.cap) * m
+  lo, hi = correction.band
+  return ((r >= lo) & (r <= hi)).astype(jnp.float32) * m
 
 
-def update_weights(current_logp_BxR, behaviour_logp_BxR, mask_BxR, *, mode: str,
-                   anchor: str, cap: float = 2.0, band=(0.5, 2.0)):
+def update_weights(current_logp_BxR, behaviour_logp_BxR, mask_BxR, correction: Correction, *,
+                   anchor: str):
   """The correction's weights taken inside the update, from r_t = sg(π_θ) / π_b (float32
   [B, R]; 0 on padding; no gradient).
 
@@ -81,9 +94,8 @@ def update_weights(current_logp_BxR, behaviour_logp_BxR, mask_BxR, *, mode: str,
   if anchor not in ("current", "behaviour"):
     raise ValueError(f"anchor must be 'current' or 'behaviour', got {anchor!r}")
   current = jax.lax.stop_gradient(current_logp_BxR)
-  if anchor == "current" or mode != "tis":
-    return correction_weights(current, behaviour_logp_BxR, mask_BxR, mode=mode, cap=cap,
-                              band=band)
+  if anchor == "current" or correction.mode != "tis":
+    return correction_weights(current, behaviour_logp_BxR, mask_BxR, correction)
   m = mask_BxR.astype(jnp.float32)
   lr = log_ratio(current, behaviour_logp_BxR, m)
-  return jnp.minimum(1.0, cap * jnp.exp(-lr)) * m
+  return jnp.minimum(1.0, correction.cap * jnp.exp(-lr)) * m

@@ -6,6 +6,7 @@ group has zero group-relative advantage, so it only dilutes the batch) and draws
 prompts until the batch is full. `rl.experience` uses both; these are the pure parts.
 """
 
+import dataclasses
 from typing import Sequence
 
 import jax
@@ -15,6 +16,14 @@ import numpy as np
 # DAPO's published setting: 20,480 generated tokens at most, the last 4,096 the soft
 # punishment cache; configs scale the cache with their max_new_tokens by this fraction.
 DAPO_MAX_LEN, DAPO_CACHE_LEN = 20480, 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Overlong:
+  """Overlong shaping's lengths: L_max (sampling.max_new_tokens) and L_cache
+  (`Config.overlong_cache_tokens`), as `overlong_penalty` takes them."""
+  max_len: int
+  cache_len: int
 
 
 def default_cache_len(max_len: int) -> int:

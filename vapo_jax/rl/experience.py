@@ -57,11 +57,11 @@ class Experience:
     pretraining).
   temperature: the sampling temperature the old log-probs are taken at.
   prompts_per_call: prompts per sampler call (0: all at once).
-  overlong: (L_max, L_cache) of DAPO's overlong shaping, or None (off).
+  overlong: DAPO's overlong shaping (L_max, L_cache: `rl.dapo.Overlong`), or None (off).
   dynamic_rounds: extra sampling rounds dynamic sampling may draw per step (-1: off).
   group_size: responses per prompt (the groups dynamic sampling keeps or drops).
-  correction: the sampler/trainer mismatch correction `(mode, cap, band)` of
-    `rl.behaviour.correction_weights` ("none": off). Its weights w_t ≥ 0 scale the policy's
+  correction: the sampler/trainer mismatch correction (`rl.behaviour.Correction`; mode
+    "none": off). Its weights w_t ≥ 0 scale the policy's
     advantages, which is the same as scaling each token's clipped-surrogate term (the PPO,
     dual-clip surrogates are positively homogeneous in A); the critic's targets and value
     pretraining are untouched.
@@ -79,11 +79,11 @@ class Experience:
   monte_carlo: Callable
   temperature: float
   prompts_per_call: int
-  overlong: tuple[int, int] | None = None
-  dynamic_rounds: int = -1
-  group_size: int = 1
-  correction: tuple = ("none", 2.0, (0.5, 2.0))
-  old_logprobs: str = "recompute"
+  overlong: dapo.Overlong | None
+  dynamic_rounds: int
+  group_size: int
+  correction: behaviour.Correction
+  old_logprobs: str
 
   def __call__(self, policy_params, examples, key, *, values: Callable | None = None,
                for_value_pretraining: bool = False, ref_params=None,
@@ -139,15 +139,14 @@ class Experience:
     on_device = (behaviour.gap_metrics(old_logp, rollout.logp_BxR, resp_mask) if recompute
                  else {})
     if self.overlong is not None:
-      penalty_B = dapo.overlong_penalty(rollout.lengths_B, *self.overlong)
+      penalty_B = dapo.overlong_penalty(rollout.lengths_B, self.overlong.max_len,
+                                        self.overlong.cache_len)
       rewards_B = scores_B + penalty_B
       on_device["reward/overlong_penalty_mean"] = jnp.mean(penalty_B)
     fn = self.monte_carlo if for_value_pretraining else self.advantages
     adv = fn(rewards_B, rollout.lengths_B, resp_mask, values, rollout.group_ids_B)
-    mode, cap, band = self.correction
-    if mode != "none" and not for_value_pretraining and recompute:
-      w = behaviour.correction_weights(old_logp, rollout.logp_BxR, resp_mask, mode=mode,
-                                       cap=cap, band=band)
+    if self.correction.mode != "none" and not for_value_pretraining and recompute:
+      w = behaviour.correction_weights(old_logp, rollout.logp_BxR, resp_mask, self.correction)
       on_device["rollout/correction_weight_mean"] = (jnp.sum(w * resp_mask)
                                                      / jnp.maximum(jnp.sum(resp_mask), 1.0))
       adv = adv._replace(advantages_BxR=adv.advantages_BxR * w)

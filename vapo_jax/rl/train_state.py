@@ -57,10 +57,11 @@ class Learner:
     return nnx.merge(self.graphdef, self.state.params)
 
 
-def make_optimizer(lr: float, *, warmup_steps: int = 0, weight_decay: float = 0.01,
-                   b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8,
-                   grad_clip: float = 1.0) -> Optimizer:
-  """AdamW with linear warm-up to a constant rate, after global-norm clipping."""
+def make_optimizer(lr: float, *, warmup_steps: int, weight_decay: float, b1: float, b2: float,
+                   eps: float, grad_clip: float) -> Optimizer:
+  """AdamW with linear warm-up to a constant rate, after global-norm clipping (grad_clip 0:
+  none). The settings are config.optim's (`run.learners.optimizer`), which holds the
+  defaults."""
   schedule = (optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps
               else optax.constant_schedule(lr))
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []

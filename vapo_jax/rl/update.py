@@ -35,7 +35,8 @@ from vapo_jax.rl.train_state import Learner, TrainState
 
 @dataclasses.dataclass(frozen=True)
 class PolicyHParams:
-  """The policy step's settings (from the run's config: `run.learners.policy_hparams`)."""
+  """The policy step's settings, built from the run's config in one place
+  (`run.learners.policy_hparams`); the config's sections hold their defaults."""
   temperature: float
   eps_low: float
   eps_high: float
@@ -43,16 +44,16 @@ class PolicyHParams:
   loss_mode: str
   nll_coef: float
   nll_threshold: float
-  kl_coef: float = 0.0    # β of GRPO's k3 KL penalty to the reference policy; 0: off
-  vocab_chunk: int = 128  # not a config setting: the policy's memory bound over the vocab
-  policy_loss: str = "ppo"  # a key of losses.POLICY_LOSSES
+  kl_coef: float          # β of GRPO's k3 KL penalty to the reference policy; 0: off
+  policy_loss: str        # a key of losses.POLICY_LOSSES
   # Config.old_logprobs (resolved): what the batch's old_logp_BxR holds and π_old is:
   # "recompute" (log π_old), "exact" (the sampler's log π_b; π_old = sg(π_θ) of this step's
   # forward) or "behaviour" (log π_b, the ratio's π_old); `old_policy`.
-  old_logprobs: str = "recompute"
-  # (mode, cap, band) of rl.behaviour_correction, taken here unless old_logprobs is
-  # "recompute" (then the experience scaled the advantages already).
-  correction: tuple = ("none", 2.0, (0.5, 2.0))
+  old_logprobs: str
+  # rl.behaviour_correction's, taken here unless old_logprobs is "recompute" (then the
+  # experience scaled the advantages already).
+  correction: behaviour.Correction
+  vocab_chunk: int = 128  # not a config setting: the policy's memory bound over the vocab
 
 
 # The policy loss's token-mean metrics the step logs (weighted by each micro-batch's tokens),
@@ -63,7 +64,8 @@ POLICY_METRICS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "approx_k
 
 @dataclasses.dataclass(frozen=True)
 class CriticHParams:
-  """The critic step's settings (from the run's config: `run.learners.critic_hparams`)."""
+  """The critic step's settings, built from the run's config in one place
+  (`run.learners.critic_hparams`)."""
   value_clip: float | None
   loss_mode: str
 
@@ -126,10 +128,9 @@ def old_policy(hp: PolicyHParams, ratio_logp, batch_logp, advantages, m, *, toke
     metrics = {k: v * share for k, v in behaviour.gap_metrics(old, batch_logp, m).items()}
   else:
     old = batch_logp
-  mode, cap, band = hp.correction
-  if mode != "none":
+  if hp.correction.mode != "none":
     w = behaviour.update_weights(
-        ratio_logp, batch_logp, m, mode=mode, cap=cap, band=band,
+        ratio_logp, batch_logp, m, hp.correction,
         anchor="current" if hp.old_logprobs == "exact" else "behaviour")
     metrics["rollout/correction_weight_mean"] = jnp.sum(w * m) / jnp.maximum(tokens, 1.0)
     advantages = advantages * w

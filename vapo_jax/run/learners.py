@@ -31,8 +31,7 @@ def policy_hparams(cfg: config_lib.Config) -> update.PolicyHParams:
       temperature=cfg.sampling.temperature, eps_low=rl.eps_low, eps_high=cfg.eps_high,
       dual_clip=rl.dual_clip or None, loss_mode=cfg.loss_mode, nll_coef=rl.nll_coef,
       nll_threshold=rl.nll_threshold, kl_coef=rl.kl_coef, policy_loss=rl.policy_loss,
-      old_logprobs=cfg.old_logprobs,
-      correction=(rl.behaviour_correction, rl.behaviour_cap, tuple(rl.behaviour_band)))
+      old_logprobs=cfg.old_logprobs, correction=rl.correction)
 
 
 def critic_hparams(cfg: config_lib.Config) -> update.CriticHParams:

@@ -29,6 +29,7 @@ from vapo_jax.rewards import fn_for_mode
 from vapo_jax.rewards import RewardScorer
 from vapo_jax.rl import advantages
 from vapo_jax.rl import batch as batch_lib
+from vapo_jax.rl import dapo
 from vapo_jax.rl import experience as experience_lib
 from vapo_jax.rl import forward
 from vapo_jax.run import inputs
@@ -326,12 +327,11 @@ def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Exp
       monte_carlo=jax.jit(functools.partial(advantages.compute_advantages, dataclasses.replace(
           ac, estimator="gae", decoupled=not cfg.value_pretrain.coupled_gae, lam_critic=1.0))),
       temperature=cfg.sampling.temperature, prompts_per_call=cfg.sampling.prompts_per_call,
-      overlong=((cfg.sampling.max_new_tokens, cfg.overlong_cache_tokens)
+      overlong=(dapo.Overlong(cfg.sampling.max_new_tokens, cfg.overlong_cache_tokens)
                 if cfg.rl.overlong_shaping else None),
       dynamic_rounds=cfg.rl.dynamic_sampling_max_rounds if cfg.rl.dynamic_sampling else -1,
       group_size=cfg.responses_per_prompt,
-      correction=(cfg.rl.behaviour_correction, cfg.rl.behaviour_cap,
-                  tuple(cfg.rl.behaviour_band)),
+      correction=cfg.rl.correction,
       old_logprobs=cfg.old_logprobs)
 
 

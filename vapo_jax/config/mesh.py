@@ -1,0 +1,29 @@
+"""config.mesh: the device mesh and the sharding rules (`run.parts` build_mesh, rules_of;
+`sharding`)."""
+
+import dataclasses
+
+from vapo_jax.config.base import need
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+  data: int = 1
+  fsdp: int = -1
+  tensor: int = 1
+  rules: tuple = ()                     # () = vapo_jax.sharding.DEFAULT_RULES
+  # The train passes' layout on the same devices (the rollout engine always decodes from
+  # `rules`, tensor-parallel replicas): "shared": `rules` too; "fsdp": FSDP over every
+  # chip (`sharding.fsdp_only(rules)`: rows and the embed dim over data x fsdp x tensor, no
+  # activation all-reduces). The engine's decode copy is resharded from it once per step.
+  train_layout: str = "shared"
+
+  def check(self) -> None:
+    sizes = (self.data, self.fsdp, self.tensor)
+    need(all(x == -1 or x >= 1 for x in sizes) and sizes.count(-1) <= 1, "mesh", sizes,
+         "sizes >= 1 with at most one -1 (data, fsdp, tensor)")
+    need(self.train_layout in ("shared", "fsdp"), "mesh.train_layout", self.train_layout,
+         '"shared" (the train passes use mesh.rules) or "fsdp" (FSDP over every chip)')
+    for rule in self.rules:
+      need(isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str),
+           "mesh.rules", rule, "(logical name, mesh axes) pairs")
