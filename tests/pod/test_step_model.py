@@ -423,6 +423,8 @@ def _brute_force_engine(st, resp, prompts, floor):
   rate = st.peak * (1.0 if floor else k.mfu)
   w = 2.0 * a.decode_weights / tp
   lat = 0.0 if floor else (2.0 * a.layers + 2) * k.collective_latency_us * 1e-6
+  # The TP all-reduces' bytes of each live row (no slot limit: the step holds the live rows).
+  row_ar = 0.0 if floor else 2 * a.layers * a.d * 2 * 2 * (tp - 1) / tp / (st.ici / 3)
   cap = k.engine_admit * step_model.kv_budget(st, tp) * tp / kvb
   worst = 0.0
   for r in range(reps):
@@ -434,7 +436,8 @@ def _brute_force_engine(st, resp, prompts, floor):
         total += ps[q] * (a.matmul / tp) / (st.peak * (k.mfu_ceiling if floor else k.mfu)) / st.n
         q += 1
       x = sum(t for t, _ in live)
-      total += max((w + x * kvb / tp) / bw, len(live) * (a.matmul + a.head) / tp / rate) + lat
+      total += (max((w + x * kvb / tp) / bw, len(live) * (a.matmul + a.head) / tp / rate)
+                + lat + len(live) * row_ar)
       live = [[t + 1, s - 1] for t, s in live if s > 1]
     worst = max(worst, total)
   return worst

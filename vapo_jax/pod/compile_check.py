@@ -63,6 +63,7 @@ from vapo_jax.pod import fitting
 from vapo_jax.pod import slices
 from vapo_jax.pod import step
 from vapo_jax.pod import step_model
+from vapo_jax.pod.step import compiles
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
@@ -72,7 +73,8 @@ _ARCH = flags.DEFINE_string("arch", None, "Model architecture: a name in archs.K
                             "(qwen2.5-32b, qwen2.5-7b, qwen2.5-0.5b, …) or a config.json; "
                             "default: the config's model.hf_path/config.json, else its name.")
 _PROGRAMS = flags.DEFINE_list("programs", None, "Only these programs (default: all).")
-_MFU = flags.DEFINE_float("mfu", 0.4, "Assumed model FLOPs utilisation for the estimate.")
+_MFU = flags.DEFINE_float("mfu", 0.4, "The fraction of peak the programs run the FLOPs they "
+                          "execute at (HFU of compute; the step model prints MFU and HFU).")
 _BW = flags.DEFINE_float("bw_efficiency", 0.7, "Assumed fraction of HBM bandwidth reached.")
 _HEADROOM = flags.DEFINE_float("headroom", 0.05, "Fraction of HBM kept free.")
 _JSON = flags.DEFINE_string("json", None, "Also write the results here as JSON.")
@@ -257,10 +259,11 @@ def check(cfg, mcfg, s: slices.Slice, *, names=None, mfu=0.4, bw=0.7, headroom=0
 
 
 def model_report(cfg, mcfg, s: slices.Slice, *, compile_decode: bool, compiled=None,
-                 engines: dict | None = None, log=print) -> list:
+                 engines: dict | None = None, log=print, checked: dict | None = None) -> list:
   """`step_model` at --lengths on slice s, decode collectives from the compiled loop; with
   the compiled programs' figures, their XLA FLOPs beside the analytic ones; engines: the
-  compile check's built engines ({"rollout", "eval": EngineShape fields})."""
+  compile check's built engines ({"rollout", "eval": EngineShape fields}); checked: this
+  slice's report, whose compile times the compile line takes."""
   knobs = step_model.knobs_from_flags(flags.FLAGS)
   layers = [int(x) for x in _HLO_LAYERS.value or ()]
   if compile_decode and len(layers) == 2 and knobs.decode_collectives is None:
@@ -284,12 +287,15 @@ def model_report(cfg, mcfg, s: slices.Slice, *, compile_decode: bool, compiled=N
   shapes = ({k: step.EngineShape(**v) for k, v in engines.items()}
             if engines else None)
   st = step.Setup.of(cfg, mcfg, s, knobs, shapes)
+  if checked:
+    st = dataclasses.replace(st, **compiles.from_check(checked, s.name))
   if compiled:
     log("  FLOPs cross-check (XLA counts a loop body once: attention key blocks and LM-head "
         "chunks are undercounted; the standalone decode steps have no loop):")
     for line in step.crosscheck(st, compiled):
       log(line)
   log("  assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(st.knobs).items()))
+  log("  " + compiles.line(st)[1])
   from vapo_jax.pod import lengths  # pylint: disable=import-outside-toplevel
   out = []
   for label, spec in lengths.phases(flags.FLAGS.lengths):
@@ -353,7 +359,8 @@ def main(argv):
     if flags.FLAGS.lengths:
       model_report(cfg, mcfg, s, compile_decode=not _NO_COMPILE.value,
                    compiled=reports[-1].get("programs") if reports else None,
-                   engines=reports[-1].get("engines") if reports else None)
+                   engines=reports[-1].get("engines") if reports else None,
+                   checked=reports[-1] if reports else None)
   if _JSON.value:
     with open(_JSON.value, "w", encoding="utf-8") as f:
       json.dump(reports, f, indent=1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from vapo_jax.pod.step import compiles
 from vapo_jax.pod.step import report
 from vapo_jax.pod.step.setup import Knobs, Setup
 
@@ -30,11 +31,16 @@ def main(argv):
   s = slices.parse(f.topology)
   knobs = knobs_from_flags(f)
   st = Setup.of(cfg, mcfg, s, knobs)
+  if f.compile_times:
+    import json  # pylint: disable=import-outside-toplevel
+    with open(f.compile_times, encoding="utf-8") as fh:
+      st = dataclasses.replace(st, **compiles.from_check(json.load(fh), s.name))
   print(f"{s.name}: {s.chips} chips; {mcfg.num_layers} layers, d={mcfg.hidden_size}, "
         f"{mcfg.num_params / 1e9:.2f} B parameters; {st.rows} rows of {st.prompt_len} + "
         f"{st.max_new} tokens")
   knobs = st.knobs   # the code paths resolved from the config
   print("assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knobs).items()))
+  print(compiles.line(st)[1])
   from vapo_jax.pod import lengths  # pylint: disable=import-outside-toplevel
   rows = []
   for label, spec in lengths.phases(f.lengths):
@@ -42,15 +48,18 @@ def main(argv):
     print(report.format_report(label, r), flush=True)
     rows.append(markdown_row(label, r, f"train={knobs.train}, rollout={knobs.rollout}"))
   if f.markdown:
-    print("| phase | code | estimate s | floor s | ratio | dominant terms |")
-    print("|---|---|---|---|---|---|")
+    print("| phase | code | estimate s | floor s | ratio | MFU / HFU (estimate) | "
+          "dominant terms |")
+    print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 
 def markdown_row(label: str, r: dict, code: str) -> str:
   dom = "; ".join(f"{k} {v:,.0f} s" for k, v in r["dominant"])
+  e = r["efficiency"]["estimate"]
   return (f"| {label} (mean {r['mean_length']:,.0f}) | {code} | {r['estimate_s']:,.0f} | "
-          f"{r['floor_s']:,.0f} | {r['ratio']:.1f}× | {dom} |")
+          f"{r['floor_s']:,.0f} | {r['ratio']:.2f}× | {e['mfu']:.1%} / {e['hfu']:.1%} | "
+          f"{dom} |")
 
 
 def define_flags(flags, lengths_default: str | None = "review"):
@@ -59,7 +68,12 @@ def define_flags(flags, lengths_default: str | None = "review"):
   flags.DEFINE_string("lengths", lengths_default, "Response lengths: lognormal:MEDIAN,SIGMA, "
                       "uniform:A,B, fixed:N, early|mid|late|review, a metrics.jsonl; ';' joins")
   flags.DEFINE_string("prompt_lengths", "uniform:80,400", "Real prompt lengths (same forms).")
-  flags.DEFINE_float("mfu_ceiling", d.mfu_ceiling, "The floor's train MFU.")
+  flags.DEFINE_float("mfu_ceiling", d.mfu_ceiling, "The floor's efficiency: the fraction "
+                     "of peak its programs run their FLOPs at (as --mfu for the estimate).")
+  flags.DEFINE_float("compile_s", d.compile_s, "Seconds to compile one program the compile "
+                     "check has not timed (an assumption, printed as such).")
+  flags.DEFINE_string("compile_times", None, "A compile_check --json file: its programs' "
+                      "compile seconds for the compile line.")
   flags.DEFINE_float("collective_latency_us", d.collective_latency_us,
                      "Seconds·1e-6 per collective of a decode step.")
   flags.DEFINE_float("attn_score_bytes", d.attn_score_bytes, "HBM bytes per (query, key, "
@@ -108,7 +122,7 @@ def knobs_from_flags(f) -> Knobs:
                train_collectives=f.train_collectives,
                collective_bw_share=f.collective_bw_share,
                engine_tp=f.engine_tp, workspace_gb=f.workspace_gb,
-               engine_layout=f.engine_layout)
+               engine_layout=f.engine_layout, compile_s=f.compile_s)
 
 
 if __name__ == "__main__":
@@ -118,7 +132,8 @@ if __name__ == "__main__":
   config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
   _flags.DEFINE_string("topology", "v5p-128", "TPU slice, e.g. v5p-128")
   _flags.DEFINE_string("arch", None, "Architecture (archs.KNOWN name or config.json).")
-  _flags.DEFINE_float("mfu", Knobs().mfu, "Assumed train MFU.")
+  _flags.DEFINE_float("mfu", Knobs().mfu, "The fraction of peak the programs run the FLOPs "
+                      "they execute at (HFU of compute; the report prints MFU and HFU).")
   _flags.DEFINE_float("bw_efficiency", Knobs().bw_efficiency, "Fraction of HBM bandwidth.")
   _flags.DEFINE_bool("markdown", False, "Also print one markdown table row per phase.")
   define_flags(_flags)

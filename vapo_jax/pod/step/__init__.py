@@ -3,7 +3,8 @@ bytes, collectives, time at stated efficiencies, and the step's physical floor b
 
 The command is `python -m vapo_jax.pod.step_model`. Its parts: `setup` (Knobs, Setup,
 EngineShape, Program), `counts` (FLOPs), `terms` (the terms beyond FLOPs and bytes), `train`
-(the train side), `rollout` (the samplers), `report` (the step, its floor, the printed report).
+(the train side), `rollout` (the samplers), `report` (the step, its floor, the printed report),
+`efficiency` (the train programs' MFU and HFU), `compiles` (the compile line, once per run).
 
 The code paths follow the config (rl.packing: packed train rows; sampling.engine: the
 continuous engine of `sampler/continuous.py`, or the static sampler of `sampler/static.py`);
@@ -27,6 +28,10 @@ FLOPs (2 per multiply-add):
                      4.5 a per pair (bwd 2.5 a:
                      `attention._backward` has five pair products), LM head 4× (checkpointed
                      chunks of 128 positions over the R response positions)
+Efficiency: MFU below is the knob `--mfu`, the fraction of peak at which a program runs the
+FLOPs it executes (an HFU of its compute; the floor's `--mfu_ceiling` the same measure on its
+own FLOPs); the report prints both MFU and HFU of the train programs (`efficiency`).
+
 Time of a program = its matmul FLOPs / (peak · MFU) + max(attention FLOPs / (peak · MFU),
 attention score bytes / (BW · bw_eff)) for the train side (the pure-JAX blocked scan writes
 its [B, K, G, T, C] float32 scores to HBM: `--attn_score_bytes` per (pair, head) forward;

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 
 from vapo_jax.pod.step import counts as step_counts
+from vapo_jax.pod.step import efficiency
 from vapo_jax.pod.step import terms as step_terms
 from vapo_jax.pod.step.rollout import continuous_rollout, static_rollout
 from vapo_jax.pod.step.setup import Program, Setup
@@ -136,9 +137,20 @@ def run(st: Setup, spec: str, prompt_spec: str) -> dict:
   """Estimate and floor of one length spec, as a dict (for --json and the table)."""
   resp, prompts = lengths_for(st, spec, prompt_spec)
   est, flo = estimate(st, resp, prompts), floor(st, resp, prompts)
+  model = efficiency.model_flops(st, resp, prompts)
+  # The floor at the estimate's own efficiency too (--mfu_ceiling = --mfu): the like-for-like
+  # ratio, the code's own work and exposure at equal HFU.
+  k = st.knobs
+  same = (flo if k.mfu_ceiling == k.mfu else
+          floor(dataclasses.replace(st, knobs=dataclasses.replace(k, mfu_ceiling=k.mfu)),
+                resp, prompts))
   return {"spec": spec, "mean_length": float(resp.mean()),
           "truncated": float((resp >= st.max_new).mean()),
           "estimate_s": est.time, "floor_s": flo.time, "ratio": est.time / flo.time,
+          "floor_same_s": same.time, "ratio_same": est.time / same.time,
+          "efficiency": {"estimate": efficiency.of(st, est.programs, model),
+                         "floor": efficiency.of(st, flo.programs, model)},
+          "mfu": (k.mfu, k.mfu_ceiling),
           "dominant": est.dominant(), "programs": est.programs, "floor_programs": flo.programs,
           "layouts": layouts(st, est, resp, prompts) if st.knobs.compare_layouts else []}
 
@@ -173,7 +185,14 @@ def format_report(label: str, r: dict) -> str:
         lines.append(f"  {'':12s} + {extra}")
   fl = ", ".join(f"{p.name} {p.time:.0f}" for p in r["floor_programs"])
   lines.append(f"  step estimate {r['estimate_s']:.0f} s; floor {r['floor_s']:.0f} s ({fl}); "
-               f"ratio {r['ratio']:.1f}×")
+               f"ratio {r['ratio']:.2f}×")
+  if "efficiency" in r:
+    lines.append("  " + efficiency.line(r["efficiency"]["estimate"], r["efficiency"]["floor"]))
+    mfu, ceiling = r["mfu"]
+    if mfu != ceiling:
+      lines.append(f"  at equal efficiency (the floor at --mfu={mfu:g} too, not "
+                   f"{ceiling:g}): floor {r['floor_same_s']:.0f} s, ratio "
+                   f"{r['ratio_same']:.2f}×")
   lines.append("  dominant: " + "; ".join(f"{k} {v:.0f} s" for k, v in r["dominant"]))
   for line in r.get("layouts", []):
     lines.append("  train layout " + line)

@@ -105,7 +105,9 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
 
   Per replica (sequences dealt round robin, admitted FIFO while live KV tokens < the cap
   and fewer than `slots` are live): a step with n live sequences holding X tokens costs
-  max((weights + X kv_bytes / tp) / BW', n (m + head) / tp / (peak · mfu')) + latency.
+  max((weights + X kv_bytes / tp) / BW', n (m + head) / tp / (peak · mfu')) + latency
+  + rows · `step_terms.decode_allreduce_s` (the TP all-reduces' bytes; rows = the slots of
+  a built engine, whose step has a fixed shape, else the live rows).
   The rollout ends with the slowest replica. A response of ℓ tokens is ℓ steps (its first
   token comes from the prefill: one fewer decode step in fact, as compile_check counts).
 
@@ -130,6 +132,9 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
   a_, b_ = w / bw, kvb / tp / bw
   per_tok = (a.matmul + a.head) / tp / rate
   lat = 0.0 if floor else (2.0 * a.layers + 2) * k.collective_latency_us * 1e-6
+  # Their bytes: the TP all-reduces of each decode row's activations (`decode_allreduce_s`),
+  # for every slot of a built engine's fixed-shape step, else for the live rows.
+  row_ar = 0.0 if floor else step_terms.decode_allreduce_s(st, tp)
   # The engine as built: its prefill as it runs (every prompt at its bucket, on every
   # replica: `step_terms.engine_prefill`) instead of real prompt tokens ÷ replicas; the
   # Pallas kernel's KV blocks (a slot reads whole blocks: (Bt − 1) / 2 tokens more per step).
@@ -144,7 +149,7 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
       continue
     now, x, live, q, heap = 0, 0.0, 0, 0, []
     cost = pre = 0.0
-    w_time = kv_time = pad_time = live_sum = slot_steps = 0.0
+    w_time = kv_time = pad_time = live_sum = slot_steps = ar_time = 0.0
     while q < len(lens) or heap:
       while q < len(lens) and (x + ps[q] < cap or live == 0) and (
           max_live is None or live < max_live):
@@ -157,7 +162,9 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
       nxt = heap[0][0]
       m = nxt - now
       c = _interval_cost(m, x + live * pad, live, a_, b_, live * per_tok)
-      cost += c + m * lat
+      ar = m * (max_live if max_live is not None else live) * row_ar
+      cost += c + m * lat + ar
+      ar_time += ar
       w_time += m * a_
       kv_time += _interval_cost(m, x, live, 0.0, b_, 0.0)
       pad_time += m * live * pad * b_
@@ -176,8 +183,9 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
       worst_live = live_sum / max(1.0, slot_steps)
       mem = w_time + kv_time + pad_time
       worst_terms = {"decode weights": w_time, "decode KV": kv_time,
-                     "decode compute": max(0.0, cost - now * lat - mem),
-                     "decode latency": now * lat, "prefill": pre}
+                     "decode compute": max(0.0, cost - now * lat - ar_time - mem),
+                     "decode latency": now * lat, "decode all-reduce bytes": ar_time,
+                     "prefill": pre}
       if built:
         worst_terms["decode kernel blocks"] = pad_time
   mem_time = worst_terms.get("decode weights", 0.0) + worst_terms.get("decode KV", 0.0)

@@ -19,10 +19,13 @@ GB = 1e9
 @dataclasses.dataclass(frozen=True)
 class Knobs:
   """Stated efficiencies and switches (each a flag of the CLI, each printed)."""
-  mfu: float = 0.4                   # train and prefill matmuls
+  # The fraction of peak at which a program runs the FLOPs it executes (its HFU, compute
+  # alone: collectives and memory-bound terms come on top), train, prefill and decode; the
+  # floor's `mfu_ceiling` is the same measure (`efficiency`: the MFU and HFU printed).
+  mfu: float = 0.4
   bw_efficiency: float = 0.7         # HBM bandwidth reached
   collective_latency_us: float = 7.0  # per collective in a decode step
-  mfu_ceiling: float = 0.5           # the floor's train MFU
+  mfu_ceiling: float = 0.5           # the floor's, on its (model) FLOPs: the same measure
   attn_score_bytes: float = 16.0     # HBM bytes per (pair, head) of a blocked fwd (bwd 2.5×)
   decode_collectives: float | None = None  # per decode step; None: 9 L + 4
   decode_collective_bytes: float = 0.0  # per decode step and chip, over ICI (decode_hlo)
@@ -55,6 +58,8 @@ class Knobs:
   # Also print the packed train side on FSDP × tensor (mesh.tensor) and FSDP-only meshes
   # (`step_terms.train_layout`; the estimate stays the config's).
   compare_layouts: bool = False
+  # Seconds to compile one program where the compile check has not timed it (`compiles`).
+  compile_s: float = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +102,11 @@ class Setup:
   # Tensor shards of the train passes (config.mesh.train_layout: mesh.tensor when "shared",
   # 1 when "fsdp"); 0: `tensor`, as the decode replicas.
   train_tensor: int = 0
+  # {program name: compile seconds} measured by the compile check (`compiles.seconds`), and
+  # how ("": whole programs; " (probes of 4, 8 layers, summed)"); rl.steps of the run.
+  compile_times: dict | None = None
+  compile_note: str = ""
+  run_steps: int = 0
 
   @property
   def train_tp(self) -> int:
@@ -140,7 +150,8 @@ class Setup:
              pack_steps=spec("policy"), pack_forward=spec("logprobs"),
              prompt_buckets=pass_sizes.prompt_buckets(cfg),
              micro_rows=upd_rows // max(upd_micro, 1),
-             old_logprobs_pass=cfg.old_logprobs == "recompute", train_tensor=train_tp)
+             old_logprobs_pass=cfg.old_logprobs == "recompute", train_tensor=train_tp,
+             run_steps=cfg.rl.steps)
     engines = engines or engine_shapes(cfg, mcfg, st)
     return dataclasses.replace(st, engine=engines["rollout"], eval_engine=engines["eval"])
 
