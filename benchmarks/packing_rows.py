@@ -10,7 +10,7 @@ FLOPs and modelled time, per row length, on a config's length mix (arithmetic, n
 
 For each row length T = f (P + R), f in --row_factors (rl.packing_row_tokens; the token
 budget per device stays the config's rule, `packing.spec_for`), it runs the code's own
-planner (`packing.plan`, with the PackSpecs `tools.step_model.Setup.of` builds, the same
+planner (`packing.plan`, with the PackSpecs `pod.step.Setup.of` builds, the same
 as `run.learners.pass_spec` on that slice) on one step's lengths and prints: the packed shape of
 the old-log-prob / value forward, the share of real tokens in the forward and in the policy /
 critic steps, and the train side's FLOPs (matmul + LM head, attention as the kernels compute
@@ -32,8 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from vapo_jax import config as config_lib  # noqa: E402
 from vapo_jax import packing  # noqa: E402
-from vapo_jax.tools import archs, step_model, tpu_specs  # noqa: E402
-from vapo_jax.tools import lengths as lengths_lib  # noqa: E402
+from vapo_jax.pod import archs  # noqa: E402
+from vapo_jax.pod import step as step_model  # noqa: E402
+from vapo_jax.pod import slices  # noqa: E402
+from vapo_jax.pod import lengths as lengths_lib  # noqa: E402
 
 
 def _flags(argv=None):
@@ -41,7 +43,7 @@ def _flags(argv=None):
   p.add_argument("--config", default="configs/tiny.py")
   p.add_argument("--arch", default=None, help="as compile_check --arch (default: the config's)")
   p.add_argument("--topology", default="v5p-8", help="slice whose batch shards the plan uses")
-  p.add_argument("--lengths", required=True, help="response lengths (tools.lengths spec)")
+  p.add_argument("--lengths", required=True, help="response lengths (pod.lengths spec)")
   p.add_argument("--prompt_lengths", default="fixed:0", help="real prompt lengths (0: P)")
   p.add_argument("--row_factors", default="1,2,4,8")
   return p.parse_args(argv)
@@ -84,7 +86,7 @@ def main(argv=None):
   a = _flags(argv)
   cfg = load(a.config)
   mcfg = archs.model_config(cfg, a.arch)
-  s = tpu_specs.parse(a.topology)
+  s = slices.parse(a.topology)
   rows = cfg.prompts_per_step * cfg.responses_per_prompt
   p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
   resp = lengths_lib.sample(a.lengths, rows, r_len, lo=0)

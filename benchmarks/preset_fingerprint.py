@@ -124,7 +124,7 @@ def program_hashes(presets, packing: bool | None = None) -> dict:
   process's devices (8 fake CPU devices: set XLA_FLAGS before running)."""
   from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
   from vapo_jax.models import config as model_config  # pylint: disable=import-outside-toplevel
-  from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   out = {}
   for preset in presets:

@@ -8,7 +8,7 @@ with LoRA on the policy and the critic and a bfloat16 frozen base.
 
 Every program fits a 16 GB v5e chip per the compile check (figures in docs/experiments.md):
 
-  python -m vapo_jax.tools.compile_check --config=configs/colab_qwen2p5_0p5b.py --topology=v5e-1
+  python -m vapo_jax.pod.compile_check --config=configs/colab_qwen2p5_0p5b.py --topology=v5e-1
 
 configs/qwen2p5_0p5b.py (full fine-tuning, float32 weights and Adam state for both models)
 does not fit one such chip. The learning rates are LoRA-sized guesses, not tuned.

@@ -26,7 +26,7 @@ def get_config(preset: str = "vapo"):
   c.model.param_dtype = "float32"     # master weights; matmuls in bfloat16
   c.model.dtype = "bfloat16"
   c.model.remat = True
-  # 48 of 64 blocks rematerialised, 16 keep their activations: `tools.compile_check
+  # 48 of 64 blocks rematerialised, 16 keep their activations: `pod.compile_check
   # --remat_search` (benchmarks/results/compile-check-2026-12-04-remat/; docs/step_model.md).
   c.model.remat_layers = 48
   # The blocks as a Python loop, not under scan: with the layers under scan the compile check

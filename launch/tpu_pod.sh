@@ -23,7 +23,7 @@
 # Every worker runs the same `python -m vapo_jax.main`; jax.distributed finds the slice by
 # itself (vapo_jax.distributed, mode auto), process 0 writes the metrics, orbax writes
 # checkpoints cooperatively. Before booking a slice, prove the run fits:
-#   python -m vapo_jax.tools.compile_check --config="$CONFIG" --topology="$ACCEL"
+#   python -m vapo_jax.pod.compile_check --config="$CONFIG" --topology="$ACCEL"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -18,7 +18,10 @@ from vapo_jax.run import learners
 from vapo_jax.run import inputs, parts
 from vapo_jax.run import memory as run_memory
 from vapo_jax.sampler import kv_pool
-from vapo_jax.tools import archs, programs, step_model, tpu_specs
+from vapo_jax.pod import archs
+from vapo_jax.pod import programs
+from vapo_jax.pod import step as step_model
+from vapo_jax.pod import slices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_layers": 1,
@@ -164,7 +167,7 @@ def test_step_model_describes_the_built_engine():
   mcfg = archs.model_config(cfg)
   plan = programs.build(cfg, mcfg, _mesh())
   shapes = {k: step_model.EngineShape.of(plan.engines[k].ecfg) for k in ("rollout", "eval")}
-  s = tpu_specs.parse("v5e-4")
+  s = slices.parse("v5e-4")
   st = step_model.Setup.of(cfg, mcfg, s, step_model.Knobs(rollout="continuous"), shapes)
   assert st.engine == shapes["rollout"] and st.eval_engine == shapes["eval"]
   # The step model's prompt buckets are the built engine's (`run.parts.build_sampler`): its

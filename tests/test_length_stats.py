@@ -1,5 +1,5 @@
 """The per-step length metrics: counted by hand, and logged by a tiny RL step in a form the
-step model reads back (`tools.lengths`)."""
+step model reads back (`pod.lengths`)."""
 
 import json
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vapo_jax.rl import length_stats
-from vapo_jax.tools import lengths
+from vapo_jax.pod import lengths
 
 
 def test_length_metrics_by_hand():

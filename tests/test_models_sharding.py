@@ -97,7 +97,7 @@ def test_chunked_logprobs_gathers_the_head_once_not_per_chunk(layout):
   """The LM head's FSDP shards are gathered once before the chunk loop (forward and
   backward); the values and gradients are those of one device."""
   from vapo_jax import policy  # pylint: disable=import-outside-toplevel
-  from vapo_jax.tools import hlo_stats  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import hlo_stats  # pylint: disable=import-outside-toplevel
   from jax.sharding import NamedSharding  # pylint: disable=import-outside-toplevel
   mesh = shd.make_mesh(data=1, fsdp=4, tensor=2)
   rules = shd.DEFAULT_RULES if layout == "shared" else shd.fsdp_only()

@@ -170,12 +170,14 @@ def test_update_weights_take_no_gradient():
 
 
 def test_step_model_drops_the_saved_pass():
-  from vapo_jax.tools import archs, step_model, tpu_specs  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import archs  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import step as step_model  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import slices  # pylint: disable=import-outside-toplevel
   resp, prompts = np.array([6, 3]), np.array([3, 5])
   names = {}
   for mode in ("recompute", "auto"):
     cfg = tiny(**{"rl.num_minibatches": 1, "rl.old_logprobs": mode})
-    st = step_model.Setup.of(cfg, archs.model_config(cfg), tpu_specs.parse("v5p-8"),
+    st = step_model.Setup.of(cfg, archs.model_config(cfg), slices.parse("v5p-8"),
                              step_model.Knobs(train="padded", rollout="static"))
     st = dataclasses.replace(st, rows=2)
     names[mode] = {p.name: p for p in step_model.train_side(st, resp, prompts)}

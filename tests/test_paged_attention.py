@@ -8,7 +8,7 @@ import pytest
 from vapo_jax import compat
 from vapo_jax.models import paged_attention as pa
 
-from test_compile_check import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
+from tpu_aot import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
 
 
 def _case(seed, s=5, h=4, k=2, dh=8, n=20, ps=4, m=5, dtype=jnp.float32):
@@ -99,8 +99,8 @@ def test_engine_decode_chunk_with_the_pallas_kernel_compiles_for_v5p(fsdp, repli
   from vapo_jax.models.config import ModelConfig
   from vapo_jax.sampler import continuous
   from vapo_jax.sampler.ops import SamplingConfig
-  from vapo_jax.tools import tpu_specs
-  devs = tpu_specs.devices(tpu_specs.parse("v5p-8"))
+  from vapo_jax.pod import slices
+  devs = slices.devices(slices.parse("v5p-8"))
   mesh = Mesh(np.array(devs).reshape(1, fsdp, len(devs) // fsdp), ("data", "fsdp", "tensor"),
               axis_types=(jax.sharding.AxisType.Auto,) * 3)
   mcfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
@@ -162,8 +162,8 @@ def test_attention_kernel_off_tpu_is_pure_jax_and_tpu_is_refused_clearly():
 def test_attention_kernel_on_a_tpu_slice_follows_the_shard_shapes():
   from vapo_jax.models.config import ModelConfig
   from vapo_jax.sampler import continuous
-  from vapo_jax.tools import tpu_specs
-  devs = tpu_specs.devices(tpu_specs.parse("v5p-8"))
+  from vapo_jax.pod import slices
+  devs = slices.devices(slices.parse("v5p-8"))
   said = []
   log = lambda *a, **k: said.append(a[0])  # noqa: E731
   cfg = lambda **kw: ModelConfig(**{**dict(  # noqa: E731

@@ -230,7 +230,7 @@ def test_eight_devices_equal_one(data, fsdp):
 
 
 def test_lowerable_gives_the_programs_and_cache_a_call_runs():
-  # The compile check lowers these (`tools.programs`); they must be the sampler's own:
+  # The compile check lowers these (`pod.programs`); they must be the sampler's own:
   # `generate` is the jitted call itself, and the abstract cache has the real cache's
   # shapes and shardings.
   cfg = SamplingConfig(max_new_tokens=4, n_per_prompt=2, max_prompt_len=8,

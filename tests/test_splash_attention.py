@@ -10,7 +10,7 @@ import pytest
 from vapo_jax.models import attention
 from vapo_jax.models import splash_attention as spa
 
-from test_compile_check import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
+from tpu_aot import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
 
 
 def _packed(b=2, t=300, h=2, k=1, dh=32, seed=0):
@@ -82,8 +82,8 @@ def test_auto_is_the_pure_jax_path_off_tpu_and_tpu_is_refused_clearly():
 
 def _v5p_mesh(tensor):
   from jax.sharding import Mesh
-  from vapo_jax.tools import tpu_specs
-  devs = tpu_specs.devices(tpu_specs.parse("v5p-8"))
+  from vapo_jax.pod import slices
+  devs = slices.devices(slices.parse("v5p-8"))
   return devs, Mesh(np.array(devs).reshape(1, len(devs) // tensor, tensor),
                     ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
 

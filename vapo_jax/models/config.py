@@ -56,7 +56,7 @@ class ModelConfig:
     remat: rematerialise each decoder block in the backward pass.
     remat_layers: with remat, how many blocks (the first ones) are rematerialised; the
       others keep their activations for the backward pass (one forward less each, their
-      activations held). -1: every block. Chosen by memory (`tools.compile_check
+      activations held). -1: every block. Chosen by memory (`pod.compile_check
       --remat_search`): the fewest that fit.
     scan_layers: the blocks' parameters are stacked on a leading layer axis [L, ...]
       (logical axis "layers", never sharded; `models.stacked`) and a cache-free call runs

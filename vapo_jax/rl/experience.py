@@ -173,7 +173,7 @@ class Experience:
         "time/reward_and_forward_s": t3 - t1,
         "rollout_tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9),
     })
-    metrics.update(length_stats.length_metrics(  # what tools/step_model reads (--lengths)
+    metrics.update(length_stats.length_metrics(  # what pod/step_model reads (--lengths)
         lengths, dist.to_host(jnp.sum(rollout.prompt_mask_BxP, axis=1)), prompt_len=p,
         max_new_tokens=resp_mask.shape[1],
         rows_per_call=(self.prompts_per_call or len(examples)) * self.group_size))

@@ -16,7 +16,7 @@ contiguous, as `rl.rollout.sample` concatenates them):
                                                the passes logprobs, values, policy, critic
                                                (today every row is P + R tokens)
 
-`tools.lengths` reads the quantiles back (`--lengths=metrics.jsonl`).
+`pod.lengths` reads the quantiles back (`--lengths=metrics.jsonl`).
 """
 
 from __future__ import annotations

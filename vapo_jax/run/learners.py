@@ -12,7 +12,6 @@ import functools
 from typing import Callable
 
 import jax
-import numpy as np
 import optax
 
 from vapo_jax import config as config_lib
@@ -22,6 +21,7 @@ from vapo_jax import sharding as shd
 from vapo_jax.rl import layout as layout_lib
 from vapo_jax.rl import train_state
 from vapo_jax.rl import update
+from vapo_jax.run import pass_sizes
 
 
 def policy_hparams(cfg: config_lib.Config) -> update.PolicyHParams:
@@ -172,19 +172,6 @@ def learner(cfg, name: str, graphdef, params, mesh, rules) -> train_state.Learne
 # ------------------------------------------------------------------------------ row layouts
 
 
-def pack_spec(cfg, mesh, rules, rows_per_micro: int, pass_rows: int = 0) -> packing.PackSpec:
-  """Rows of rl.packing_row_tokens (default P + R), or of one of rl.packing_row_steps
-  shorter lengths a plan picks, and a token budget per device of
-  rl.packing_tokens_per_device (default: what a padded micro-batch of `rows_per_micro`
-  rows puts on each device, at most a 1/16 share of the pass's `pass_rows` sequences:
-  `packing.spec_for`)."""
-  axes = shd.batch_axes(mesh, rules)
-  shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
-  return packing.spec_for(cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens,
-                          rows_per_micro, shards, cfg.rl.packing_row_tokens,
-                          cfg.rl.packing_tokens_per_device, cfg.rl.packing_row_steps, pass_rows)
-
-
 FORWARDS = ("logprobs", "values")  # the forward passes over a whole rollout
 
 
@@ -199,9 +186,9 @@ def micro_batches(cfg, name: str) -> tuple[int, int]:
 
 
 def pass_spec(cfg, name: str, mesh, rules) -> packing.PackSpec:
-  """The PackSpec of one packed pass: a budget of its padded micro-batch's rows."""
-  rows, n = micro_batches(cfg, name)
-  return pack_spec(cfg, mesh, rules, rows // max(n, 1), rows)
+  """The PackSpec of one packed pass (`run.pass_sizes.pack_spec`)."""
+  return pass_sizes.pack_spec(cfg, *micro_batches(cfg, name),
+                              pass_sizes.batch_shards(mesh, rules))
 
 
 def pass_layout(cfg, name: str, mesh, rules) -> layout_lib.Layout:

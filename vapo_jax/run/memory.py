@@ -9,7 +9,7 @@ Per chip (max over the mesh's devices), from abstract parameters with the run's 
   rollout_batch   the last rollout batch ([B, P + R] rows)
   decode_copy     the engine's decode copy of the policy (sampling.decode_dtype, FSDP dropped)
 
-`tools.programs` counts the same parts for the compile check (a test ties the two). The
+`pod.programs` counts the same parts for the compile check (a test ties the two). The
 engine's KV pool is sized from HBM less these (`sampler.kv_pool`).
 """
 

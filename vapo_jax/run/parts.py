@@ -4,7 +4,7 @@ Mesh, policy and critic (the tokenizer and examples: `run.inputs`); the samplers
 engines' KV sizing); the forward passes and steps 1–3 of an RL step (`Experience`, with the
 advantage settings). The trained networks are `run.learners` (`LEARNERS`, one row each:
 optimizer and step). The trainer builds its run with `build` and `learners.learner`, and
-`tools/programs` (the compile check) builds the same programs from abstract parameters with
+`pod/programs` (the compile check) builds the same programs from abstract parameters with
 the same functions, so the check compiles exactly what a run runs.
 """
 
@@ -35,6 +35,7 @@ from vapo_jax.rl import forward
 from vapo_jax.run import inputs
 from vapo_jax.run import learners
 from vapo_jax.run import memory as run_memory
+from vapo_jax.run import pass_sizes
 from vapo_jax.run.inputs import Text
 from vapo_jax.sampler import continuous
 from vapo_jax.sampler import kv_pool
@@ -194,8 +195,7 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
       prompt_buckets=(cfg.data.max_prompt_tokens,), decode_windows=s.decode_windows)
   if uses_engine(cfg):  # the rollout engine (docs/engine.md)
     slots = s.slots or rows or n  # 0: as many slots as the static sampler has rows
-    scfg = dataclasses.replace(scfg, prompt_buckets=ops.power_buckets(
-        cfg.data.max_prompt_tokens, s.prompt_bucket_min))
+    scfg = dataclasses.replace(scfg, prompt_buckets=pass_sizes.prompt_buckets(cfg))
     if memory is None and not (s.kv_tokens or kv_tokens):
       memory = run_memory.engine_memory(cfg, mcfg, mesh, rules, learners.optimizer)
     replicas = decode_replicas(mcfg, mesh, rules, slots)

@@ -1,4 +1,4 @@
-"""The step model's terms beyond FLOPs and bytes (`tools.step_terms`), on cases counted by hand:
+"""The step model's terms beyond FLOPs and bytes (`pod.step.terms`), on cases counted by hand:
 the engine's prefill as it runs, the host gap per decode chunk, the Pallas kernel's KV blocks,
 the train programs' HLO collectives, and code paths that follow the config."""
 
@@ -13,10 +13,15 @@ import pytest
 
 from vapo_jax import config as config_lib
 from vapo_jax.sampler import ops
-from vapo_jax.tools import archs, host_gap, step_counts, step_model, step_terms, tpu_specs
-from vapo_jax.tools import train_hlo
+from vapo_jax.pod import archs
+from vapo_jax.pod import host_gap
+from vapo_jax.pod.step import counts as step_counts
+from vapo_jax.pod import step as step_model
+from vapo_jax.pod.step import terms as step_terms
+from vapo_jax.pod import slices
+from vapo_jax.pod import train_hlo
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # L 2, D 8, F 8, H 2, K 1, Dh 4, V 16: matmul 1,536 FLOPs per token, 64 per pair, head 256.
 ARCH = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1000.0, 900.0, 512, "blocked", False,
                         untied=False)
@@ -154,7 +159,7 @@ def _tiny(**over):
 
 
 def test_code_paths_follow_the_config():
-  s = tpu_specs.parse("v5e-4")
+  s = slices.parse("v5e-4")
   cfg = _tiny()
   assert cfg.rl.packing and cfg.sampling.engine == "continuous"
   st = step_model.Setup.of(cfg, archs.model_config(cfg), s)
@@ -215,7 +220,7 @@ def test_train_layouts_counted_by_hand():
 
 def test_compare_layouts_prints_both_meshes():
   cfg = _tiny(**{"mesh.tensor": 2})
-  st = step_model.Setup.of(cfg, archs.model_config(cfg), tpu_specs.parse("v5e-4"),
+  st = step_model.Setup.of(cfg, archs.model_config(cfg), slices.parse("v5e-4"),
                            step_model.Knobs(compare_layouts=True, host_chunk_ms=1.0))
   r = step_model.run(st, "fixed:4", "fixed:4")
   assert [x.split(":")[0] for x in r["layouts"]] == ["FSDP 2 × TP 2", "FSDP 4 only"]
@@ -232,7 +237,7 @@ def test_the_step_model_falls_back_to_pure_jax_decode_past_the_kernels_table():
   spec = importlib.util.spec_from_file_location("q", os.path.join(ROOT, "configs/qwen32b.py"))
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
-  s = tpu_specs.parse("v5p-128")
+  s = slices.parse("v5p-128")
   for slots, kernel in ((2048, "tpu"), (4096, "jax")):
     c = mod.get_config()
     c.sampling.slots = slots

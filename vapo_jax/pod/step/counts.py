@@ -18,7 +18,7 @@ embedding rows included), C = attention_block.
                      block products qk, do vᵀ, ds k and the dk/dv kernel's four qk, pᵀ do,
                      do vᵀ, dsᵀ q), no score traffic through HBM
 
-`tests/test_step_model.py` checks these against XLA's cost analysis of the run's own programs
+`tests/pod/test_step_model.py` checks these against XLA's cost analysis of the run's own programs
 compiled with every loop at one trip.
 """
 

@@ -1,4 +1,4 @@
-"""`tools.train_hlo`: the train programs' collectives from compiled HLO, per micro-batch trip
+"""`pod.train_hlo`: the train programs' collectives from compiled HLO, per micro-batch trip
 and per call, exposed or overlapped as scheduled; on a hand-written HLO module and on a tiny
 model's real old-log-prob pass compiled on 8 CPU devices."""
 
@@ -10,9 +10,11 @@ import pytest
 
 from vapo_jax import config as config_lib
 from vapo_jax import sharding as shd
-from vapo_jax.tools import archs, hlo_stats, train_hlo
+from vapo_jax.pod import archs
+from vapo_jax.pod import hlo_stats
+from vapo_jax.pod import train_hlo
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The micro-batch loop's body: an async all-gather with a fusion scheduled between its start
 # and done (overlapped), a synchronous all-reduce over groups of 4 (exposed), and a nested

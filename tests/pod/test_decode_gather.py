@@ -13,9 +13,12 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vapo_jax import sharding as shd
-from vapo_jax.tools import archs, decode_hlo, hlo_stats, tpu_specs
+from vapo_jax.pod import archs
+from vapo_jax.pod import decode_hlo
+from vapo_jax.pod import hlo_stats
+from vapo_jax.pod import slices
 
-from test_compile_check import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
+from tpu_aot import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
 from test_step_model import _config  # pylint: disable=wrong-import-order
 
 TINY = {"model.hidden_size": 64, "model.intermediate_size": 128, "model.num_layers": 2,
@@ -57,4 +60,4 @@ def test_decode_loop_gathers_no_weights_cpu():
 
 @NEEDS_LIBTPU
 def test_decode_loop_gathers_no_weights_v5p():
-  _check(tpu_specs.devices(tpu_specs.parse("v5p:2x2x1")), "tpu")
+  _check(slices.devices(slices.parse("v5p:2x2x1")), "tpu")

@@ -13,9 +13,11 @@ from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.run import learners
 from vapo_jax.run import parts
-from vapo_jax.tools import archs, compile_check, tpu_specs
+from vapo_jax.pod import archs
+from vapo_jax.pod import fitting
+from vapo_jax.pod import slices
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tiny trainer-test model; P + R = 24; 32 rollout rows, mini-batches of 16 in micro-batches
 # of 4 rows (4 batch shards on 2x2x2: one padded row of 24 tokens per shard and micro-batch).
 SMALL = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_layers": 1,
@@ -59,13 +61,13 @@ def _mid_lengths(b=32, seed=0):
 
 
 def _compiled(plan):
-  """{name: compile_check.Result} from XLA's cost of each program × its trips (CPU)."""
+  """{name: fitting.Result} from XLA's cost of each program × its trips (CPU)."""
   out = {}
   for prog in plan.programs:
     compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    out[prog.name] = compile_check.Result(
+    out[prog.name] = fitting.Result(
         prog.name, True, flops=prog.trips * float(cost["flops"]),
         bytes_accessed=prog.trips * float(cost["bytes accessed"]))
   return out
@@ -73,7 +75,7 @@ def _compiled(plan):
 
 @pytest.fixture(scope="module")
 def built():
-  from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
   mesh = shd.make_mesh(2, 2, 2)
   out = {}
   for label, packed, lengths, steps in (("padded", False, None, 1),
@@ -147,8 +149,8 @@ def test_row_steps_compile_the_planners_shorter_rows(built):
 
 def test_step_estimate_follows_the_lengths_with_packing(built):
   _, out = built
-  s = tpu_specs.parse("v5p-16")
-  est = {k: compile_check.step_time(res, plan, cfg, s, 0.4, 0.7)
+  s = slices.parse("v5p-16")
+  est = {k: fitting.step_time(res, plan, cfg, s, 0.4, 0.7)
          for k, (cfg, plan, res) in out.items() if k != "packed_steps"}
   # Sequences at full length: each fills its own row, the packed micro-batches hold the
   # padded ones' rows; within the few-% difference of the programs' bodies.
@@ -166,13 +168,13 @@ def test_step_model_packed_is_the_codes_planner_and_kernel():
   jax), or the splash kernel's own block tables per row (auto on a TPU slice)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vapo_jax.models import attention  # pylint: disable=import-outside-toplevel
-  from vapo_jax.tools import step_model  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import step as step_model  # pylint: disable=import-outside-toplevel
   cfg = _config(**{"rl.packing": True, "model.attention_impl": "blocked",
                    "model.attention_block": 8})
   mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
   mesh = shd.make_mesh(2, 2, 2)
   rules = parts.rules_of(cfg)
-  st = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-16"),
+  st = step_model.Setup.of(cfg, mcfg, slices.parse("v5p-16"),
                            step_model.Knobs(train="packed", train_attention="jax"))
   assert st.arch.kernel == "jax"
   assert st.pack_steps == learners.pass_spec(cfg, "policy", mesh, rules)
@@ -196,7 +198,7 @@ def test_step_model_packed_is_the_codes_planner_and_kernel():
   # The splash kernel (what model.attention_kernel=auto runs on TPU): Σ_rows of its live
   # (query block, key block) pairs × c², c = 128 (attention_block 8 rounded up to a lane).
   from vapo_jax.models import splash_attention  # pylint: disable=import-outside-toplevel
-  sp = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-16"),
+  sp = step_model.Setup.of(cfg, mcfg, slices.parse("v5p-16"),
                            step_model.Knobs(train="packed"))
   assert sp.arch.kernel == "splash"
   c = splash_attention.block_for(t, sp.arch.block)

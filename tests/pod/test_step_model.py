@@ -14,9 +14,15 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vapo_jax import config as config_lib
 from vapo_jax import sharding as shd
-from vapo_jax.tools import archs, hlo_stats, lengths, step_counts, step_model, tpu_specs
+from vapo_jax.pod import archs
+from vapo_jax.pod import hlo_stats
+from vapo_jax.pod import lengths
+from vapo_jax.pod.step import counts as step_counts
+from vapo_jax.pod import step as step_model
+from vapo_jax.pod import slices
+from vapo_jax.pod.step import train as step_train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(**over):
@@ -52,7 +58,7 @@ ONE_TRIP = {"model.hidden_size": 512, "model.intermediate_size": 2048, "model.nu
 
 @pytest.fixture(scope="module")
 def one_trip():
-  from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
   cfg = _config(**ONE_TRIP)
   # The layers as a Python loop (the scanned layers' oracle): a scan over 2 layers is a
   # 2-trip loop, which XLA's count would see once.
@@ -85,7 +91,7 @@ def test_flops_equal_xla_cost_analysis_of_single_trip_programs(one_trip):
   for name, want in ours.items():
     assert xla[name] == pytest.approx(want, rel=0.02), (name, xla[name], want)
   # compile_check's cross-check counts the same, per chip of a slice of 8 chips.
-  st = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-16"))
+  st = step_model.Setup.of(cfg, mcfg, slices.parse("v5p-16"))
   assert st.chips == 8 and plan.shapes["cache_len"] == t
   for name, want in ours.items():
     assert step_model.program_flops(st, name) * 8 == pytest.approx(want), name
@@ -94,7 +100,7 @@ def test_flops_equal_xla_cost_analysis_of_single_trip_programs(one_trip):
 def test_partial_remat_flops_equal_xla_cost_analysis():
   # model.remat_layers = 1 of 2: one block recomputes its forward (less its MLP down), the
   # other keeps its activations: train_factors(0.5).
-  from vapo_jax.tools import programs  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
   cfg = _config(**{**ONE_TRIP, "model.remat_layers": 1})
   mcfg = archs.model_config(cfg).replace(vocab_size=512, real_vocab_size=512)
   assert [mcfg.remats(i) for i in range(2)] == [True, False]
@@ -180,12 +186,12 @@ def test_splash_train_pass_counted_by_hand():
   # 3 live pairs in the segment's 2 blocks + 2 padding diagonals = 5 blocks.
   pairs = step_counts.splash_pairs(arch, [(0, 1024)], 2048)
   assert pairs == 5 * 512 ** 2
-  prog = step_model._train_program(st, "policy_step", [(1, 2048, pairs, 128)], False, True,
+  prog = step_train._train_program(st, "policy_step", [(1, 2048, pairs, 128)], False, True,
                                    False)
   fl = 5.5 * pairs * arch.pair
   assert prog.terms["attention"] == pytest.approx(fl / st.chips / (1e11 * 0.4))
   jax_arch = dataclasses.replace(arch, kernel="jax")
-  old = step_model._train_program(dataclasses.replace(st, arch=jax_arch), "policy_step",
+  old = step_train._train_program(dataclasses.replace(st, arch=jax_arch), "policy_step",
                                   [(1, 2048, pairs, 128)], False, True, False)
   score = 4.5 * pairs * arch.layers * arch.h * 16.0 / st.chips
   assert old.terms["attention"] == pytest.approx(score / (st.bw * 0.7))
@@ -195,7 +201,7 @@ def test_splash_train_pass_counted_by_hand():
 def test_setup_picks_the_train_kernel_as_the_config_does():
   cfg = config_lib.from_config_dict(_qwen32b())
   mcfg = archs.model_config(cfg, "qwen2.5-32b")
-  s = tpu_specs.parse("v5p-128")
+  s = slices.parse("v5p-128")
   assert cfg.model.attention_kernel == "auto"
   st = step_model.Setup.of(cfg, mcfg, s, step_model.Knobs(host_chunk_ms=20.0))
   assert st.arch.kernel == "splash" and st.knobs.train_attention == "splash"
@@ -257,13 +263,13 @@ def test_static_rollout_runs_each_call_to_its_longest_row():
 def test_qwen32b_today_in_the_reviews_range():
   cfg = config_lib.from_config_dict(_qwen32b())
   mcfg = archs.model_config(cfg, "qwen2.5-32b")
-  st = step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-128"),
+  st = step_model.Setup.of(cfg, mcfg, slices.parse("v5p-128"),
                            step_model.Knobs(train="padded", rollout="static"))
   r = step_model.run(st, "late", "uniform:80,400")
   # The review's floor (2,682 s late) from the same counting rules, within 5%.
   assert r["floor_s"] == pytest.approx(2682, rel=0.05)
   assert 5 < r["ratio"] < 40
-  packed = step_model.run(step_model.Setup.of(cfg, mcfg, tpu_specs.parse("v5p-128"),
+  packed = step_model.run(step_model.Setup.of(cfg, mcfg, slices.parse("v5p-128"),
                                                step_model.Knobs(host_chunk_ms=20.0)),
                           "early", "uniform:80,400")
   assert packed["estimate_s"] < r["estimate_s"] / 3
@@ -361,7 +367,7 @@ def test_compile_check_no_compile_prints_the_model():
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
   out = subprocess.run(
-      [sys.executable, "-m", "vapo_jax.tools.compile_check", "--config=configs/qwen32b.py",
+      [sys.executable, "-m", "vapo_jax.pod.compile_check", "--config=configs/qwen32b.py",
        "--topology=v5p-128", "--arch=qwen2.5-32b", "--no_compile", "--lengths=early",
        "--decode_collectives=1362", "--train=packed", "--rollout=static"],
       cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -370,7 +376,7 @@ def test_compile_check_no_compile_prints_the_model():
   assert "early (lognormal:900,0.7" in out.stdout and "ratio" in out.stdout
   assert "train=packed" in out.stdout and "1362 collectives/step" in out.stdout
   bad = subprocess.run(
-      [sys.executable, "-m", "vapo_jax.tools.compile_check", "--config=configs/qwen32b.py",
+      [sys.executable, "-m", "vapo_jax.pod.compile_check", "--config=configs/qwen32b.py",
        "--topology=v5p-128", "--no_compile", "--lengths=gauss:1"],
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
@@ -417,6 +423,8 @@ def _brute_force_engine(st, resp, prompts, floor):
   rate = st.peak * (1.0 if floor else k.mfu)
   w = 2.0 * a.decode_weights / tp
   lat = 0.0 if floor else (2.0 * a.layers + 2) * k.collective_latency_us * 1e-6
+  # The TP all-reduces' bytes of each live row (no slot limit: the step holds the live rows).
+  row_ar = 0.0 if floor else 2 * a.layers * a.d * 2 * 2 * (tp - 1) / tp / (st.ici / 3)
   cap = k.engine_admit * step_model.kv_budget(st, tp) * tp / kvb
   worst = 0.0
   for r in range(reps):
@@ -428,7 +436,8 @@ def _brute_force_engine(st, resp, prompts, floor):
         total += ps[q] * (a.matmul / tp) / (st.peak * (k.mfu_ceiling if floor else k.mfu)) / st.n
         q += 1
       x = sum(t for t, _ in live)
-      total += max((w + x * kvb / tp) / bw, len(live) * (a.matmul + a.head) / tp / rate) + lat
+      total += (max((w + x * kvb / tp) / bw, len(live) * (a.matmul + a.head) / tp / rate)
+                + lat + len(live) * row_ar)
       live = [[t + 1, s - 1] for t, s in live if s > 1]
     worst = max(worst, total)
   return worst

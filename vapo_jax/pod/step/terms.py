@@ -1,4 +1,4 @@
-"""Terms of `tools.step_model` that a real step pays besides its FLOPs and HBM bytes.
+"""Terms of `pod.step_model` that a real step pays besides its FLOPs and HBM bytes.
 
 Each is printed as its own line of the report (`Program.lines`). Notation of `step_model`;
 tp = chips per decode replica (mesh.tensor), R decode replicas, S slots, K chunk_steps.
@@ -11,14 +11,14 @@ tp = chips per decode replica (mesh.tensor), R decode replicas, S slots, K chunk
                    (2L + 2) collectives × latency and the tensor-parallel activation
                    all-reduces, 2 L bucket D bf16 bytes, ring factor 2 (tp − 1) / tp, at the
                    collective bandwidth.
-  host gap         ⌈decode steps / K⌉ chunks × the host work per chunk (`tools.host_gap`,
+  host gap         ⌈decode steps / K⌉ chunks × the host work per chunk (`pod.host_gap`,
                    measured on this CPU at the engine's sizes and the phase's mean live KV).
   decode kernel    jax's Pallas ragged paged attention reads a slot's KV in blocks of
    blocks          pages_per_block pages (`paged_attention.tpu_decode_attention`: the
                    largest divisor of M not above EngineConfig.pages_per_block): a slot of ℓ
                    KV tokens reads ⌈ℓ / Bt⌉ Bt, Bt = pages × page_size, on average
                    (Bt − 1) / 2 tokens more per live slot and step (ℓ grows by one a step).
-  train            read from compiled HLO (`tools.train_hlo`, --train_collectives=JSON):
+  train            read from compiled HLO (`pod.train_hlo`, --train_collectives=JSON):
    collectives     per program, micro-batches × per-trip + calls × per-call collectives;
                    exposed ones count × latency + wire bytes / collective bandwidth, the
                    overlapped ones (async, compute scheduled between start and done) are
@@ -35,7 +35,7 @@ import types
 
 import numpy as np
 
-from vapo_jax.tools import step_counts
+from vapo_jax.pod.step import counts as step_counts
 
 
 def bucket_of(length: int, max_prompt: int, buckets: tuple) -> int:
@@ -69,13 +69,13 @@ def engine_prefill(st, prompt_lengths: np.ndarray, tp: int, replicas: int
 
 def host_gap(st, engine, steps: int, live_tokens: float, responses: int,
              decode_s: float = 0.0) -> tuple[float, str]:
-  """(seconds, line): the engine's host work per chunk × its chunks (`tools.host_gap`).
+  """(seconds, line): the engine's host work per chunk × its chunks (`pod.host_gap`).
 
   With `engine.overlap` the host works while the next chunk decodes: per chunk only
   max(0, host − device) is exposed, the device's share being decode_s / chunks (decode_s:
   the slowest replica's decode seconds)."""
   from vapo_jax.sampler import paged  # pylint: disable=import-outside-toplevel
-  from vapo_jax.tools import host_gap as hg  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import host_gap as hg  # pylint: disable=import-outside-toplevel
   chunks = math.ceil(steps / max(1, engine.chunk_steps)) if steps > 0 else 0
   if st.knobs.host_chunk_ms is not None:
     per, how = st.knobs.host_chunk_ms * 1e-3, "given (--host_chunk_ms)"
@@ -95,6 +95,20 @@ def host_gap(st, engine, steps: int, live_tokens: float, responses: int,
   exposed = hg.exposed_seconds(per, dev, chunks)
   return exposed, (f"{head} = {secs:.0f} s, overlapped with the chunk in flight "
                    f"({dev * 1e3:.0f} ms of device work per chunk): {exposed:.0f} s exposed")
+
+
+def decode_allreduce_s(st, tp: int) -> float:
+  """Seconds per row and decode step of the engine's tensor-parallel all-reduces: two per
+  layer (attention output, MLP down projection) of the row's D activations in bf16, a ring
+  moving 2 (tp − 1) / tp of each buffer per chip at `collective_bw`:
+
+    2 L · D · 2 bytes · 2 (tp − 1) / tp / collective_bw                 (0 at tp = 1)
+
+  qwen2.5-32b at TP4 with 128 slots per replica and 200 GB/s: 1.26 ms per step. Their
+  latency is `Knobs.collective_latency_us` per collective, apart."""
+  if tp <= 1:
+    return 0.0
+  return 2.0 * st.arch.layers * st.arch.d * 2.0 * 2.0 * (tp - 1) / tp / collective_bw(st)
 
 
 def kernel_block_tokens(engine, max_pages: int) -> int:
@@ -132,7 +146,7 @@ def train_collectives(st, name: str, micro_batches: float, calls: float) -> tupl
   """(exposed seconds, line) of one train program from the HLO figures (--train_collectives);
   (0, "") where the file lacks the program or was compiled for another train layout (the
   caller then counts them from the layout: `layout_collectives`)."""
-  from vapo_jax.tools import train_hlo  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import train_hlo  # pylint: disable=import-outside-toplevel
   path = st.knobs.train_collectives
   if not path:
     return 0.0, ""
@@ -167,7 +181,7 @@ def layout_collectives(st, name: str, micro: list, update: bool, params: float, 
   FSDP collectives are taken as overlapped with the layers' compute (XLA's async
   collectives) except one layer's gather per micro-batch pass (the first layer waits for
   it) and any excess over the program's compute; the all-reduces sit between a layer's
-  matmuls: exposed. An assumption, not XLA's schedule: `tools.train_hlo` measures that.
+  matmuls: exposed. An assumption, not XLA's schedule: `pod.train_hlo` measures that.
   """
   a, k = st.arch, st.knobs
   tp = max(1, st.train_tp)
@@ -194,7 +208,7 @@ def layout_collectives(st, name: str, micro: list, update: bool, params: float, 
   tp_part = (f"; TP all-reduces {ar_n:,.0f} ({ar_bytes / 1e9:,.0f} GB), exposed {ar_s:.0f} s"
              if tp > 1 else "")
   return exposed, (
-      f"{name} collectives from the layout ({mesh}; not compiled: tools.train_hlo "
+      f"{name} collectives from the layout ({mesh}; not compiled: pod.train_hlo "
       f"--programs={name}): {m} micro-batches × {passes:g} weight gathers"
       f"{' + a gradient reduce-scatter' if update else ''}: {fsdp_n:,.0f} FSDP collectives "
       f"({(gather + scatter) / 1e9:,.0f} GB per chip, {fsdp_s:.0f} s) taken as overlapped "
@@ -206,7 +220,7 @@ _CACHE: dict = {}
 
 
 def _load(path: str) -> dict:
-  from vapo_jax.tools import train_hlo  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import train_hlo  # pylint: disable=import-outside-toplevel
   if path not in _CACHE:
     _CACHE[path] = train_hlo.load(path)
   return _CACHE[path]
@@ -319,5 +333,5 @@ def layout_line(st, lay: dict, compute_s: float) -> str:
 NOT_COUNTED = ("not counted: the page-table upload, chunk dispatch and device_get per chunk; "
                "one `insert` per response; evictions and a chunk's early exits (more chunks); "
                "the reshard's and the optimizer's collectives beyond the HLO's; checkpoints; "
-               "recompiles for a new packed shape; every efficiency (MFU, bandwidth, latency) "
-               "is assumed, none measured")
+               "the compile (its own line, once per run); every efficiency (HFU, bandwidth, "
+               "latency) is assumed, none measured")

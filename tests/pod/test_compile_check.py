@@ -7,29 +7,12 @@ import sys
 import pytest
 
 from vapo_jax import distributed
-from vapo_jax.tools import tpu_specs
+from vapo_jax.pod import fitting
+from vapo_jax.pod import slices
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Outside CI these tests skip without libtpu; in CI (CI=true, set by the runner) a missing
-# libtpu fails them, so "refuses qwen32b on v5p-8" is never silently untested.
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from tpu_aot import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
 
-
-def _needs_libtpu(test):
-  if tpu_specs.libtpu_available():
-    return test
-  if IN_CI:
-    def fail(*args, **kwargs):
-      del args, kwargs
-      pytest.fail('libtpu is not installed but CI must run the TPU compile checks '
-                  '(.ci/run installs "jax[tpu]" matching jax)')
-    fail.__name__ = test.__name__
-    return fail
-  return pytest.mark.skip(reason='libtpu is not installed (pip install "jax[tpu]"; '
-                                 '.ci/run installs it)')(test)
-
-
-NEEDS_LIBTPU = _needs_libtpu
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tiny trainer-test model (hidden 32, one layer) with short sequences: compiles in seconds.
 TINY = ["--config=configs/tiny.py", "--config.model.hidden_size=32",
         "--config.model.intermediate_size=64", "--config.model.num_layers=1",
@@ -42,18 +25,18 @@ TINY = ["--config=configs/tiny.py", "--config.model.hidden_size=32",
 
 
 def test_slice_names():
-  s = tpu_specs.parse("v5p-128")
+  s = slices.parse("v5p-128")
   assert (s.chips, s.shape, s.topology_name, s.hosts) == (64, (4, 4, 4), "v5p:4x4x4", 16)
   assert s.accelerator_type == "v5p-128"
-  e = tpu_specs.parse("v5litepod-16")
+  e = slices.parse("v5litepod-16")
   assert (e.chips, e.topology_name, e.accelerator_type) == (16, "v5e:4x4", "v5litepod-16")
-  assert tpu_specs.parse("v6e-8").shape == (2, 4) and tpu_specs.parse("v6e-8").hosts == 1
-  assert tpu_specs.parse("v4-32").chips == 16
-  assert tpu_specs.parse("v5p:2x2x1").accelerator_type == "v5p-8"
+  assert slices.parse("v6e-8").shape == (2, 4) and slices.parse("v6e-8").hosts == 1
+  assert slices.parse("v4-32").chips == 16
+  assert slices.parse("v5p:2x2x1").accelerator_type == "v5p-8"
   for bad, why in (("v5p-7", "multiple of 2"), ("v9-8", "unknown TPU generation"),
                    ("v5p-96", "no standard v5p slice"), ("tpu", "unknown TPU slice")):
     with pytest.raises(ValueError, match=why):
-      tpu_specs.parse(bad)
+      slices.parse(bad)
 
 
 def test_cluster_detection():
@@ -76,7 +59,7 @@ def _program(report, name):
 
 def _check(*args):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-  return subprocess.run([sys.executable, "-m", "vapo_jax.tools.compile_check", *args],
+  return subprocess.run([sys.executable, "-m", "vapo_jax.pod.compile_check", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 
@@ -171,7 +154,7 @@ def test_remat_search_picks_the_fewest_rematerialised_blocks_that_fit(monkeypatc
   # policy needs ⌈(30 − 22) / 5⌉ = 2 rematerialised blocks, the critic ⌈(26 − 22) / 4⌉ = 1.
   # The pick is then compiled; `bump` GB more than linear there makes it step up.
   from vapo_jax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
-  from vapo_jax.tools import compile_check  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import compile_check  # pylint: disable=import-outside-toplevel
   seen = []
 
   def fake_check(cfg, mcfg, s, *, names, budget=22e9, bump=0.0, **kw):
@@ -213,17 +196,17 @@ def test_remat_search_picks_the_fewest_rematerialised_blocks_that_fit(monkeypatc
   found = compile_check.remat_search(None, mcfg, None, log=lines.append, probe_layers=(2, 4))
   assert found["layers"] == 2
   # A partial remat's probes keep its fraction of rematerialised blocks.
-  probe = compile_check.probe_model(ModelConfig(num_layers=64, remat=True, remat_layers=32,
+  probe = fitting.probe_model(ModelConfig(num_layers=64, remat=True, remat_layers=32,
                                                 **shapes), 4)
   assert (probe.num_layers, probe.remat_layers) == (4, 2)
   # Probes that cannot hold that fraction are refused, with probes that can: 48 of 64 on 2 and
   # 4 layers would be 1.5 of 2 (rounded to 2 of 2: every block, a line that prices a kept
   # block per layer); 4 and 8 layers hold it exactly (3 of 4, 6 of 8).
   m48 = ModelConfig(num_layers=64, remat=True, remat_layers=48, **shapes)
-  why = compile_check.probe_refusal(m48, (2, 4))
+  why = fitting.probe_refusal(m48, (2, 4))
   assert "1.5 of 2" in why and "--probe_layers=4,8" in why
-  assert compile_check.probe_refusal(m48, (4, 8)) == ""
-  assert "inlines" in compile_check.probe_refusal(m48.replace(remat_layers=-1), (1, 2))
-  assert compile_check.probe_refusal(m48.replace(remat_layers=-1), (2, 4)) == ""
-  assert compile_check.probe_refusal(m48.replace(remat_layers=40), (4, 8)).endswith(
+  assert fitting.probe_refusal(m48, (4, 8)) == ""
+  assert "inlines" in fitting.probe_refusal(m48.replace(remat_layers=-1), (1, 2))
+  assert fitting.probe_refusal(m48.replace(remat_layers=-1), (2, 4)) == ""
+  assert fitting.probe_refusal(m48.replace(remat_layers=40), (4, 8)).endswith(
       "--probe_layers=8,16")

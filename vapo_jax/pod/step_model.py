@@ -1,0 +1,140 @@
+"""The step model's command: one RL step on a TPU slice and its floor, per phase
+(`vapo_jax.pod.step` holds the model and its formulas).
+
+  python -m vapo_jax.pod.step_model --config=configs/qwen32b.py --topology=v5p-128 \
+      --arch=qwen2.5-32b --lengths=review --prompt_lengths=uniform:80,400 \
+      --train_collectives=benchmarks/results/train_collectives_qwen32b_v5p-128.json
+  ... --train=padded --rollout=static            # the code paths before packing / the engine
+  ... --lengths=/run/metrics.jsonl               # a run's logged length quantiles
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vapo_jax.pod.step import compiles
+from vapo_jax.pod.step import report
+from vapo_jax.pod.step.setup import Knobs, Setup
+
+
+def main(argv):
+  del argv
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import archs  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import slices  # pylint: disable=import-outside-toplevel
+  f = flags.FLAGS
+  if f.config is None:
+    raise ValueError("--config=configs/<experiment>.py is needed")
+  cfg = config_lib.from_command_line(f.config)
+  mcfg = archs.model_config(cfg, f.arch)
+  s = slices.parse(f.topology)
+  knobs = knobs_from_flags(f)
+  st = Setup.of(cfg, mcfg, s, knobs)
+  if f.compile_times:
+    import json  # pylint: disable=import-outside-toplevel
+    with open(f.compile_times, encoding="utf-8") as fh:
+      st = dataclasses.replace(st, **compiles.from_check(json.load(fh), s.name))
+  print(f"{s.name}: {s.chips} chips; {mcfg.num_layers} layers, d={mcfg.hidden_size}, "
+        f"{mcfg.num_params / 1e9:.2f} B parameters; {st.rows} rows of {st.prompt_len} + "
+        f"{st.max_new} tokens")
+  knobs = st.knobs   # the code paths resolved from the config
+  print("assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knobs).items()))
+  print(compiles.line(st)[1])
+  from vapo_jax.pod import lengths  # pylint: disable=import-outside-toplevel
+  rows = []
+  for label, spec in lengths.phases(f.lengths):
+    r = report.run(st, spec, f.prompt_lengths)
+    print(report.format_report(label, r), flush=True)
+    rows.append(markdown_row(label, r, f"train={knobs.train}, rollout={knobs.rollout}"))
+  if f.markdown:
+    print("| phase | code | estimate s | floor s | ratio | MFU / HFU (estimate) | "
+          "dominant terms |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+def markdown_row(label: str, r: dict, code: str) -> str:
+  dom = "; ".join(f"{k} {v:,.0f} s" for k, v in r["dominant"])
+  e = r["efficiency"]["estimate"]
+  return (f"| {label} (mean {r['mean_length']:,.0f}) | {code} | {r['estimate_s']:,.0f} | "
+          f"{r['floor_s']:,.0f} | {r['ratio']:.2f}× | {e['mfu']:.1%} / {e['hfu']:.1%} | "
+          f"{dom} |")
+
+
+def define_flags(flags, lengths_default: str | None = "review"):
+  """The model's flags (shared with compile_check)."""
+  d = Knobs()
+  flags.DEFINE_string("lengths", lengths_default, "Response lengths: lognormal:MEDIAN,SIGMA, "
+                      "uniform:A,B, fixed:N, early|mid|late|review, a metrics.jsonl; ';' joins")
+  flags.DEFINE_string("prompt_lengths", "uniform:80,400", "Real prompt lengths (same forms).")
+  flags.DEFINE_float("mfu_ceiling", d.mfu_ceiling, "The floor's efficiency: the fraction "
+                     "of peak its programs run their FLOPs at (as --mfu for the estimate).")
+  flags.DEFINE_float("compile_s", d.compile_s, "Seconds to compile one program the compile "
+                     "check has not timed (an assumption, printed as such).")
+  flags.DEFINE_string("compile_times", None, "A compile_check --json file: its programs' "
+                      "compile seconds for the compile line.")
+  flags.DEFINE_float("collective_latency_us", d.collective_latency_us,
+                     "Seconds·1e-6 per collective of a decode step.")
+  flags.DEFINE_float("attn_score_bytes", d.attn_score_bytes, "HBM bytes per (query, key, "
+                     "head) of a blocked attention forward (0: a fused kernel).")
+  flags.DEFINE_float("decode_collectives", None, "Collectives per decode step (decode_hlo); "
+                     "default 9 L + 4.")
+  flags.DEFINE_float("decode_collective_bytes", 0.0, "Their bytes per step and chip.")
+  flags.DEFINE_enum("decode_weights", d.decode_weights, ["stationary", "gathered"],
+                    "Decode reads weights in place, or all-gathers them every step.")
+  flags.DEFINE_float("decode_weight_itemsize", d.decode_weight_itemsize, "Bytes per weight "
+                     "a decode step reads (2: the bf16 casts XLA hoists out of the loop).")
+  flags.DEFINE_enum("train", d.train, ["padded", "packed"], "Train-side rows (default: "
+                    "the config's rl.packing).")
+  flags.DEFINE_enum("rollout", d.rollout, ["static", "continuous"], "Rollout sampler: "
+                    "sampler/static.py or the engine of sampler/continuous.py (default: the "
+                    "config's sampling.engine).")
+  flags.DEFINE_enum("train_attention", d.train_attention, ["splash", "jax"], "The train "
+                    "passes' self-attention kernel (default: as model.attention_kernel picks "
+                    "it on the TPU slice: splash where jax's kernel takes the heads).")
+  flags.DEFINE_bool("compare_layouts", False, "Also print the packed train side on "
+                    "FSDP × mesh.tensor and FSDP-only meshes (collectives, memory, time).")
+  flags.DEFINE_float("host_chunk_ms", None, "The engine's host work per decode chunk, ms "
+                     "(default: measured on this CPU, pod.host_gap).")
+  flags.DEFINE_string("train_collectives", None, "The train programs' collectives from "
+                      "compiled HLO: a pod.train_hlo --json file (default: not counted).")
+  flags.DEFINE_float("collective_bw_share", d.collective_bw_share, "Share of a chip's ICI "
+                     "bandwidth one collective gets.")
+  flags.DEFINE_integer("engine_tp", d.engine_tp, "Chips per engine replica "
+                       "(--engine_layout=replicas).")
+  flags.DEFINE_enum("engine_layout", d.engine_layout, ["built", "replicas"], "The engine as "
+                    "sampler/continuous.py builds it (one pool and S slots on every chip) or "
+                    "per-replica pools of --engine_tp chips.")
+  flags.DEFINE_float("workspace_gb", d.workspace_gb, "Per chip, not given to the KV cache.")
+
+
+def knobs_from_flags(f) -> Knobs:
+  return Knobs(mfu=f.mfu, bw_efficiency=f.bw_efficiency,
+               collective_latency_us=f.collective_latency_us, mfu_ceiling=f.mfu_ceiling,
+               attn_score_bytes=f.attn_score_bytes, decode_collectives=f.decode_collectives,
+               decode_collective_bytes=f.decode_collective_bytes,
+               decode_weights=f.decode_weights,
+               decode_weight_itemsize=f.decode_weight_itemsize, train=f.train,
+               rollout=f.rollout, train_attention=f.train_attention,
+               compare_layouts=f.compare_layouts,
+               host_chunk_ms=f.host_chunk_ms,
+               train_collectives=f.train_collectives,
+               collective_bw_share=f.collective_bw_share,
+               engine_tp=f.engine_tp, workspace_gb=f.workspace_gb,
+               engine_layout=f.engine_layout, compile_s=f.compile_s)
+
+
+if __name__ == "__main__":
+  from absl import flags as _flags  # pylint: disable=ungrouped-imports
+  from ml_collections import config_flags
+  from vapo_jax import cli  # pylint: disable=import-outside-toplevel,ungrouped-imports
+  config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+  _flags.DEFINE_string("topology", "v5p-128", "TPU slice, e.g. v5p-128")
+  _flags.DEFINE_string("arch", None, "Architecture (archs.KNOWN name or config.json).")
+  _flags.DEFINE_float("mfu", Knobs().mfu, "The fraction of peak the programs run the FLOPs "
+                      "they execute at (HFU of compute; the report prints MFU and HFU).")
+  _flags.DEFINE_float("bw_efficiency", Knobs().bw_efficiency, "Fraction of HBM bandwidth.")
+  _flags.DEFINE_bool("markdown", False, "Also print one markdown table row per phase.")
+  define_flags(_flags)
+  cli.run(main)
