@@ -65,7 +65,7 @@ class ModelSection:
   dtype: str = "float32"
   remat: bool = False
   # With remat, the blocks rematerialised (the first ones); the rest keep their activations
-  # (a forward pass less each, more memory). -1: all. `tools.compile_check --remat_search`
+  # (a forward pass less each, more memory). -1: all. `pod.compile_check --remat_search`
   # prints the fewest that fit a topology.
   remat_layers: int = -1
   # The blocks under one `lax.scan` over stacked parameters (compile time flat in depth), or
