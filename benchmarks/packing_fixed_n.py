@@ -1,6 +1,7 @@
 """Fixed rows per micro-batch against the planner it replaced: computed slots and programs.
 
   python benchmarks/packing_fixed_n.py [--batches=400] [--row=256] [--budgets=256,512,1024,2048]
+  python benchmarks/packing_fixed_n.py --head [--budget=512] [--chunks=128,64,32]
 
 Until 2026-12-05 the planner rounded both the rows per micro-batch n and the micro-batch count
 K to a lattice (`bucket`: 1-8, 10, 12, 14, 16, 20, ...), so every batch could get a new shape
@@ -12,6 +13,13 @@ per update mini-batch, 48 per forward), for each token budget per device, the sl
 (n K T summed over the batches) relative to the old planner at the config's budget of 8 rows,
 the real / computed tokens, and the distinct shapes each would compile. Arithmetic on the
 code's own FFD (`packing.first_fit_decreasing`), no timing: any machine gives these figures.
+
+--head: the LM head's positions against the response tokens it must score, at the default
+budget's micro-batches: per micro-batch the head runs ceil(count / chunk) chunks of `chunk`
+positions on each shard (count: the shard with the most response slots, `policy.packed_logprobs`),
+for fixed chunks (the code's is `policy.packed_logprobs`' chunk, 128). Fewer positions are
+not less time on a CPU: `benchmarks/head_chunk.py` times the head's forward and backward per
+chunk size (each chunk streams the whole [D, V] head weight and its gradient).
 """
 
 from __future__ import annotations
@@ -71,12 +79,52 @@ def measure(batches: int, row: int, budgets: list[int], old_rows: int = 8) -> li
   return out
 
 
+def head_positions(plans, tables, chunk: int) -> int:
+  """Positions the LM head computes over the plans' micro-batches with chunks of `chunk`."""
+  total = 0
+  for pl, tab in zip(plans, tables):
+    n, _, t = pl.table_shape
+    head = tab["head"].reshape(pl.shards, n // pl.shards, -1, t).transpose(0, 2, 1, 3)
+    counts = (head.reshape(pl.shards, head.shape[1], -1) >= 0).sum(-1)   # [shards, K_cap]
+    total += int((-(-counts.max(0) // chunk) * chunk).sum()) * pl.shards
+  return total
+
+
+def measure_head(batches: int, row: int, budget: int, chunks: list[int]) -> list[dict]:
+  out = []
+  for pass_name, b in (("update", 24), ("forward", 48)):
+    for mean in (25, 55, 88):
+      rng = np.random.default_rng(int(mean) * 7 + b)
+      batch = [lengths(rng, b, mean) for _ in range(batches)]
+      spec = packing.PackSpec.from_budget(budget, row)
+      plans = [packing.plan(p, r, spec) for p, r in batch]
+      tables = [packing.pack_indices(pl, int(p.max()), int((p + r).max()))
+                for pl, (p, r) in zip(plans, batch)]
+      need = sum(int(r.sum()) for _, r in batch)
+      ratios = {c: head_positions(plans, tables, c) / need for c in chunks}
+      out.append({"pass": pass_name, "mean": mean, "ratios": ratios})
+  return out
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--batches", type=int, default=400)
   ap.add_argument("--row", type=int, default=256)
   ap.add_argument("--budgets", default="256,512,1024,2048")
+  ap.add_argument("--head", action="store_true", help="the LM head's positions instead")
+  ap.add_argument("--budget", type=int, default=512, help="--head: tokens per micro-batch")
+  ap.add_argument("--chunks", default="128,64,32", help="--head: fixed chunks to compare")
   a = ap.parse_args(argv)
+  if a.head:
+    chunks = [int(x) for x in a.chunks.split(",")]
+    rows = measure_head(a.batches, a.row, a.budget, chunks)
+    print(f"head positions / response tokens, micro-batches of {a.budget} slots")
+    print("| pass | response mean | " + " | ".join(f"chunk {c}" for c in chunks) + " |")
+    print("|---" * (2 + len(chunks)) + "|")
+    for r in rows:
+      print(f"| {r['pass']} | {r['mean']} | "
+            + " | ".join(f"{r['ratios'][c]:.3f}" for c in chunks) + " |")
+    return
   budgets = [int(x) for x in a.budgets.split(",")]
   rows = measure(a.batches, a.row, budgets)
   head = " | ".join(f"n={b // a.row}: slots / old, real, programs" for b in budgets)

@@ -32,3 +32,22 @@ def test_packing_rows_prints_each_row_length(capsys):
   # 1/16 share of 256 sequences), the last micro-batch is part empty: 0.92 and 0.77.
   real = [float(line.split()[-4]) for line in lines]
   assert real[0] > 0.85 and real[1] > 0.7, out
+
+
+def test_head_positions_count_the_chunks_past_each_micro_batch(capsys):
+  """--head: positions per chunk size from the plans' own head tables; smaller chunks run
+  fewer positions past the response tokens, never fewer than them."""
+  from benchmarks import packing_fixed_n  # pylint: disable=import-outside-toplevel
+  rows = packing_fixed_n.measure_head(5, 256, 512, [128, 32])
+  for r in rows:
+    assert 1.0 <= r["ratios"][32] < r["ratios"][128] < 2.0
+  packing_fixed_n.main(["--head", "--batches=2", "--chunks=64"])
+  assert "chunk 64" in capsys.readouterr().out
+
+
+def test_head_chunk_bench_runs(capsys):
+  from benchmarks import head_chunk  # pylint: disable=import-outside-toplevel
+  head_chunk.main(["--chunks=32,16", "--counts=20", "--rounds=1", "--slots=64", "--dim=8",
+                   "--vocab=64"])
+  out = capsys.readouterr().out
+  assert "| 20 |" in out and "(32)" in out and "(32)" in out.split("|")[-2]
