@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_config import load_config_file
-from test_trainer import tiny
+from config_files import load_config_file
+from tiny_trainer import tiny
 from vapo_jax import config as config_lib
 from vapo_jax import losses
 from vapo_jax.rl import advantages as advantages_lib

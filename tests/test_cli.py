@@ -68,7 +68,8 @@ def _records(workdir) -> list[dict]:
   # Everything but wall-clock figures and what this process compiled (a resumed process
   # compiles its programs again, or loads them from the cache), and its peak memory.
   return [{k: v for k, v in r.items()
-           if not any(w in k for w in ("time", "seconds", "_per_s", "compile/", "mem/"))} for r in lines]
+           if not any(w in k for w in ("time", "seconds", "_per_s", "compile/", "mem/"))}
+          for r in lines]
 
 
 def _eval_files(workdir) -> dict[str, str]:

@@ -1,7 +1,6 @@
 """Config checking, presets, and that each VAPO switch changes exactly what it names."""
 
 import dataclasses
-import importlib.util
 import os
 import re
 
@@ -13,15 +12,9 @@ from vapo_jax import config as config_lib
 from vapo_jax.rl import advantages
 from vapo_jax.run import learners
 from vapo_jax.run import inputs, parts
+from config_files import load_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_config_file(name, preset="vapo"):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(preset)
 
 
 @pytest.mark.parametrize("name", sorted(f for f in os.listdir(os.path.join(ROOT, "configs"))

@@ -28,13 +28,13 @@ from vapo_jax.run import metrics as metrics_lib
 from vapo_jax.run import parts
 from vapo_jax.run import trainer as trainer_lib
 
-import test_trainer
+import tiny_trainer
 
 
 def tiny(**overrides):
   """test_trainer's tiny config; dotted overrides may go two sections deep (model.lora.*)."""
   flat = {k: v for k, v in overrides.items() if k.count(".") == 1}
-  cfg = test_trainer.tiny(**flat)
+  cfg = tiny_trainer.tiny(**flat)
   if len(flat) == len(overrides):
     return cfg
   c = config_lib.default_config_dict()

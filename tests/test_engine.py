@@ -447,7 +447,7 @@ def test_engine_bench_runs(tmp_path):
 def test_trainer_rl_step_with_the_engine_on_8_devices_equals_one():
   """The wiring (`sampling.engine="continuous"`): one RL step through the trainer, on one
   device and on a 2x2x2 mesh, with the engine's metrics logged."""
-  import test_trainer as tt
+  import tiny_trainer as tt
   eng = {"sampling.engine": "continuous", "sampling.slots": 4}
   one = tt.run_rl_step(tt.tiny(**eng, **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}))
   eight = tt.run_rl_step(tt.tiny(**eng, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import trainer_plugins
-from test_trainer import tiny
+from tiny_trainer import tiny
 from vapo_jax.data import shortcuts
 from vapo_jax.data import sources
 from vapo_jax.run import eval_records

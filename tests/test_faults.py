@@ -13,7 +13,7 @@ import pytest
 from vapo_jax.run import control as run_control
 from vapo_jax.rl import train_state
 from vapo_jax.run import trainer as trainer_lib
-from test_checkpoint import compile_cache, small  # noqa: F401 (fixture)
+from checkpoint_runs import compile_cache, small  # noqa: F401 (fixture)
 
 
 def poison(monkeypatch, calls):

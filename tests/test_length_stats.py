@@ -32,7 +32,7 @@ def test_length_metrics_by_hand():
 
 
 def test_a_tiny_rl_step_logs_what_the_step_model_reads(tmp_path):
-  from test_trainer import tiny  # pylint: disable=import-outside-toplevel
+  from tiny_trainer import tiny  # pylint: disable=import-outside-toplevel
   from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   cfg = tiny(**{"value_pretrain.enabled": False, "mesh.data": 1, "mesh.fsdp": 1,
                 "mesh.tensor": 1})

@@ -27,7 +27,8 @@ from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.sampler import static as static_lib
 from vapo_jax.sampler import types
 from vapo_jax.sampler.ops import SamplingConfig
-from test_checkpoint import Recorder, assert_bitwise_equal, compile_cache, run_to_end, small  # noqa: F401,E501
+from checkpoint_runs import (Recorder, assert_bitwise_equal, compile_cache,  # noqa: F401 (fixture)
+                             run_to_end, small)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANK, ALPHA = 4, 8.0

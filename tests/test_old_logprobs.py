@@ -19,7 +19,7 @@ from vapo_jax.rl import experience as experience_lib
 from vapo_jax.rl import update
 from vapo_jax.run import trainer as trainer_lib
 
-from test_trainer import assert_trees_close, tiny
+from tiny_trainer import assert_trees_close, tiny
 
 
 def _shift_behaviour(monkeypatch, delta: float):

@@ -11,13 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_trainer import ROOT, tiny
 from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
 from vapo_jax import losses
 from vapo_jax.models import Transformer, tiny_config
 from vapo_jax.run import control as run_control
 from vapo_jax.run import trainer as trainer_lib
+from tiny_trainer import tiny
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 P = 4
 

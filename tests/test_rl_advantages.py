@@ -11,7 +11,7 @@ from vapo_jax import losses
 from vapo_jax.rl import advantages
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.run import trainer as trainer_lib
-from test_trainer import tiny
+from tiny_trainer import tiny
 
 
 def test_group_relative_advantages():

@@ -16,7 +16,7 @@ from vapo_jax.run import trainer as trainer_lib
 from vapo_jax.models import forward_logits
 from vapo_jax.tools import evaluate as evaluate_tool
 from vapo_jax.tools import export as export_tool
-from test_checkpoint import compile_cache, small  # noqa: F401 (fixture)
+from checkpoint_runs import compile_cache, small  # noqa: F401 (fixture)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -10,46 +10,12 @@ import jax
 import numpy as np
 import pytest
 
-from vapo_jax import config as config_lib
 from vapo_jax.run import trainer as trainer_lib
 
 import wandb_files
+from tiny_trainer import assert_trees_close, run_rl_step, tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def tiny(**overrides):
-  c = config_lib.default_config_dict()
-  c.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                 num_kv_heads=1, head_dim=16)
-  c.data.update(max_prompt_tokens=32, num_train=64, num_eval=8)
-  c.sampling.max_new_tokens = 8
-  c.reward.fn = "trainer_plugins:even_digits"
-  c.optim.update(policy_lr=1e-3, critic_lr=1e-3)
-  c.value_pretrain.update(enabled=True, max_steps=1, min_steps=1)
-  c.rl.update(steps=1, prompts_per_step=8, responses_per_prompt=2, num_minibatches=2,
-              micro_batch_size=4, nll_threshold=1.0)
-  c.eval.update(num_examples=8, samples_per_problem=2, batch_prompts=8)
-  for dotted, value in overrides.items():
-    section, name = dotted.split(".")
-    c[section][name] = value
-  return config_lib.from_config_dict(c)
-
-
-def run_rl_step(cfg):
-  t = trainer_lib.Trainer(cfg, progress=False)
-  try:
-    t.value_pretrain()
-    history = t.rl()["history"]
-    return (jax.device_get(t.state.train_state("policy").params),
-            jax.device_get(t.state.train_state("critic").params), history[-1])
-  finally:
-    t.close()
-
-
-def assert_trees_close(a, b, atol):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=1e-4)
 
 
 def test_one_rl_step_on_8_devices_equals_one_device():
