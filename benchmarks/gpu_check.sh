@@ -238,7 +238,7 @@ else
   TEST_PLATFORM=cuda
   TESTS=(tests/test_kernels.py tests/test_models_transformer.py tests/test_models_hf.py
          tests/test_attention.py tests/test_sampler_decode.py tests/test_sampler_static.py
-         tests/test_sampler_hf.py tests/test_rl_update.py)
+         tests/test_sampler_hf.py tests/rl/test_rl_update.py)
   SELECT="not eight_devices and not 8_devices and not activation_sharding"
 fi
 PYTEST_LOG=/tmp/gpu_check_pytest.log

@@ -404,7 +404,7 @@ def test_main_runs_end_to_end_with_every_lever_on(tmp_path):
   import os  # pylint: disable=import-outside-toplevel
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   cmd = [sys.executable, "-m", "vapo_jax.main", "--config=configs/tiny.py",
          f"--workdir={tmp_path}", "--noprogress", "--config.sft.steps=4",
          "--config.value_pretrain.max_steps=2", "--config.value_pretrain.min_steps=1",
