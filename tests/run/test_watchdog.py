@@ -16,7 +16,7 @@ import pytest
 
 from vapo_jax.run import watchdog
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _PRELUDE = """
 import sys, threading, time

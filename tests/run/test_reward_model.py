@@ -19,7 +19,7 @@ from vapo_jax.run import control as run_control
 from vapo_jax.run import trainer as trainer_lib
 from tiny_trainer import tiny
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 P = 4
 

@@ -18,7 +18,7 @@ import pytest
 
 from vapo_jax.run import compiles
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLAGS = ["--config=configs/tiny.py", "--noprogress", "--config.sft.steps=2",
          "--config.sft.batch_size=16", "--config.value_pretrain.max_steps=2",
          "--config.value_pretrain.min_steps=2", "--config.rl.steps=4",

@@ -15,7 +15,7 @@ from vapo_jax.run import trainer as trainer_lib
 import wandb_files
 from tiny_trainer import assert_trees_close, run_rl_step, tiny
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_one_rl_step_on_8_devices_equals_one_device():

@@ -17,7 +17,7 @@ import pytest
 
 from vapo_jax.run import host_memory
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GLIBC = host_memory.glibc() is not None
 needs_glibc = pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's (Linux) only")
 
