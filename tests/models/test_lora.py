@@ -30,7 +30,7 @@ from vapo_jax.sampler.ops import SamplingConfig
 from checkpoint_runs import (Recorder, assert_bitwise_equal, compile_cache,  # noqa: F401 (fixture)
                              run_to_end, small)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK, ALPHA = 4, 8.0
 
 
