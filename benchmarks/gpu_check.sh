@@ -237,8 +237,8 @@ if [ "$DRY" = 1 ]; then
 else
   TEST_PLATFORM=cuda
   TESTS=(tests/models/test_kernels.py tests/models/test_models_transformer.py tests/models/test_models_hf.py
-         tests/models/test_attention.py tests/test_sampler_decode.py tests/test_sampler_static.py
-         tests/test_sampler_hf.py tests/rl/test_rl_update.py)
+         tests/models/test_attention.py tests/sampler/test_sampler_decode.py tests/sampler/test_sampler_static.py
+         tests/sampler/test_sampler_hf.py tests/rl/test_rl_update.py)
   SELECT="not eight_devices and not 8_devices and not activation_sharding"
 fi
 PYTEST_LOG=/tmp/gpu_check_pytest.log
@@ -254,7 +254,7 @@ PYTEST_LOG=/tmp/gpu_check_pytest_default.log
 want pytest_default_precision && run_step pytest_default_precision 40 265 env JAX_PLATFORMS=$TEST_PLATFORM \
   bash -c 'set -o pipefail; "$@" 2>&1 | tee '$PYTEST_LOG _ \
   $PY -m pytest -q -p no:cacheprovider -rfE --tb=line "${XDIST[@]}" -k "$SELECT" \
-  tests/models/test_models_hf.py tests/test_sampler_hf.py
+  tests/models/test_models_hf.py tests/sampler/test_sampler_hf.py
 PYTEST_LOG=
 
 # --- 3. configs/tiny.py end to end --------------------------------------------------------

@@ -23,7 +23,7 @@ from vapo_jax.pod import programs
 from vapo_jax.pod import step as step_model
 from vapo_jax.pod import slices
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_layers": 1,
          "model.num_heads": 2, "model.num_kv_heads": 2, "model.head_dim": 16,
          "data.max_prompt_tokens": 16, "sampling.max_new_tokens": 8,

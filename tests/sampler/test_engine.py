@@ -433,7 +433,7 @@ def test_engine_bench_runs(tmp_path):
   import os
   import subprocess
   import sys
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   out = tmp_path / "engine.json"
   res = subprocess.run(
       [sys.executable, os.path.join(root, "benchmarks", "engine_bench.py"), "--preset=tiny",
