@@ -135,7 +135,7 @@ def test_smoke_run_writes_the_new_fields(tmp_path):
   it runs and its JSON holds what issue 52 asks to record (not its figures)."""
   import json  # pylint: disable=import-outside-toplevel
   import subprocess  # pylint: disable=import-outside-toplevel
-  from tests import tiny_hf  # pylint: disable=import-outside-toplevel
+  import tiny_hf  # pylint: disable=import-outside-toplevel
   model = tiny_hf.save_base(tmp_path / "hf", "llama3")
   out = tmp_path / "trl.json"
   repo = os.path.dirname(os.path.dirname(_PATH))

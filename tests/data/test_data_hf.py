@@ -21,7 +21,7 @@ pa = pytest.importorskip("pyarrow")
 from vapo_jax import data as data_lib  # noqa: E402
 import hub_cache  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPO = "tiny-org/gsm8k-mini"
 README = """---
 configs:

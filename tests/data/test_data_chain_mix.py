@@ -12,9 +12,9 @@ from vapo_jax.data import chain
 from vapo_jax.data import chain_mix
 from vapo_jax.rewards import math as math_reward
 from vapo_jax.run import inputs
-from tests.test_data_chain import _evaluate
+from test_data_chain import _evaluate  # the same folder: on sys.path under pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _module():

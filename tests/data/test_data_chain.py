@@ -13,7 +13,7 @@ from vapo_jax.data import CharTokenizer
 from vapo_jax.rewards import math as math_reward
 from vapo_jax.run import inputs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _longcot(preset="vapo"):
