@@ -20,7 +20,7 @@ declare -A TESTS=(
   [vapo_jax/rl/update.py]="tests/rl/test_rl_update.py"
   [vapo_jax/rl/train_state.py]="tests/rl/test_rl_update.py"
   [vapo_jax/run/checkpoint_store.py]="tests/run/test_checkpoint.py"
-  [vapo_jax/rewards/scorer.py]="tests/test_rewards_scorer.py"
+  [vapo_jax/rewards/scorer.py]="tests/rewards/test_rewards_scorer.py"
   [vapo_jax/run/evaluation.py]="tests/run/test_evaluation.py"
 )
 files=("$@"); [ ${#files[@]} -gt 0 ] || files=("${!TESTS[@]}")
