@@ -232,7 +232,7 @@ if $PY -c "import xdist" 2>/dev/null; then
 fi
 if [ "$DRY" = 1 ]; then
   TEST_PLATFORM=cpu
-  TESTS=(tests/models/test_kernels.py tests/models/test_models_hf.py tests/test_platforms.py)
+  TESTS=(tests/models/test_kernels.py tests/models/test_models_hf.py tests/cli/test_platforms.py)
   SELECT="(rope or mixed or clear_errors or (logits_match and qwen3)) and not tokenizer"
 else
   TEST_PLATFORM=cuda

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIBTPU_LINES = ("host bounds", "TPU worker hostname", "unexpected worker hostname", "libtpu",
                 "TPU backend")
 

@@ -10,7 +10,7 @@ import numpy as np
 
 import tiny_hf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
        "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 SHORT = ["--config=configs/tiny.py", "--noprogress", "--config.sft.steps=3",

@@ -26,7 +26,7 @@ import time
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.path.join(ROOT, "launch", "local_multiprocess.sh")
 TIMEOUT = 600
 

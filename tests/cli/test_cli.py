@@ -21,7 +21,7 @@ import pytest
 
 from vapo_jax.run import checkpoint_store
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT = 600
 # Global steps: sft 1-4, value pretraining 5-6, rl 7-11; saves every 2 and at stage ends.
 FLAGS = ["--config=configs/tiny.py", "--noprogress", "--config.sft.steps=4",

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = ("tpu_pod.sh", "slurm_gpu.sh", "local_multiprocess.sh")
 
 
