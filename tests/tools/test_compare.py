@@ -15,7 +15,7 @@ from vapo_jax.data import word_problems as wp
 from vapo_jax.run import eval_records
 from vapo_jax.tools import compare
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXS = wp.word_problems(40, "test", 0, wp.WordSpec(max_ops=2))
 RNG = np.random.default_rng(5)
 P = RNG.uniform(0, 1, size=40)  # each problem's difficulty, shared by every evaluation

@@ -20,7 +20,7 @@ from checkpoint_runs import compile_cache, small  # noqa: F401 (fixture)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
