@@ -217,7 +217,7 @@ def test_without_scipy_the_p_value_comes_from_plain_math(tmp_path, monkeypatch):
 
 def test_the_constants_are_the_registered_ones():
   """The script's numbers against the registration in configs/chain_or_guess.py's docstring."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   with open(os.path.join(root, "configs", "chain_or_guess.py"), encoding="utf-8") as f:
     doc = f.read().split('"""')[1]
   section = doc[doc.index("Registered 2026-12-03, before any run"):]

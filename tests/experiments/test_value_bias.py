@@ -247,7 +247,7 @@ def test_the_command_runs_end_to_end_on_a_tiny_budget(tmp_path):
   runs (SFT in-process, MC ground truth, zero-head and value-pretrained critics, M3 on identical
   rollouts) and the tables are written. A check that the command works, not a measurement."""
   import subprocess  # pylint: disable=import-outside-toplevel
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   out = tmp_path / "vb"
   env = {**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}

@@ -22,7 +22,7 @@ from experiments.ablation import config_file
 from experiments.ablation import sft_band
 from vapo_jax import config as config_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "tiny.py")
 PAPER_ROWS = ("vapo", "no_value_pretrain", "no_decoupled_gae", "no_length_adaptive",
               "no_clip_higher", "no_token_level_loss", "no_positive_nll", "no_group_sampling",
