@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import bf16_bench
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_projections_of_smollm2():

@@ -191,7 +191,7 @@ def test_own_cpu_counts_live_worker_processes():
 def test_rl_step_bench_runs(tmp_path):
   """benchmarks/rl_step_bench.py end to end on a small tiny config (it once broke on a
   renamed Trainer attribute with nothing to notice)."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   out = tmp_path / "rl.json"
   res = subprocess.run(
       [sys.executable, os.path.join(root, "benchmarks", "rl_step_bench.py"), "--steps", "2",
@@ -204,7 +204,7 @@ def test_rl_step_bench_runs(tmp_path):
 
 def test_decode_split_runs(tmp_path):
   """benchmarks/decode_split.py end to end on a small model: it runs and writes the split."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   out = tmp_path / "split.json"
   res = subprocess.run(
       [sys.executable, os.path.join(root, "benchmarks", "decode_split.py"), "--vocab", "512",
@@ -222,7 +222,7 @@ def test_decode_split_runs(tmp_path):
 
 def test_ab_bench_runs_and_loads_each_checkout(tmp_path):
   """benchmarks/ab_bench.py with this checkout on both sides: same first loss, both timed."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   out = tmp_path / "ab.json"
   res = subprocess.run(
       [sys.executable, os.path.join(root, "benchmarks", "ab_bench.py"), f"--old={root}",

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                      "benchmarks", "trl_bench.py")
 
 

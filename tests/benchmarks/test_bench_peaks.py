@@ -9,7 +9,7 @@ import sys
 from benchmarks import quiet
 from benchmarks import sampler_bench
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_peaks_command_prints_and_writes_them(tmp_path):
