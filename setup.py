@@ -41,7 +41,7 @@ setuptools.setup(
             # Hub ids and Hub datasets, tested offline on locally built caches.
             "huggingface_hub>=1.0",
             "datasets>=4",
-            # tests/test_notebook.py executes notebooks/quickstart.ipynb.
+            # tests/repo/test_notebook.py executes notebooks/quickstart.ipynb.
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",

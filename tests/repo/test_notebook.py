@@ -18,7 +18,7 @@ pytest.importorskip("matplotlib")
 
 import hub_cache  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
 
 

@@ -12,7 +12,7 @@ import fnmatch
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAME = r"[\w.-]+/?"
 ENTRY = re.compile(rf"( *)({NAME}(?:, {NAME})*)(?:  +\S.*)?$")
 

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PKG = os.path.join(ROOT, "vapo_jax")
 # tools/ablate <-> tools/sft_band import each other (lazily); issue 41 moves the three
 # research tools out of the package to experiments/. Until then the cycle among them is

@@ -26,7 +26,8 @@ def test_the_running_jax_is_supported_and_setup_py_says_the_same():
     warnings.simplefilter("error")
     compat.warn_if_unsupported()  # in range: silent
   import os  # pylint: disable=import-outside-toplevel
-  setup = open(os.path.join(os.path.dirname(__file__), "..", "setup.py"), encoding="utf-8").read()
+  setup_py = os.path.join(os.path.dirname(__file__), "..", "..", "setup.py")
+  setup = open(setup_py, encoding="utf-8").read()
   lo, hi = compat.SUPPORTED_JAX
   pin = f'"jax>={".".join(map(str, lo))},<{".".join(map(str, hi))}"'
   assert pin in setup, pin
