@@ -236,8 +236,9 @@ if [ "$DRY" = 1 ]; then
   SELECT="(rope or mixed or clear_errors or (logits_match and qwen3)) and not tokenizer"
 else
   TEST_PLATFORM=cuda
-  TESTS=(tests/models/test_kernels.py tests/models/test_models_transformer.py tests/models/test_models_hf.py
-         tests/models/test_attention.py tests/sampler/test_sampler_decode.py tests/sampler/test_sampler_static.py
+  TESTS=(tests/models/test_kernels.py tests/models/test_models_transformer.py
+         tests/models/test_models_hf.py tests/models/test_attention.py
+         tests/sampler/test_sampler_decode.py tests/sampler/test_sampler_static.py
          tests/sampler/test_sampler_hf.py tests/rl/test_rl_update.py)
   SELECT="not eight_devices and not 8_devices and not activation_sharding"
 fi
