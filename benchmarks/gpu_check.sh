@@ -232,13 +232,14 @@ if $PY -c "import xdist" 2>/dev/null; then
 fi
 if [ "$DRY" = 1 ]; then
   TEST_PLATFORM=cpu
-  TESTS=(tests/test_kernels.py tests/test_models_hf.py tests/test_platforms.py)
+  TESTS=(tests/models/test_kernels.py tests/models/test_models_hf.py tests/cli/test_platforms.py)
   SELECT="(rope or mixed or clear_errors or (logits_match and qwen3)) and not tokenizer"
 else
   TEST_PLATFORM=cuda
-  TESTS=(tests/test_kernels.py tests/test_models_transformer.py tests/test_models_hf.py
-         tests/test_attention.py tests/test_sampler_decode.py tests/test_sampler_static.py
-         tests/test_sampler_hf.py tests/test_rl_update.py)
+  TESTS=(tests/models/test_kernels.py tests/models/test_models_transformer.py
+         tests/models/test_models_hf.py tests/models/test_attention.py
+         tests/sampler/test_sampler_decode.py tests/sampler/test_sampler_static.py
+         tests/sampler/test_sampler_hf.py tests/rl/test_rl_update.py)
   SELECT="not eight_devices and not 8_devices and not activation_sharding"
 fi
 PYTEST_LOG=/tmp/gpu_check_pytest.log
@@ -254,7 +255,7 @@ PYTEST_LOG=/tmp/gpu_check_pytest_default.log
 want pytest_default_precision && run_step pytest_default_precision 40 265 env JAX_PLATFORMS=$TEST_PLATFORM \
   bash -c 'set -o pipefail; "$@" 2>&1 | tee '$PYTEST_LOG _ \
   $PY -m pytest -q -p no:cacheprovider -rfE --tb=line "${XDIST[@]}" -k "$SELECT" \
-  tests/test_models_hf.py tests/test_sampler_hf.py
+  tests/models/test_models_hf.py tests/sampler/test_sampler_hf.py
 PYTEST_LOG=
 
 # --- 3. configs/tiny.py end to end --------------------------------------------------------

@@ -47,8 +47,8 @@ from typing import Callable, Iterable, Sequence
 
 QUIET_LOAD = 1.0
 FOREIGN_CORES = 0.25
-# BENCH_SETTLE_S=0: no idle wait at the end (the smoke tests in tests/test_bench_quiet.py,
-# which check that a script runs, not its figures).
+# BENCH_SETTLE_S=0: no idle wait at the end (the smoke tests in
+# tests/benchmarks/test_bench_quiet.py, which check that a script runs, not its figures).
 SETTLE_S = float(os.environ.get("BENCH_SETTLE_S", "90"))
 LOADED = "LOADED — not a result"
 

@@ -1,6 +1,6 @@
 """Labelled (response, reference, equivalent?) cases for the math checker.
 
-Shared by `tests/test_rewards_cases.py` and `benchmarks/verifier_bench.py`.
+Shared by `tests/rewards/test_rewards_cases.py` and `benchmarks/verifier_bench.py`.
 Each case is a `Case(category, response, reference, equal)`. Most responses
 wrap an answer in a short solution ending with `\\boxed{...}` (see `boxed`);
 extraction cases spell the whole response out. The labels say what a careful

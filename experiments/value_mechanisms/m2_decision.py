@@ -24,7 +24,7 @@ Interval: the bucket's responses are resampled with replacement (cuts stay with 
 response: they share its critic errors), B times; the argmax λ of each draw gives a
 percentile interval [2.5%, 97.5%].
 
-Closed form (tests/test_m2_decision.py): V* a random walk with independent steps A*_t of
+Closed form (tests/experiments/test_m2_decision.py): V* a random walk with independent steps A*_t of
 variance σ_A², a critic V = V* + b with independent errors of variance σ_b², r = σ_b²/σ_A², many
 tokens after the cut. Then Â^λ_c = A*_c + Σ_{j≥1} λ^j A*_{c+j} − b_c + (1 − λ) Σ_{k≥1} λ^{k−1}
 b_{c+k}, so

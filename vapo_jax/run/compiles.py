@@ -153,7 +153,7 @@ def enable_cache(enabled: bool, cache_dir: str = "") -> str | None:
   # JAX opens its cache once, at the first compile after a directory is set, and keeps it:
   # a process that compiled before (a notebook cell, a test, JAX_COMPILATION_CACHE_DIR read
   # at start-up) would go on writing to the old one. Resetting makes the next compile open
-  # this one (tests/test_compile_once.py).
+  # this one (tests/run/test_compile_once.py).
   if jax.config.jax_compilation_cache_dir != path:
     from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=import-outside-toplevel
     jax.config.update("jax_compilation_cache_dir", path)
