@@ -89,10 +89,15 @@ def init(dims: Dims, value: bool, key) -> dict:
           "head": w(d, 1) if value else w(d, dims.vocab)}
 
 
+def _last(v, ndim: int):
+  """A vector [n] as [1, ..., 1, n] of `ndim` dims (no implicit rank promotion)."""
+  return v.reshape((1,) * (ndim - 1) + (-1,))
+
+
 def _norm(x, g):
   x32 = x.astype(jnp.float32)
   y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
-  return (y * g).astype(jnp.bfloat16)
+  return (y * _last(g, y.ndim)).astype(jnp.bfloat16)
 
 
 def _rope(x, pos):
@@ -110,9 +115,9 @@ def _block(dims: Dims, impl, p, x):
   t = x.shape[1]
   pos = jnp.arange(t)
   n = _norm(x, p["n1"])
-  q = (n @ bf(p["wq"]) + bf(p["bq"])).reshape(1, t, dims.h, dims.dh)
-  k = (n @ bf(p["wk"]) + bf(p["bk"])).reshape(1, t, dims.k, dims.dh)
-  v = (n @ bf(p["wv"]) + bf(p["bv"])).reshape(1, t, dims.k, dims.dh)
+  q = (n @ bf(p["wq"]) + _last(bf(p["bq"]), 3)).reshape(1, t, dims.h, dims.dh)
+  k = (n @ bf(p["wk"]) + _last(bf(p["bk"]), 3)).reshape(1, t, dims.k, dims.dh)
+  v = (n @ bf(p["wv"]) + _last(bf(p["bv"]), 3)).reshape(1, t, dims.k, dims.dh)
   o = jax.nn.dot_product_attention(_rope(q, pos), _rope(k, pos), v, is_causal=True,
                                    implementation=impl)
   x = x + o.reshape(1, t, dims.h * dims.dh) @ bf(p["wo"])

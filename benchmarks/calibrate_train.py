@@ -103,8 +103,8 @@ def base_config(path: str, toy: bool, tokens: int, rows: int):
   c.rl.num_minibatches, c.rl.micro_batch_size = 1, 1
   c.sampling.prompts_per_call, c.sampling.slots = 1, rows
   c.eval.batch_prompts, c.eval.samples_per_problem = 1, 1
-  if toy:
-    c.model.attention_block = TOY["attention_block"]
+  if toy:   # (rl.alpha auto: qwen32b's 0.05 is sized for 20k-token responses)
+    c.model.attention_block, c.rl.alpha = TOY["attention_block"], 0.0
   return config_lib.from_config_dict(c), tensor
 
 
@@ -125,15 +125,20 @@ def model_config(cfg, tensor: int, layers: int, toy: bool):
 
 
 def segments(spec: str, prompt: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
-  """(p_B, l_B) of the sequences packed into one row of `tokens` slots."""
+  """(p_B, l_B) of the sequences packed into one row of `tokens` slots: "one" fills it with
+  one sequence; a length spec draws 256 responses (prompts uniform:80,400) and keeps, in
+  order, each that still fits."""
   if spec == "one":
     return np.array([prompt]), np.array([tokens - prompt])
   from vapo_jax.pod import lengths  # pylint: disable=import-outside-toplevel
   resp = lengths.sample(spec, 256, tokens - prompt)
   prom = lengths.sample("uniform:80,400", 256, prompt, seed=2, prefix="prompt/length_")
-  total = np.cumsum(resp + prom)
-  n = max(1, int((total <= tokens).sum()))
-  return prom[:n], resp[:n]
+  keep, used = [], 0
+  for i, n in enumerate(resp + prom):   # first fit, in the draws' order
+    if used + n <= tokens:
+      keep.append(i)
+      used += int(n)
+  return prom[keep], resp[keep]
 
 
 # ---------------------------------------------------------------------------- counts
@@ -413,11 +418,14 @@ def main(argv=None) -> dict:
   meta["target_layers"] = archs.model_config(cfg).num_layers
   report = Report(args.out, meta)
   report.write()
+  # Ours at every layer count first (what the step model needs), then the reference.
   for layers in layer_counts:
-    mcfg = model_config(cfg, tensor, layers, args.toy)
-    ours(report, cfg, mcfg, layers, p_B, l_B, args, platform, peak)
-    if not args.no_reference:
-      reference(report, mcfg, layers, t, p, args, platform, peak)
+    ours(report, cfg, model_config(cfg, tensor, layers, args.toy), layers, p_B, l_B, args,
+         platform, peak)
+    jax.clear_caches()
+  for layers in layer_counts * (not args.no_reference):
+    reference(report, model_config(cfg, tensor, layers, args.toy), layers, t, p, args,
+              platform, peak)
     jax.clear_caches()
   report.data["complete"] = True
   report.write()
