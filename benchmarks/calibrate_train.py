@@ -428,6 +428,18 @@ def main(argv=None) -> dict:
               platform, peak)
     jax.clear_caches()
   report.data["complete"] = True
+  for r in report.data["summary"]:
+    print(f"[calibrate] {r['program']:12s} {r['layers']} layers: {r['time_ratio']:.2f}x the "
+          f"reference's time" + (f"; HFU {r['hfu']:.1%} against its {r['reference_hfu']:.1%}"
+                                  if r["hfu"] is not None else ""))
+  from vapo_jax.pod.step import measured  # pylint: disable=import-outside-toplevel
+  try:
+    m = measured.extrapolate(report.data, meta["target_layers"])
+    report.data["extrapolated"] = {k: m[k] for k in ("hfu", "mfu", "how", "per_program")}
+    print(f"[calibrate] at {meta['target_layers']} layers: HFU {m['hfu']:.1%}, MFU "
+          f"{m['mfu']:.1%} ({m['how']}); the step model takes it with --efficiency={args.out}")
+  except ValueError as e:   # no peak, or nothing measured
+    print(f"[calibrate] no extrapolation: {e}")
   report.write()
   print(f"[calibrate] wrote {args.out}", flush=True)
   return report.data

@@ -43,6 +43,7 @@ def test_every_stage_in_the_json(run):
   _, out, data, wall = run
   assert wall < 300, wall   # toy dims (a real-size run would not finish here)
   assert data["complete"] and data["toy"] and data["platform"] == "cpu"
+  assert data["extrapolated"]["hfu"] == pytest.approx(measured.extrapolate(data, 64)["hfu"])
   assert (data["tokens"], data["prompt"], data["layers"]) == (128, 32, list(LAYERS))
   assert data["dims"]["remat_fraction"] == 0.75 and data["target_layers"] == 64
   got = {(s["side"], s["name"], s["layers"]): s for s in data["stages"]}
