@@ -35,7 +35,7 @@
 #
 # Logs and figures go to $OUT (a temporary folder if unset): gpu_check.log (everything),
 # bench.json (every step's figures and status), tiny_metrics.jsonl, tiny_curves.png,
-# calibrate_train.json.
+# calibrate_train.json, step_model_measured.txt.
 # Every step has its own timeout inside one overall budget (GPU_CHECK_BUDGET seconds, default
 # 470); a step that fails or times out is reported and the next one runs.
 # GPU_CHECK_SKIP="tiny longcot ..." leaves those steps out (names as in bench.json).
@@ -319,10 +319,19 @@ want longcot && run_step longcot 120 0 $PY -m vapo_jax.main "${LC[@]}"
 # Alone, within one 10-minute call:
 #   GPU_CHECK_BUDGET=470 GPU_CHECK_SKIP="real_model pytest pytest_default_precision tiny
 #   bench_train bench_sample bench_engine longcot" bash benchmarks/gpu_check.sh
-# then: python -m vapo_jax.pod.step_model ... --efficiency=$OUT/calibrate_train.json
+# Then the step model (the README's command) at that HFU: $OUT/step_model_measured.txt.
 CAL=(--out="$OUT/calibrate_train.json" --peak_tflops="${GPU_CHECK_PEAK_TFLOPS:-989}")
-[ "$DRY" = 1 ] && CAL+=(--toy --steps=2)
-want calibrate && run_step calibrate 360 0 $PY benchmarks/calibrate_train.py "${CAL[@]}"
+# (dry: toy shapes and a placeholder peak of 1 TFLOP/s: it checks the wiring, not a CPU's HFU)
+[ "$DRY" = 1 ] && CAL=(--out="$OUT/calibrate_train.json" --toy --steps=2 --peak_tflops=1)
+if want calibrate; then
+  run_step calibrate 360 30 $PY benchmarks/calibrate_train.py "${CAL[@]}"
+  [ -f "$OUT/calibrate_train.json" ] && run_step calibrate_step_model 60 0 bash -c \
+    "$PY -m vapo_jax.pod.step_model --config=configs/qwen32b.py --topology=v5p-128 \
+--arch=qwen2.5-32b --lengths=review --prompt_lengths=uniform:80,400 --decode_collectives=1362 \
+--decode_collective_bytes=573.5e6 --markdown --efficiency=$OUT/calibrate_train.json \
+--train_collectives=benchmarks/results/train-hlo-2026-12-05/train_collectives_qwen32b_v5p-128.json \
+| tee $OUT/step_model_measured.txt"
+fi
 
 # --- summary ------------------------------------------------------------------------------
 if command -v nvidia-smi >/dev/null; then
