@@ -4,7 +4,7 @@ a plain-JAX reference at identical shapes.
 
   python benchmarks/calibrate_train.py --out=calibrate.json               # one chip / GPU
   python benchmarks/calibrate_train.py --peak_tflops=989 --out=...        # a GPU's bf16 peak
-  python benchmarks/calibrate_train.py --toy --peak_tflops=1 --out=...    # CPU, seconds
+  python benchmarks/calibrate_train.py --toy --peak_tflops=1 --out=...    # CPU, 1-2 min
   python -m vapo_jax.pod.step_model ... --efficiency=calibrate.json      # the step model at
                                                                           # the measured HFU
 
