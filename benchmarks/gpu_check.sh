@@ -30,9 +30,12 @@
 #    transformers-parity test at the default precision, for information only.
 # 3. configs/tiny.py end to end as users run it (JAX_PLATFORMS unset, default precision).
 # 4. speed against peers: train step vs transformers/PyTorch, sampler vs `generate`.
+# 6. the train programs' HFU and MFU at one TPU chip's qwen32b shapes (calibrate_train.py),
+#    beside a plain-JAX reference; alone: see its section (GPU_CHECK_SKIP the others).
 #
 # Logs and figures go to $OUT (a temporary folder if unset): gpu_check.log (everything),
-# bench.json (every step's figures and status), tiny_metrics.jsonl, tiny_curves.png.
+# bench.json (every step's figures and status), tiny_metrics.jsonl, tiny_curves.png,
+# calibrate_train.json, step_model_measured.txt.
 # Every step has its own timeout inside one overall budget (GPU_CHECK_BUDGET seconds, default
 # 470); a step that fails or times out is reported and the next one runs.
 # GPU_CHECK_SKIP="tiny longcot ..." leaves those steps out (names as in bench.json).
@@ -305,6 +308,31 @@ LC=(--config=configs/longcot.py --workdir="$LC_DIR" --progress=false --config.sf
                        --config.value_pretrain.max_steps=1 --config.value_pretrain.min_steps=1)
 want longcot && run_step longcot 120 0 $PY -m vapo_jax.main "${LC[@]}"
 [ -f "$LC_DIR/metrics.jsonl" ] && cp "$LC_DIR/metrics.jsonl" "$OUT/longcot_metrics.jsonl"
+
+# --- 6. the train programs' efficiency at one TPU chip's qwen32b shapes (issue 55 item 3) --
+# benchmarks/calibrate_train.py: the trainer's packed policy and critic steps and log-prob
+# pass at 4 and 8 layers (D 5,120, 10 / 2 heads of 128, F 6,912, V 38,016, 3/4 of the blocks
+# rematerialised, one packed row of 21,504 slots; ~31 GB at 8 layers), compile + 5 timed
+# calls each, HFU and MFU against the card's dense bf16 peak (H100 SXM and H200: 989 TFLOP/s;
+# GPU_CHECK_PEAK_TFLOPS for another card), then a plain-JAX reference at the same shapes with
+# cuDNN attention. $OUT/calibrate_train.json is rewritten after every stage, so a timeout
+# keeps what was measured (ours at both layer counts come first). Not yet run on a GPU.
+# Alone, within one 10-minute call:
+#   GPU_CHECK_BUDGET=470 GPU_CHECK_SKIP="real_model pytest pytest_default_precision tiny
+#   bench_train bench_sample bench_engine longcot" bash benchmarks/gpu_check.sh
+# Then the step model (the README's command) at that HFU: $OUT/step_model_measured.txt.
+CAL=(--out="$OUT/calibrate_train.json" --peak_tflops="${GPU_CHECK_PEAK_TFLOPS:-989}")
+# (dry: toy shapes and a placeholder peak of 1 TFLOP/s: it checks the wiring, not a CPU's HFU)
+[ "$DRY" = 1 ] && CAL=(--out="$OUT/calibrate_train.json" --toy --steps=2 --peak_tflops=1)
+if want calibrate; then
+  run_step calibrate 360 30 $PY benchmarks/calibrate_train.py "${CAL[@]}"
+  [ -f "$OUT/calibrate_train.json" ] && run_step calibrate_step_model 60 0 bash -c \
+    "$PY -m vapo_jax.pod.step_model --config=configs/qwen32b.py --topology=v5p-128 \
+--arch=qwen2.5-32b --lengths=review --prompt_lengths=uniform:80,400 --decode_collectives=1362 \
+--decode_collective_bytes=573.5e6 --markdown --efficiency=$OUT/calibrate_train.json \
+--train_collectives=benchmarks/results/train-hlo-2026-12-05/train_collectives_qwen32b_v5p-128.json \
+| tee $OUT/step_model_measured.txt"
+fi
 
 # --- summary ------------------------------------------------------------------------------
 if command -v nvidia-smi >/dev/null; then

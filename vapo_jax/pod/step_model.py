@@ -6,6 +6,8 @@
       --train_collectives=benchmarks/results/train_collectives_qwen32b_v5p-128.json
   ... --train=padded --rollout=static            # the code paths before packing / the engine
   ... --lengths=/run/metrics.jsonl               # a run's logged length quantiles
+  ... --efficiency=calibrate.json               # the train programs' measured HFU in place of
+                                                # --mfu (benchmarks/calibrate_train.py)
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from vapo_jax.pod.step import compiles
+from vapo_jax.pod.step import measured
 from vapo_jax.pod.step import report
 from vapo_jax.pod.step.setup import Knobs, Setup
 
@@ -30,6 +33,11 @@ def main(argv):
   mcfg = archs.model_config(cfg, f.arch)
   s = slices.parse(f.topology)
   knobs = knobs_from_flags(f)
+  used = f"efficiency: ASSUMED --mfu={knobs.mfu:g} (no --efficiency file)"
+  if f.efficiency:
+    m = measured.extrapolate(measured.load(f.efficiency), mcfg.num_layers)
+    used = measured.line(m, f.efficiency, knobs.mfu)
+    knobs = dataclasses.replace(knobs, mfu=m["hfu"])
   st = Setup.of(cfg, mcfg, s, knobs)
   if f.compile_times:
     import json  # pylint: disable=import-outside-toplevel
@@ -40,12 +48,14 @@ def main(argv):
         f"{st.max_new} tokens")
   knobs = st.knobs   # the code paths resolved from the config
   print("assumed: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(knobs).items()))
+  print(used)
   print(compiles.line(st)[1])
   from vapo_jax.pod import lengths  # pylint: disable=import-outside-toplevel
   rows = []
   for label, spec in lengths.phases(f.lengths):
     r = report.run(st, spec, f.prompt_lengths)
-    print(report.format_report(label, r), flush=True)
+    text = report.format_report(label, r)
+    print(measured.mark(text) if f.efficiency else text, flush=True)
     rows.append(markdown_row(label, r, f"train={knobs.train}, rollout={knobs.rollout}"))
   if f.markdown:
     print("| phase | code | estimate s | floor s | ratio | MFU / HFU (estimate) | "
@@ -134,6 +144,9 @@ if __name__ == "__main__":
   _flags.DEFINE_string("arch", None, "Architecture (archs.KNOWN name or config.json).")
   _flags.DEFINE_float("mfu", Knobs().mfu, "The fraction of peak the programs run the FLOPs "
                       "they execute at (HFU of compute; the report prints MFU and HFU).")
+  _flags.DEFINE_string("efficiency", None, "A benchmarks/calibrate_train.py JSON: the "
+                       "train programs' measured HFU, extrapolated to the model's layers, "
+                       "replaces --mfu (pod.step.measured; the report says which was used).")
   _flags.DEFINE_float("bw_efficiency", Knobs().bw_efficiency, "Fraction of HBM bandwidth.")
   _flags.DEFINE_bool("markdown", False, "Also print one markdown table row per phase.")
   define_flags(_flags)
