@@ -79,12 +79,10 @@ def paired(records: Sequence[dict], rows: Sequence[str], base: str = "vapo",
       if base_final != final:
         rec["note"] = f"{base} ended at RL step {base_final}, this row at {final}"
       else:
-        both = sorted(set(base_steps) & set(steps))
-        vs = compare_lib.compare([_read([steps[s][final] for s in seeds]),
-                                  _read([base_steps[s][final] for s in sorted(base_steps)])],
+        vs = compare_lib.compare([end, _read([base_steps[s][final] for s in sorted(base_steps)])],
                                  metrics=METRICS, num_samples=num_samples, seed=seed)
         rec[f"{base}_minus_row"] = {m: e["diff"] for m, e in vs["metrics"].items()}
-        rec["base_seeds"], rec["common_seeds"] = sorted(base_steps), both
+        rec["base_seeds"] = sorted(base_steps)
     out.append(rec)
   return out
 
