@@ -248,7 +248,8 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
   block = step_terms.kernel_block_tokens(engine, max_pages) if built else 0
   pad = (block - 1) / 2.0 if block else 0.0
   reserve = None
-  if built:
+  if built and cap < max_live * max_pages * engine.page_size:
+    # (A pool of whole responses for every slot never binds: a slot holds at most one.)
     reserve = ((2 if engine.overlap else 1) * engine.chunk_steps
                + (engine.page_size - 1) / 2.0)
   prefill_tok = 0.0 if built else (a.matmul / tp) / (
