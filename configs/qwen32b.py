@@ -59,9 +59,11 @@ def get_config(preset: str = "vapo"):
   # fsdp groups, heads over mesh.tensor), 128 each, sharing each replica's KV pool, sized
   # from the HBM the train state leaves (~961k tokens, ~63 GB per v5p chip). At 64 slots per
   # replica (1,024) the pool sat mostly idle late in a run and each decode step read the
-  # weights for 64 tokens; 256 per replica do not fit jax's Pallas decode kernel's scalar
-  # memory (its page table, 256 x 1,344 int32). The compile check says 2,048 FITS
-  # (benchmarks/results/compile-check-2026-12-04-remat/; docs/step_model.md).
+  # weights for 64 tokens. 4,096 (256 per replica, the Pallas kernel in 2 slot groups) also
+  # FITS, but the decode step's matmuls run over every slot, live or idle: past ~120 rows
+  # per replica a step is compute-bound (at 50% of peak), so the step model puts 4,096 at
+  # 1.81x / 1.53x / 1.50x the floor against 2,048's 1.57x / 1.50x / 1.48x (--mfu=0.5;
+  # benchmarks/results/step-model-2026-12-06-engine/).
   c.sampling.slots = 2048
 
   c.reward.num_workers = 32

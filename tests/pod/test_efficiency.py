@@ -105,7 +105,8 @@ def test_decode_all_reduce_bytes_per_row_and_step():
 
 def test_built_engine_pays_all_reduce_bytes_for_every_slot_of_every_step():
   st = _setup()
-  eng = step_model.EngineShape(slots=4, page_size=4, kv_tokens=64, chunk_steps=4, replicas=2,
+  # A pool of 64 tokens per replica: no response is evicted (tests/pod/test_rollout_pool.py).
+  eng = step_model.EngineShape(slots=4, page_size=4, kv_tokens=128, chunk_steps=4, replicas=2,
                                kernel="jax", overlap=True)
   resp, prompts = np.array([3, 5, 2, 6]), np.array([3, 3, 2, 2])
   prog = step_model.continuous_rollout(st, resp, prompts, floor=False, engine=eng)

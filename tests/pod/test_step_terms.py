@@ -54,7 +54,7 @@ def test_engine_prefill_pads_to_the_bucket_on_every_replica():
 
 def test_built_rollout_counts_prefill_host_gap_and_kernel_blocks():
   st = _setup(host_chunk_ms=10.0)
-  eng = step_model.EngineShape(slots=4, page_size=4, kv_tokens=64, chunk_steps=4, replicas=2,
+  eng = step_model.EngineShape(slots=4, page_size=4, kv_tokens=128, chunk_steps=4, replicas=2,
                                kernel="tpu", pages_per_block=8, overlap=False)
   resp, prompts = np.array([3, 5, 2, 6]), np.array([3, 3, 2, 2])
   prog = step_model.continuous_rollout(st, resp, prompts, floor=False, engine=eng)
@@ -62,9 +62,9 @@ def test_built_rollout_counts_prefill_host_gap_and_kernel_blocks():
   # (10 ms − the slowest replica's decode seconds / 2).
   lapped = step_model.continuous_rollout(st, resp, prompts, floor=False,
                                          engine=dataclasses.replace(eng, overlap=True))
-  decode_s = sum(v for k, v in prog.terms.items()
+  decode_s = sum(v for k, v in lapped.terms.items()
                  if k.startswith("decode") and k != "decode compute") + max(
-                     0.0, prog.terms["decode compute"])
+                     0.0, lapped.terms["decode compute"])
   assert 0 < decode_s < 0.02
   assert lapped.terms["host gap"] == pytest.approx(2 * (0.01 - decode_s / 2))
   assert any("overlapped with the chunk in flight" in x for x in lapped.lines)
@@ -231,19 +231,21 @@ def test_compare_layouts_prints_both_meshes():
   assert plain["layouts"] == [] and plain["estimate_s"] == pytest.approx(r["estimate_s"])
 
 
-def test_the_step_model_falls_back_to_pure_jax_decode_past_the_kernels_table():
+def test_the_step_model_keeps_the_kernel_past_one_calls_table_in_slot_groups():
   # qwen32b on v5p-128: 16 decode replicas of 1,344 pages per slot. 2,048 slots (128 per
-  # replica) keep jax's Pallas kernel; 4,096 (256) would not fit its scalar memory.
+  # replica) fit one kernel call's scalar memory; 4,096 (256) run in 2 calls of 128 and
+  # keep jax's Pallas kernel (before slot groups the step model fell back to pure JAX).
   spec = importlib.util.spec_from_file_location("q", os.path.join(ROOT, "configs/qwen32b.py"))
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   s = slices.parse("v5p-128")
-  for slots, kernel in ((2048, "tpu"), (4096, "jax")):
+  for slots, calls in ((2048, 1), (4096, 2)):
     c = mod.get_config()
     c.sampling.slots = slots
     c = config_lib.from_config_dict(c)
     eng = step_model.Setup.of(c, archs.model_config(c, "qwen2.5-32b"), s).engine
-    assert (eng.slots // eng.replicas, eng.kernel) == (slots // 16, kernel)
+    assert (eng.slots // eng.replicas, eng.kernel) == (slots // 16, "tpu")
+    assert step_terms.slot_groups(eng, 1344) == (calls, 128)
 
 
 def test_layout_collectives_counted_by_hand():

@@ -490,3 +490,38 @@ def test_engine_compiles_nothing_after_its_first_rollout_and_allocates_the_pool_
   for p in pages:
     assert p.sharding.is_equivalent_to(want, p.ndim)
     assert p.addressable_shards[0].data.shape == want.shard_shape(p.shape)
+
+
+def test_slot_groups_sample_exactly_what_one_attention_call_samples(ckpt):
+  """The decode attention in forced slot groups (`EngineConfig.slot_group`; on TPU the
+  kernel's scalar-memory limit sets it): greedy tokens equal the static sampler's, and
+  sampled tokens and log-probs equal one call's bit for bit, on one device and per
+  decode replica on a 2x2x2 mesh (4 replicas of 2 slots, groups of 1), with evictions."""
+  _, graphdef, state, mcfg = ckpt
+  cfg = hf.greedy_cfg((), n=2)
+  static = np_tree(static_lib.Sampler.for_transformer(graphdef, mcfg, cfg)(
+      state, PROMPTS, jax.random.key(0)))
+  out = np_tree(continuous.Engine(graphdef, mcfg, cfg, ecfg(slot_group=2))(
+      state, PROMPTS, jax.random.key(0)))
+  np.testing.assert_array_equal(out.response_BxR, static.response_BxR)
+  cfg = _sampled_cfg(eos=(40, 7, 22))
+  key = jax.random.key(6)
+  one = np_tree(continuous.Engine(graphdef, mcfg, cfg, ecfg(slots=4))(state, PROMPTS, key))
+  for group in (3,):   # groups of 3 and 1
+    got = np_tree(continuous.Engine(graphdef, mcfg, cfg, ecfg(slots=4, slot_group=group))(
+        state, PROMPTS, key))
+    np.testing.assert_array_equal(got.response_BxR, one.response_BxR)
+    np.testing.assert_array_equal(got.logp_BxR, one.logp_BxR)
+  mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+  train = jax.device_put(state, sharding.state_shardings(state, mesh))
+  outs = []
+  for group in (0, 1):
+    eng = continuous.Engine(graphdef, mcfg, cfg, ecfg(slots=8, kv_tokens=4 * 4 * 7,
+                                                      replicas=4, slot_group=group),
+                            mesh=mesh)
+    outs.append((np_tree(eng(train, PROMPTS, key)), eng.last_stats))
+  np.testing.assert_array_equal(outs[1][0].response_BxR, outs[0][0].response_BxR)
+  np.testing.assert_array_equal(outs[1][0].logp_BxR, outs[0][0].logp_BxR)
+  assert outs[1][1]["evictions"] > 0
+  with pytest.raises(ValueError, match="slot_group"):
+    ecfg(slot_group=-1)

@@ -10,7 +10,6 @@ targeted projections also hold LoRA adapters (`models.lora`).
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -227,7 +226,8 @@ class Attention(nnx.Module):
     `paged` (the rollout engine's decode step, T = 1, B = decode slots): `kv` is then this
     layer's page pool [N, Ps, 2K, Dh] and paged = {"table": [B, M], "pos": [B] (where this
     token is written), "lens": [B] (tokens visible after the write; 0: idle slot),
-    "pages_per_block": int, "kernel": "jax" | "tpu", and for "tpu" on a mesh "mesh" and
+    "pages_per_block": int, "kernel": "jax" | "tpu", "slot_group": slots per attention
+    call (0: as the kernel needs; `paged_attention.attend`), and for "tpu" on a mesh "mesh" and
     "head_axis", the mesh axis the heads are split over}; see `models.paged_attention`. The
     updated pool comes back in place of the cache entry. The mask argument is unused. With
     "batch_axes" (decode replicas, needs "mesh") slots and pool pages are split over those
@@ -271,20 +271,18 @@ class Attention(nnx.Module):
           q[:, 0], kv, paged_attention.combine(k[:, 0], v[:, 0]), paged["table"],
           paged["pos"], paged["lens"], mesh=paged["mesh"], batch_axes=paged["batch_axes"],
           head_axis=paged.get("head_axis"), kernel=paged.get("kernel", "jax"),
-          pages_per_block=paged.get("pages_per_block", 8))
+          pages_per_block=paged.get("pages_per_block", 8),
+          slot_group=paged.get("slot_group", 0))
       y = lora.project(self, "o", out[:, None].astype(dt), 2, dt)
       return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), pages
     if paged is not None:
       pages = paged_attention.write_tokens(kv, paged_attention.combine(k[:, 0], v[:, 0]),
                                            paged["table"], paged["pos"])
-      if paged.get("kernel") == "tpu":
-        attend = functools.partial(
-            paged_attention.tpu_decode_attention, mesh=paged.get("mesh"),
-            head_axis=paged.get("head_axis"), pages_per_block=paged.get("pages_per_block", 8))
-      else:
-        attend = functools.partial(paged_attention.decode_attention,
-                                   pages_per_block=paged.get("pages_per_block", 8))
-      out = attend(q[:, 0], pages, paged["lens"], paged["table"])[:, None]
+      out = paged_attention.attend(
+          q[:, 0], pages, paged["lens"], paged["table"], kernel=paged.get("kernel", "jax"),
+          pages_per_block=paged.get("pages_per_block", 8),
+          slot_group=paged.get("slot_group", 0), mesh=paged.get("mesh"),
+          head_axis=paged.get("head_axis"))[:, None]
       y = lora.project(self, "o", out.astype(dt), 2, dt)
       return (_bias(y, self.o_bias[...]) if cfg.o_bias else y), pages
     if kv is not None:

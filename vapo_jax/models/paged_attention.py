@@ -22,6 +22,17 @@ and their values zeroed before use, so stale KV of a page's previous owner (any 
 non-finite value) never reaches the output. On TPU `tpu_decode_attention` runs jax's Pallas
 kernel on the same arrays.
 
+Slot groups (`slot_group_of`, `in_slot_groups`): jax's Pallas kernel prefetches the whole page
+table of a call into scalar memory (1 MiB), so one call takes at most
+`SMEM_TABLE_BYTES` / (4 M) slots (182 at M = 1,344). More slots are attended in
+G = ceil(S / limit) calls of ceil(S / G) slots each, every call over the same pool:
+
+  out[g·s' : (g+1)·s'] = attend(q[g·s' : ...], kv_pages, lens[g·s' : ...], table[g·s' : ...])
+
+Each slot's output depends on its own query, length and table row only, so the groups give
+the one-call result exactly; the projections around the attention still run once over all
+S slots (a decode step reads the weights once for all of them).
+
 Decode replicas (`replica_step`): on a mesh whose batch axes (data, fsdp) hold R copies of
 the decode weights, slots and pool pages are split R ways over those axes. Replica r owns
 slots r S/R .. (r+1) S/R - 1 and pages r N/R .. (r+1) N/R - 1, and its slots' tables list
@@ -126,7 +137,7 @@ def decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.Array
 def tpu_decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.Array,
                          table_SxM: jax.Array, pages_per_block: int = 8,
                          queries_per_block: int = 8, mesh=None, head_axis=None,
-                         **kernel_kw) -> jax.Array:
+                         slot_group: int = 0, **kernel_kw) -> jax.Array:
   """`decode_attention` by jax's ragged paged attention Pallas kernel (TPU only).
 
   One query per slot: cu_q_lens = 0, 1, ..., S and num_seqs = S. Page entries >= N are
@@ -134,17 +145,26 @@ def tpu_decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.A
   given, not looked up in the kernel's tuned table (that reads the local device's TPU
   version, so an AOT compile from a CPU host could not use it). On a mesh the kernel runs
   per shard (`shard_map`): heads split over `head_axis` (q heads and combined kv heads
-  alike, so each shard keeps its GQA groups), slots and pages replicated.
+  alike, so each shard keeps its GQA groups), slots and pages replicated. slot_group: slots
+  per kernel call (0: the most whose page table fits scalar memory, `slot_group_of`); more
+  slots run in several calls (`in_slot_groups`).
   """
   if mesh is not None and mesh.size > 1:
     from jax.sharding import PartitionSpec as P
     fn = functools.partial(tpu_decode_attention, pages_per_block=pages_per_block,
-                           queries_per_block=queries_per_block, **kernel_kw)
+                           queries_per_block=queries_per_block, slot_group=slot_group,
+                           **kernel_kw)
     return jax.shard_map(
         fn, mesh=mesh,
         in_specs=(P(None, head_axis, None), P(None, None, head_axis, None), P(), P()),
         out_specs=P(None, head_axis, None), check_vma=False)(
             q_SxHxDh, kv_pages, lens_S, table_SxM)
+  group = slot_group or slot_group_of(*table_SxM.shape)
+  if group < q_SxHxDh.shape[0]:
+    one = functools.partial(tpu_decode_attention, pages_per_block=pages_per_block,
+                            queries_per_block=queries_per_block, slot_group=group,
+                            **kernel_kw)
+    return in_slot_groups(one, q_SxHxDh, kv_pages, lens_S, table_SxM, group)
   rpa = compat.ragged_paged_attention_kernel()
   s, _, dh = q_SxHxDh.shape
   m = table_SxM.shape[1]
@@ -160,20 +180,47 @@ def tpu_decode_attention(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.A
 
 # jax's ragged paged attention prefetches the whole page table (int32 [slots, pages]) into
 # the TensorCore's scalar memory, 1 MiB: a v5p compile of 256 slots × 1,344 pages
-# (1.38 MB) failed with "Allocation (size=1441792) would exceed memory (size=1048576)
-# ... prefetched SMEM operand" (2026-12-04). Kept below it with 64 KiB for its other operands.
+# (1.38 MB) in one call failed with "Allocation (size=1441792) would exceed memory
+# (size=1048576) ... prefetched SMEM operand" (2026-12-04). Kept below it with 64 KiB for its
+# other operands; more slots go in groups (`in_slot_groups`).
 SMEM_TABLE_BYTES = (1 << 20) - (64 << 10)
 
 
+def slot_limit(pages_per_slot: int) -> int:
+  """The most slots one kernel call takes: SMEM_TABLE_BYTES // (4 · pages_per_slot)."""
+  return SMEM_TABLE_BYTES // (4 * max(1, pages_per_slot))
+
+
+def slot_group_of(slots: int, pages_per_slot: int, limit: int | None = None) -> int:
+  """Slots per kernel call for a table of `slots` rows: ceil(S / G) for the fewest calls
+  G = ceil(S / limit) (limit: `slot_limit` unless given); S itself when it fits one call."""
+  limit = max(1, slot_limit(pages_per_slot) if limit is None else limit)
+  calls = -(-slots // limit)
+  return -(-slots // max(1, calls))
+
+
+def in_slot_groups(attend, q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.Array,
+                   table_SxM: jax.Array, group: int) -> jax.Array:
+  """attend(q, kv_pages, lens, table) over consecutive slot groups of `group` slots (the
+  last may be shorter), concatenated: [S, H, Dh]. Exact for any attend whose slot s
+  depends on row s of q, lens and table only (both paths here)."""
+  s = q_SxHxDh.shape[0]
+  if group <= 0 or group >= s:
+    return attend(q_SxHxDh, kv_pages, lens_S, table_SxM)
+  outs = [attend(q_SxHxDh[i:i + group], kv_pages, lens_S[i:i + group],
+                 table_SxM[i:i + group]) for i in range(0, s, group)]
+  return jnp.concatenate(outs, axis=0)
+
+
 def table_refusal(slots: int, pages_per_slot: int) -> str | None:
-  """Why one replica's page table does not fit the kernel's scalar memory, or None."""
-  need = 4 * slots * pages_per_slot
+  """Why one replica's page table cannot be prefetched by the kernel even in slot groups
+  (one slot's row over the scalar memory), or None. `slots` is kept for the message."""
+  need = 4 * pages_per_slot
   if need <= SMEM_TABLE_BYTES:
     return None
-  most = SMEM_TABLE_BYTES // (4 * max(1, pages_per_slot))
-  return (f"its page table of {slots} slots × {pages_per_slot} pages per decode replica "
-          f"({need / 2**20:.2f} MiB of int32) does not fit the kernel's 1 MiB of scalar "
-          f"memory (at most {most} slots per replica at {pages_per_slot} pages)")
+  return (f"one slot's page table row of {pages_per_slot} pages ({need / 2**20:.2f} MiB of "
+          f"int32; {slots} slots per decode replica) does not fit the kernel's 1 MiB of "
+          f"scalar memory")
 
 
 def tpu_kernel_refusal(num_heads: int, num_kv_heads: int, head_dim: int, dtype,
@@ -200,25 +247,38 @@ def tpu_kernel_refusal(num_heads: int, num_kv_heads: int, head_dim: int, dtype,
   return None
 
 
+def attend(q_SxHxDh: jax.Array, kv_pages: jax.Array, lens_S: jax.Array,
+           table_SxM: jax.Array, *, kernel: str = "jax", pages_per_block: int = 8,
+           slot_group: int = 0, mesh=None, head_axis=None) -> jax.Array:
+  """The decode attention by `kernel`: "jax" (`decode_attention`) or "tpu"
+  (`tpu_decode_attention`, per shard of `mesh`, heads over `head_axis`). slot_group: slots
+  per call (`in_slot_groups`); 0: one call ("jax"), the kernel's scalar-memory limit
+  ("tpu")."""
+  if kernel == "tpu":
+    return tpu_decode_attention(q_SxHxDh, kv_pages, lens_S, table_SxM,
+                                pages_per_block=pages_per_block, mesh=mesh,
+                                head_axis=head_axis, slot_group=slot_group)
+  one = functools.partial(decode_attention, pages_per_block=pages_per_block)
+  return in_slot_groups(one, q_SxHxDh, kv_pages, lens_S, table_SxM, slot_group)
+
+
 def replica_step(q_SxHxDh: jax.Array, kv_pages: jax.Array, kv_Sx2KxDh: jax.Array,
                  table_SxM: jax.Array, pos_S: jax.Array, lens_S: jax.Array, *, mesh,
-                 batch_axes, head_axis=None, kernel: str = "jax", pages_per_block: int = 8
-                 ) -> tuple[jax.Array, jax.Array]:
+                 batch_axes, head_axis=None, kernel: str = "jax", pages_per_block: int = 8,
+                 slot_group: int = 0) -> tuple[jax.Array, jax.Array]:
   """`write_tokens` then the decode attention, per shard of `mesh`: (out [S, H, Dh], pages).
 
   Slots (S) and pool pages (N) are split over `batch_axes`, heads (q heads and combined kv
-  heads) over `head_axis`; table_SxM holds page ids local to each slot's shard. kernel:
-  "jax" (`decode_attention`) or "tpu" (`tpu_decode_attention`, jax's Pallas kernel).
+  heads) over `head_axis`; table_SxM holds page ids local to each slot's shard. kernel,
+  slot_group: as `attend` (the groups split each shard's S / R slots).
   """
   from jax.sharding import PartitionSpec as P
   b = tuple(batch_axes) or None
 
   def local(q, pool, kv, table, pos, lens):
     pool = write_tokens(pool, kv, table, pos)
-    if kernel == "tpu":
-      out = tpu_decode_attention(q, pool, lens, table, pages_per_block=pages_per_block)
-    else:
-      out = decode_attention(q, pool, lens, table, pages_per_block=pages_per_block)
+    out = attend(q, pool, lens, table, kernel=kernel, pages_per_block=pages_per_block,
+                 slot_group=slot_group)
     return out, pool
 
   heads = P(b, head_axis, None)

@@ -215,8 +215,8 @@ class Transformer(nnx.Module):
 
   def decode_paged(self, tokens_S: jax.Array, pos_S: jax.Array, pages: tuple, *,
                    table_SxM: jax.Array, lens_S: jax.Array, pages_per_block: int = 8,
-                   kernel: str = "jax", mesh=None, head_axis=None, batch_axes=()
-                   ) -> tuple[jax.Array, tuple]:
+                   kernel: str = "jax", mesh=None, head_axis=None, batch_axes=(),
+                   slot_group: int = 0) -> tuple[jax.Array, tuple]:
     """One decode step of S slots over paged KV pools (the rollout engine's path).
 
     Token tokens_S[s] sits at RoPE position pos_S[s] and its keys/values are written there
@@ -225,14 +225,16 @@ class Transformer(nnx.Module):
     its table row holds no page). kernel="tpu" runs jax's Pallas kernel (per shard of
     `mesh`, heads over `head_axis`). With `batch_axes` (decode replicas) slots and pool
     pages are split over those mesh axes and each slot's table row holds its replica's
-    local page ids (`paged_attention.replica_step`). Returns (final hidden [S, D], the L
-    updated pools).
+    local page ids (`paged_attention.replica_step`). slot_group: slots per attention call
+    (`paged_attention.in_slot_groups`; 0: as the kernel needs). Returns (final hidden
+    [S, D], the L updated pools).
     """
     x = jnp.take(self.embed[...], tokens_S[:, None], axis=0).astype(self.cfg.dtype)
     cos, sin = layers.rope_tables(pos_S[:, None], layers.rope_inv_freq(self.cfg))
     paged = {"table": table_SxM, "pos": pos_S, "lens": lens_S,
              "pages_per_block": pages_per_block, "kernel": kernel, "mesh": mesh,
-             "head_axis": head_axis, "batch_axes": tuple(batch_axes)}
+             "head_axis": head_axis, "batch_axes": tuple(batch_axes),
+             "slot_group": slot_group}
     new = []
     for block, pool in zip(self.blocks, pages):
       x, pool = block(x, cos, sin, None, pool, 0, paged=paged)

@@ -11,7 +11,8 @@ For Bp prompts and n responses each (B = Bp n responses; response b answers prom
     3. `decode_chunk`: up to K decode steps of all S slots in one `lax.while_loop` on device
        (early exit when enough slots are idle and responses wait); each step feeds a slot's
        last token, writes its KV into its pages, attends over the slot's live length
-       (`models.paged_attention`) and draws the next token;
+       (`models.paged_attention`; with jax's Pallas kernel in slot groups whose page table
+       fits its scalar memory, the matmuls over all S at once) and draws the next token;
     4. one device_get of the chunk's tokens, log-probs and slot states; a slot whose response
        ended (a stop token, or max_new_tokens) is freed with its pages.
   With `EngineConfig.overlap` (default) step 4 reads the previous chunk after step 3 has
@@ -79,6 +80,10 @@ class EngineConfig:
     overlap: dispatch chunk i+1 before reading chunk i back (the device decodes while the
       host works; pages are reserved two chunks ahead). Off on a CPU mesh of several
       devices, which waits for every insert (`Engine._paced`).
+    slot_group: slots per decode-attention call (`paged_attention.in_slot_groups`; the
+      projections still run once over all slots). 0: as the kernel needs ("tpu": the most
+      slots whose page table fits its scalar memory, `paged_attention.slot_group_of`;
+      "jax": one call). The output is the same for every value (tests force small ones).
   """
 
   slots: int = 16
@@ -90,6 +95,7 @@ class EngineConfig:
   kernel: str = "jax"
   replicas: int = 1
   overlap: bool = True
+  slot_group: int = 0
 
   def __post_init__(self):
     def bad(field, value, allowed):
@@ -98,6 +104,8 @@ class EngineConfig:
               "replicas"):
       if getattr(self, f) < 1:
         bad(f, getattr(self, f), ">= 1")
+    if self.slot_group < 0:
+      bad("slot_group", self.slot_group, ">= 0 (0: as the kernel needs)")
     if self.decode_dtype not in ("auto", "bfloat16", "float32", "float16"):
       bad("decode_dtype", self.decode_dtype, "one of auto, bfloat16, float32, float16")
     if self.kernel not in ("jax", "tpu"):
@@ -207,7 +215,7 @@ def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
     hidden, pages = model.decode_paged(
         st["tok_S"], st["pos_S"], pages, table_SxM=table, lens_S=lens,
         pages_per_block=ecfg.pages_per_block, kernel=ecfg.kernel, mesh=mesh,
-        head_axis=head_axis, batch_axes=batch_axes)
+        head_axis=head_axis, batch_axes=batch_axes, slot_group=ecfg.slot_group)
     logits = ops.last_logits(model, hidden)
     keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(st["keys_S"], impl=impl),
                                         st["t_S"])

@@ -3,6 +3,8 @@ an event simulation per decode replica (formulas: `vapo_jax.pod.step`)."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import heapq
 import math
 
@@ -98,23 +100,124 @@ def _interval_cost(m: int, x0: float, n: int, a_: float, b_: float, g: float) ->
   return kstar * g + lin
 
 
+@dataclasses.dataclass
+class Replica:
+  """One decode replica's rollout in the event simulation (seconds, steps, tokens)."""
+  cost: float = 0.0          # decode seconds (weights, KV, compute, latency, all-reduces)
+  prefill: float = 0.0       # real-token prefill (the unbuilt engine and the floor)
+  steps: int = 0
+  weights: float = 0.0
+  kv: float = 0.0
+  pad: float = 0.0           # the kernel's whole KV blocks
+  allreduce: float = 0.0
+  live_tokens: float = 0.0   # Σ over steps and live slots of KV tokens
+  slot_steps: float = 0.0    # Σ over steps of live slots
+  pool_bound: int = 0        # steps on which the pool, not the slots, held admission back
+  evictions: int = 0
+  redone: float = 0.0        # tokens decoded again after an eviction
+
+
+def simulate_replica(lens, ps, *, cap: float, max_live: int | None, a_: float, b_: float,
+                     per_row: float, lat: float, row_ar: float, pad: float, prefill_tok: float,
+                     reserve: float | None) -> Replica:
+  """A replica's responses (lengths `lens`, prompts `ps`, FIFO) on continuous batching.
+
+  Admitted while fewer than `max_live` are live and the pool holds the prompt: live KV
+  X + (n + 1) · reserve + prompt ≤ cap (or none is live). A step with n live slots costs
+  max(a_ + b_ (X + n · pad), compute) + lat + rows · row_ar, compute = rows · per_row, rows
+  = max_live (the engine's fixed-shape step) or n. reserve (the engine as built, else None:
+  no eviction): tokens each live slot holds beyond its KV (the pages reserved ahead and a
+  half page); when X + n · reserve would pass cap the youngest response is evicted (its
+  KV freed, its tokens decoded again from its prompt later: `slots.Scheduler.reserve`),
+  and admission waits for the next response to finish.
+  """
+  rep = Replica()
+  queue = collections.deque(range(len(lens)))
+  heap: list = []          # (finish step, seq)
+  running: dict = {}       # seq -> (index, start step)
+  order: list = []         # seqs by admission (the youngest last; lazily pruned)
+  now, x, live, seq, blocked = 0, 0.0, 0, 0, False
+  rows_fixed = max_live
+  while queue or running:
+    if not blocked:
+      while queue and (max_live is None or live < max_live):
+        i = queue[0]
+        fits = (x + ps[i] + (live + 1) * (reserve or 0.0) <= cap) if reserve is not None \
+            else x + ps[i] < cap
+        if not (fits or live == 0):
+          break
+        queue.popleft()
+        running[seq] = (i, now)
+        heapq.heappush(heap, (now + int(lens[i]), seq))
+        order.append(seq)
+        seq += 1
+        x += ps[i]
+        rep.prefill += ps[i] * prefill_tok
+        live += 1
+    while heap[0][1] not in running:   # evicted: its finish is stale
+      heapq.heappop(heap)
+    m = heap[0][0] - now
+    evict = False
+    if reserve is not None and live > 1:
+      room = cap - x - live * reserve
+      if live * m > room:
+        m, evict = max(0, int(room // live)), True
+    if queue and (max_live is None or live < max_live):
+      rep.pool_bound += m
+    rows = rows_fixed if rows_fixed is not None else live
+    rep.cost += (_interval_cost(m, x + live * pad, live, a_, b_, rows * per_row)
+                 + m * lat + m * rows * row_ar)
+    rep.allreduce += m * rows * row_ar
+    rep.weights += m * a_
+    rep.kv += _interval_cost(m, x, live, 0.0, b_, 0.0)
+    rep.pad += m * live * pad * b_
+    rep.live_tokens += m * x + live * m * (m - 1) / 2.0
+    rep.slot_steps += m * live
+    x += live * m
+    now += m
+    if evict:
+      while order[-1] not in running:
+        order.pop()
+      i, start = running.pop(order.pop())
+      x -= ps[i] + (now - start)
+      live -= 1
+      queue.appendleft(i)
+      rep.evictions += 1
+      rep.redone += now - start
+      blocked = True
+      continue
+    while heap and heap[0][0] == now:
+      _, done = heapq.heappop(heap)
+      if done in running:
+        i, _ = running.pop(done)
+        x -= ps[i] + lens[i]
+        live -= 1
+        blocked = False
+  rep.steps = now
+  return rep
+
+
 def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool,
                        name: str = "rollout", n: int | None = None,
                        engine: EngineShape | None = None) -> Program:
-  """Continuous batching on replicas of tp chips: event-driven, step cost linear in live KV.
+  """Continuous batching on replicas of tp chips: event-driven, step cost linear in live KV
+  (`simulate_replica`).
 
   Per replica (sequences dealt round robin, admitted FIFO while live KV tokens < the cap
   and fewer than `slots` are live): a step with n live sequences holding X tokens costs
-  max((weights + X kv_bytes / tp) / BW', n (m + head) / tp / (peak · mfu')) + latency
-  + rows · `step_terms.decode_allreduce_s` (the TP all-reduces' bytes; rows = the slots of
-  a built engine, whose step has a fixed shape, else the live rows).
-  The rollout ends with the slowest replica. A response of ℓ tokens is ℓ steps (its first
-  token comes from the prefill: one fewer decode step in fact, as compile_check counts).
+  max((weights + X kv_bytes / tp) / BW', rows (m + head) / tp / (peak · mfu')) + latency
+  + rows · `step_terms.decode_allreduce_s` (the TP all-reduces' bytes), rows = the slots of
+  a built engine, whose step has a fixed shape (its matmuls and all-reduces run over every
+  slot, live or idle), else the live rows. The rollout ends with the slowest replica. A
+  response of ℓ tokens is ℓ steps (its first token comes from the prefill: one fewer decode
+  step in fact, as compile_check counts).
 
   engine (with `--engine_layout=built`, never for the floor): the engine as built, its
   `replicas` of tp = Setup.tensor chips (heads over mesh.tensor), each with slots / replicas
-  slots and kv_tokens / replicas as the cap. Otherwise replicas of `--engine_tp` chips, no
-  slot limit, a cap of admit · kv_budget · tp / kv_bytes tokens.
+  slots and kv_tokens / replicas as the cap; late in a run the pool, not the slots, bounds
+  the live responses, and the engine evicts the youngest when its reserved pages run
+  short (counted: `simulate_replica`). Otherwise replicas of `--engine_tp` chips, no slot
+  limit, a cap of admit · kv_budget · tp / kv_bytes tokens.
   """
   a, k = st.arch, st.knobs
   n = n or st.n                  # responses per prompt: one prefill per prompt
@@ -137,57 +240,46 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
   row_ar = 0.0 if floor else step_terms.decode_allreduce_s(st, tp)
   # The engine as built: its prefill as it runs (every prompt at its bucket, on every
   # replica: `step_terms.engine_prefill`) instead of real prompt tokens ÷ replicas; the
-  # Pallas kernel's KV blocks (a slot reads whole blocks: (Bt − 1) / 2 tokens more per step).
+  # Pallas kernel's KV blocks (a slot reads whole blocks: (Bt − 1) / 2 tokens more per step);
+  # the pages each slot holds ahead of its KV (two chunks with overlap, one without) and
+  # half a page, which the pool's admission and eviction count.
   built = engine is not None and not floor
   max_pages = -(-(st.prompt_len + st.max_new - 1) // engine.page_size) if built else 0
   block = step_terms.kernel_block_tokens(engine, max_pages) if built else 0
   pad = (block - 1) / 2.0 if block else 0.0
+  reserve = None
+  if built and cap < max_live * max_pages * engine.page_size:
+    # (A pool of whole responses for every slot never binds: a slot holds at most one.)
+    reserve = ((2 if engine.overlap else 1) * engine.chunk_steps
+               + (engine.page_size - 1) / 2.0)
+  prefill_tok = 0.0 if built else (a.matmul / tp) / (
+      st.peak * (k.mfu_ceiling if floor else k.mfu)) / n
   worst, worst_terms, flops, steps_max, worst_live = 0.0, {}, 0.0, 0, 0.0
+  worst_rep, evictions, redone = None, 0, 0.0
   for r in range(reps):
     lens, ps = resp[r::reps], prompts[r::reps]
     if not len(lens):
       continue
-    now, x, live, q, heap = 0, 0.0, 0, 0, []
-    cost = pre = 0.0
-    w_time = kv_time = pad_time = live_sum = slot_steps = ar_time = 0.0
-    while q < len(lens) or heap:
-      while q < len(lens) and (x + ps[q] < cap or live == 0) and (
-          max_live is None or live < max_live):
-        heapq.heappush(heap, (now + int(lens[q]), int(ps[q]) + int(lens[q])))
-        x += ps[q]
-        if not built:
-          pre += ps[q] * (a.matmul / tp) / (st.peak * (k.mfu_ceiling if floor else k.mfu)) / n
-        live += 1
-        q += 1
-      nxt = heap[0][0]
-      m = nxt - now
-      c = _interval_cost(m, x + live * pad, live, a_, b_, live * per_tok)
-      ar = m * (max_live if max_live is not None else live) * row_ar
-      cost += c + m * lat + ar
-      ar_time += ar
-      w_time += m * a_
-      kv_time += _interval_cost(m, x, live, 0.0, b_, 0.0)
-      pad_time += m * live * pad * b_
-      live_sum += m * x + live * m * (m - 1) / 2.0   # Σ over the m steps of live tokens
-      slot_steps += m * live
-      x += live * m
-      now = nxt
-      while heap and heap[0][0] == now:
-        _, tot = heapq.heappop(heap)
-        x -= tot
-        live -= 1
-    total = cost + pre
-    flops += (a.matmul + a.head) * float(lens.sum() + (0 if built else ps.sum() / n)) / tp
+    rep = simulate_replica(lens, ps, cap=cap, max_live=max_live if built else None,
+                           a_=a_, b_=b_, per_row=per_tok, lat=lat, row_ar=row_ar, pad=pad,
+                           prefill_tok=prefill_tok, reserve=reserve)
+    evictions += rep.evictions
+    redone += rep.redone
+    total = rep.cost + rep.prefill
+    flops += (a.matmul + a.head) * float(lens.sum() + rep.redone
+                                         + (0 if built else ps.sum() / n)) / tp
     if total > worst:
-      worst, steps_max = total, now
-      worst_live = live_sum / max(1.0, slot_steps)
-      mem = w_time + kv_time + pad_time
-      worst_terms = {"decode weights": w_time, "decode KV": kv_time,
-                     "decode compute": max(0.0, cost - now * lat - ar_time - mem),
-                     "decode latency": now * lat, "decode all-reduce bytes": ar_time,
-                     "prefill": pre}
+      worst, steps_max, worst_rep = total, rep.steps, rep
+      worst_live = rep.live_tokens / max(1.0, rep.slot_steps)
+      mem = rep.weights + rep.kv + rep.pad
+      now_lat = rep.steps * lat
+      worst_terms = {"decode weights": rep.weights, "decode KV": rep.kv,
+                     "decode compute": max(0.0, rep.cost - now_lat - rep.allreduce - mem),
+                     "decode latency": now_lat, "decode all-reduce bytes": rep.allreduce,
+                     "prefill": rep.prefill}
       if built:
-        worst_terms["decode kernel blocks"] = pad_time
+        worst_terms["decode kernel blocks"] = rep.pad
+  pre = worst_rep.prefill if worst_rep is not None else 0.0
   mem_time = worst_terms.get("decode weights", 0.0) + worst_terms.get("decode KV", 0.0)
   prog = Program(name, flops / reps, mem_time * bw,
                  0 if floor else steps_max * (2 * a.layers + 2))
@@ -197,7 +289,8 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
   prog.terms = worst_terms
   prog.steps = steps_max
   if built:
-    secs, pf_flops, pf_coll, line = step_terms.engine_prefill(st, prompts[::n], tp, reps)
+    secs, pf_flops, pf_coll, line = step_terms.engine_prefill(st, prompts[::n], tp, reps,
+                                                              engine.slots, n)
     prog.terms["prefill"] = secs
     prog.flops += pf_flops
     prog.collectives += pf_coll
@@ -206,8 +299,10 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
     secs, line = step_terms.host_gap(st, engine, steps_max, worst_live, len(resp), decode_s)
     prog.terms["host gap"] = secs
     prog.lines.append(line)
-    line = step_terms.kernel_line(st, engine, block, prog.terms["decode kernel blocks"], tp)
+    line = step_terms.kernel_line(st, engine, block, prog.terms["decode kernel blocks"], tp,
+                                  max_pages)
     prog.lines.append(line)
+    prog.lines.append(pool_line(worst_rep, max_live, cap, evictions, redone, resp))
   if max_live is not None:
     prog.note = (f"as built: {reps} replicas × TP{tp} of {max_live} slots, a pool of "
                  f"{cap:.0f} tokens each ({cap * kvb / tp / GB:.1f} GB/chip), slowest "
@@ -217,3 +312,17 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
                  f"(≈{cap:.0f} live tokens), slowest replica {steps_max} steps")
   return prog
 
+
+
+def pool_line(rep: Replica | None, slots: int, cap: float, evictions: int, redone: float,
+              resp: np.ndarray) -> str:
+  """The KV pool's hold on the built engine's live slots (the slowest replica) and the
+  evictions of all replicas."""
+  if rep is None:
+    return ""
+  live = rep.slot_steps / max(1, rep.steps)
+  return (f"KV pool of {cap:,.0f} tokens per replica: {live:.0f} of {slots} slots live on "
+          f"average (slowest replica), admission held back by the pool on "
+          f"{rep.pool_bound / max(1, rep.steps):.0%} of its steps; {evictions:,} evictions "
+          f"in all replicas, {redone:,.0f} tokens decoded again "
+          f"({redone / max(1.0, float(resp.sum())):.1%} of the rollout's)")

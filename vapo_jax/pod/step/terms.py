@@ -49,10 +49,26 @@ def collective_bw(st) -> float:
   return st.ici * st.knobs.collective_bw_share
 
 
-def engine_prefill(st, prompt_lengths: np.ndarray, tp: int, replicas: int
-                   ) -> tuple[float, float, float, str]:
+def replicas_per_prompt(prompts: int, n: int, slots: int, replicas: int) -> float:
+  """Mean decode replicas a prompt's n responses land on under the engine's admission
+  (free slots in order take the FIFO queue's head): the first fill puts the S / (R n)
+  prompts of each replica's S / R slots on that replica alone; later a freed slot sits on
+  any replica, so a prompt's n responses meet R (1 − (1 − 1/R)^n) of them on average
+  (independent frees: an estimate, not a replay)."""
+  if replicas <= 1 or prompts <= 0:
+    return 1.0
+  first = min(prompts, slots // max(1, n))
+  spread = replicas * (1.0 - (1.0 - 1.0 / replicas) ** n)
+  return (first + (prompts - first) * spread) / prompts
+
+
+def engine_prefill(st, prompt_lengths: np.ndarray, tp: int, replicas: int, slots: int = 0,
+                   n: int = 1) -> tuple[float, float, float, str]:
   """(seconds, FLOPs per chip, collectives per chip, line) of the engine's prefills of
-  `prompt_lengths` (one per prompt) as it runs them (module docstring)."""
+  `prompt_lengths` (one per prompt) as it runs them (module docstring). With the engine's
+  slots and the responses per prompt n, the line also gives what a prefill once per prompt
+  per decode replica that decodes its responses would cost (not built:
+  `replicas_per_prompt` of the R replicas instead of all of them)."""
   a, k = st.arch, st.knobs
   bk = np.array([bucket_of(p, st.prompt_len, st.prompt_buckets) for p in prompt_lengths])
   flops = sum(sum(step_counts.forward_flops(a, 1, int(b), 1).values()) for b in bk) / tp
@@ -64,6 +80,11 @@ def engine_prefill(st, prompt_lengths: np.ndarray, tp: int, replicas: int
           f"tokens (real mean {np.mean(prompt_lengths):.0f}), each on all {replicas} decode "
           f"replicas: compute {compute:.1f} s + TP collectives {comm:.1f} s "
           f"({ncoll:.0f}, {wire / 1e9:.1f} GB per chip)")
+  if replicas > 1 and slots:
+    per = replicas_per_prompt(len(bk), n, slots, replicas)
+    line += (f"; once per prompt per decode replica that decodes it (not built): "
+             f"{per:.1f} of {replicas} replicas per prompt, "
+             f"{(compute + comm) * per / replicas:.1f} s")
   return compute + comm, flops, ncoll, line
 
 
@@ -127,7 +148,17 @@ def queries_per_block() -> int:
       "queries_per_block"].default
 
 
-def kernel_line(st, engine, block_tokens: int, extra_s: float, tp: int) -> str:
+def slot_groups(engine, max_pages: int) -> tuple[int, int]:
+  """(calls, slots per call) of the Pallas kernel per layer and decode step on one replica
+  (`paged_attention.slot_group_of`: its page table in scalar memory)."""
+  from vapo_jax.models import paged_attention  # pylint: disable=import-outside-toplevel
+  per = engine.slots // max(1, engine.replicas)
+  group = paged_attention.slot_group_of(per, max_pages)
+  return -(-per // group), group
+
+
+def kernel_line(st, engine, block_tokens: int, extra_s: float, tp: int,
+                max_pages: int = 0) -> str:
   if engine is None:
     return ""
   if not block_tokens:
@@ -135,11 +166,14 @@ def kernel_line(st, engine, block_tokens: int, extra_s: float, tp: int) -> str:
             "platform); KV read at live length")
   a = st.arch
   page_bytes = engine.page_size * 2 * a.k / tp * a.dh * 2
+  calls, group = slot_groups(engine, max_pages or 1)
+  groups = (f"; {calls} calls of {group} slots per layer and step (a call's page table, "
+            f"{group} × {max_pages} int32, in the kernel's scalar memory)" if calls > 1 else "")
   return (f"decode kernel blocks: Pallas ragged paged attention, {block_tokens // engine.page_size}"
           f" pages × {engine.page_size} tokens = {block_tokens} tokens per KV block "
           f"({page_bytes / 1e3:.0f} KB per page DMA per chip), {queries_per_block()} queries "
-          f"per block; KV reads rounded up to whole blocks: +{extra_s:.0f} s; bandwidth "
-          f"efficiency {st.knobs.bw_efficiency} assumed (unmeasured)")
+          f"per block{groups}; KV reads rounded up to whole blocks: +{extra_s:.0f} s; "
+          f"bandwidth efficiency {st.knobs.bw_efficiency} assumed (unmeasured)")
 
 
 def train_collectives(st, name: str, micro_batches: float, calls: float) -> tuple[float, str]:
