@@ -88,10 +88,12 @@ class _Splash:
     self.kernel = splash_attention_kernel
     self.mask_info = splash_attention_mask_info
 
-  def make_kernel(self, fwd, dq, dkv, *, block: int, mask_function, interpret: bool = False):
+  def make_kernel(self, fwd, dq, dkv, *, block: int, mask_function, interpret: bool = False,
+                  residual_name: str | None = None):
     """A `SplashAttentionKernel` from our own (forward, dq, dkv) `MaskInfo` tables, one
     block size c everywhere (separate dq and dk/dv kernels: the fused backward keeps a
-    [n, H, L, Dh] dq buffer); called as kernel(q [H, L, Dh], k, v [K, L, Dh], SegmentIds)."""
+    [n, H, L, Dh] dq buffer); called as kernel(q [H, L, Dh], k, v [K, L, Dh], SegmentIds).
+    residual_name: the `checkpoint_name` of the forward's residuals (output, log-sum-exp)."""
     sk = self.kernel
     c = block
     sizes = sk.BlockSizes(block_q=c, block_kv=c, block_kv_compute=c, block_q_dkv=c,
@@ -100,7 +102,7 @@ class _Splash:
     return sk.SplashAttentionKernel(
         fwd, dq, dkv, block_sizes=sizes, is_mqa=False, save_residuals=False,
         mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
-        residual_checkpoint_name=None, mask_function=mask_function, interpret=interpret)
+        residual_checkpoint_name=residual_name, mask_function=mask_function, interpret=interpret)
 
 
 def splash_attention() -> _Splash:

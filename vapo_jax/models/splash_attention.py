@@ -46,6 +46,9 @@ import numpy as np
 from vapo_jax import compat
 
 LANES = 128  # the kernel's key blocks are multiples of 128 slots
+# The `checkpoint_name` of the kernel's forward residuals (output, log-sum-exp): a selective
+# remat that keeps them (`transformer.SAVED`) runs no attention forward in its backward.
+RESIDUALS = "splash"
 
 
 def block_for(t: int, block: int) -> int:
@@ -150,7 +153,7 @@ def splash_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array, v_BxTxKxDh: j
 
   scale = jnp.asarray(1.0 / math.sqrt(dh), q_BxTxHxDh.dtype)
   kernel = sa.make_kernel(*mask_infos(seg, c), block=c, mask_function=_causal,
-                          interpret=interpret)
+                          interpret=interpret, residual_name=RESIDUALS)
   o = kernel(fold(q_BxTxHxDh * scale), fold(k_BxTxKxDh), fold(v_BxTxKxDh),
              sa.kernel.SegmentIds(q=q_ids, kv=kv_ids))
   o = o.reshape(h, b, tp, dh).transpose(1, 2, 0, 3)[:, :t]

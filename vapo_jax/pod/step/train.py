@@ -17,14 +17,15 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
   a, k = st.arch, st.knobs
   mfu = k.mfu_ceiling if floor else k.mfu
   splash = a.kernel == "splash" and not floor
-  fac = (step_counts.train_factors(0.0 if floor else a.remat, "splash" if splash else "jax")
+  fac = (step_counts.train_factors(0.0 if floor else a.remat, "splash" if splash else "jax",
+                                   0.0 if floor else a.selective)
          if train else {"matmul": 1.0, "attention": 1.0, "head": 1.0})
   if floor and train:
     fac = {"matmul": 3.0, "attention": 3.5, "head": 3.0}
   tokens = sum(c * t for c, t, _, _ in rows_t)
   mm = tokens * a.matmul * fac["matmul"]
-  if train and a.remat and not floor:
-    mm -= tokens * a.down * a.remat
+  if train and a.full_remat and not floor:  # a full remat's recompute drops MLP down
+    mm -= tokens * a.down * a.full_remat
   at = sum(c * pr for c, _, pr, _ in rows_t) * a.pair * fac["attention"]
   hd = sum(c * hp for c, _, _, hp in rows_t) * (2.0 * a.d if critic else a.head) * fac["head"]
   chips, rate = st.chips, st.peak * mfu
