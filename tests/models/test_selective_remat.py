@@ -80,3 +80,102 @@ def test_selective_equals_full_and_no_remat(scan, packed, lora_rank):
   if lora_rank:
     paths = [p for p, _ in jax.tree_util.tree_leaves_with_path(out["selective"][1])]
     assert paths and all(str(p[-1].key).endswith(lora.SUFFIXES) for p in paths)
+
+
+def test_splash_residuals_are_kept_not_recomputed():
+  # Traced only (Pallas interpret mode): with the residuals' name saved, the backward of a
+  # checkpointed splash call runs no second forward kernel (3 calls: fwd, dq, dk/dv).
+  from jax._src.interpreters import partial_eval as pe  # pylint: disable=import-outside-toplevel
+  from vapo_jax.models import splash_attention as spa  # pylint: disable=import-outside-toplevel
+  ones = lambda *s: jnp.ones(s, jnp.float32)  # noqa: E731
+  q, k, v, seg = ones(1, 256, 2, 128), ones(1, 256, 1, 128), ones(1, 256, 1, 128), jnp.ones(
+      (1, 256), jnp.int32)
+
+  def kernels(names):
+    fn = jax.checkpoint(
+        lambda q, k, v: jnp.sum(jnp.sin(spa.splash_attention(q, k, v, seg, 128, True))),
+        policy=jax.checkpoint_policies.save_only_these_names(*names))
+    closed = jax.make_jaxpr(jax.value_and_grad(fn, (0, 1, 2)))(q, k, v)
+    jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    return str(jaxpr).count("pallas_call[")
+
+  assert kernels(transformer.SAVED) == 3
+  assert kernels(()) == 4
+
+
+# ------------------------------------------------------- 8 devices equal one (one RL step)
+
+
+def mesh_shards(mesh) -> int:
+  """The batch shards of a mesh (data x fsdp)."""
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def _rl_step(mcfg, mesh, layout_name):
+  """Loss metrics and the gradient (read off an SGD(lr=1) step) of one policy update."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import functools  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax import packing  # pylint: disable=import-outside-toplevel
+  from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
+  from vapo_jax.rl import batch as batch_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.rl import layout as layout_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.rl import train_state, update  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import learners  # pylint: disable=import-outside-toplevel
+  p, r = 4, 6
+  plen, rlen = np.array([4, 2, 3, 4, 1, 4, 2, 3]), np.array([6, 1, 3, 0, 5, 2, 6, 4])
+  cols = np.arange(p + r)[None]
+  prompt = (cols >= p - plen[:, None]) & (cols < p)
+  resp = (cols >= p) & (cols < p + rlen[:, None])
+  mask, resp = (prompt | resp).astype(np.float32), resp[:, p:].astype(np.float32)
+  rng = np.random.default_rng(0)
+  tokens = (rng.integers(1, mcfg.vocab_size, mask.shape) * mask).astype(np.int32)
+  z = lambda: (rng.normal(size=resp.shape) * resp).astype(np.float32)  # noqa: E731
+  batch = batch_lib.RolloutBatch(
+      tokens_BxL=tokens, mask_BxL=mask, old_logp_BxR=z() - 3.0 * resp, advantages_BxR=z(),
+      response_mask_BxR=resp, scores_B=np.array([1, 0, 1, 1, 0, 1, 0, 1], np.float32),
+      returns_BxR=z(), old_values_BxR=np.zeros_like(resp), ref_logp_BxR=z() - 3.0 * resp)
+  c = config_lib.apply_preset(config_lib.default_config_dict(), "vapo")
+  hp = dataclasses.replace(learners.policy_hparams(config_lib.from_config_dict(c)),
+                           nll_coef=0.2)
+  layout = {"padded": layout_lib.Padded(2),
+            # 4 rows of 10 slots per micro-batch on either mesh (4 batch shards on 8 devices)
+            "packed": layout_lib.Packed(packing.PackSpec(p + r, 4 // mesh_shards(mesh),
+                                                         mesh_shards(mesh)))}[layout_name]
+  sgd = optax.sgd(1.0)
+  model = transformer.init_sharded(lambda rr: transformer.Transformer(mcfg, rngs=rr), mesh,
+                                   seed=3)
+  graphdef, params = nnx.split(model)
+  state = train_state.init_state(params, sgd)
+  before = jax.device_get(state.params)
+  axes = shd.batch_axes(mesh)
+  step = layout.step("step", train_state.compile_step(
+      functools.partial(update.policy_step, graphdef, sgd, hp, layout), state, mesh, axes),
+      mesh, axes)
+  state, metrics, _ = step(state, batch_lib.shard_batch(batch, mesh, axes))
+  grads = jax.tree.map(lambda b, a: np.asarray(b, np.float64) - np.asarray(a), before,
+                       jax.device_get(state.params))
+  return jax.device_get(metrics), grads
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_selective_remat_on_8_devices_equals_one_device(layout):
+  from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
+  base = tiny_config(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=3,
+                     num_heads=2, num_kv_heads=2, head_dim=16, scan_layers=False)
+  one = shd.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  eight = shd.make_mesh(data=2, fsdp=2, tensor=2)
+  runs = {"none, 1 device": _rl_step(base, one, layout),
+          "mixed, 1 device": _rl_step(base.replace(remat=True, remat_layers=2,
+                                                   remat_selective=1), one, layout),
+          "selective, 8 devices": _rl_step(base.replace(remat=True, remat_selective=3),
+                                           eight, layout)}
+  m0, g0 = runs["none, 1 device"]
+  assert m0["policy_grad_norm"] > 0
+  for name, (m, g) in runs.items():
+    for key in ("policy_loss", "pg_loss", "nll_loss", "policy_grad_norm"):
+      np.testing.assert_allclose(m[key], m0[key], rtol=1e-5, atol=1e-7, err_msg=name + key)
+    scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(g0))
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
+      np.testing.assert_allclose(a, b, atol=1e-5 * scale, rtol=0, err_msg=name)

@@ -121,6 +121,36 @@ def test_partial_remat_flops_equal_xla_cost_analysis():
   assert step_counts.train_factors(0.5)["matmul"] == 3.5
 
 
+@pytest.mark.parametrize("remat_layers,selective", [(2, 2), (2, 1)])
+def test_selective_remat_flops_equal_xla_cost_analysis(remat_layers, selective):
+  # model.remat_selective blocks keep their matmul outputs: no matmul recompute (and no
+  # "- down"), the pure-JAX attention forward recomputed; the others as a full remat.
+  from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
+  cfg = _config(**{**ONE_TRIP, "model.remat_layers": remat_layers,
+                   "model.remat_selective": selective})
+  mcfg = archs.model_config(cfg).replace(vocab_size=512, real_vocab_size=512,
+                                         scan_layers=False)
+  assert mcfg.remat_selective == selective
+  mesh = shd.make_mesh(1, -1, 1, devices=jax.devices()[:8])
+  plan = programs.build(cfg, mcfg, mesh, ("policy_step",))
+  prog, = plan.programs
+  cost = prog.fn.lower(*prog.args, **prog.kwargs).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  a = step_counts.Arch.of(mcfg)
+  assert (a.remat, a.selective) == (1.0, selective / 2)
+  b, t = plan.shapes["rows"], plan.shapes["prompt_len"] + plan.shapes["response_len"]
+  fwd = step_counts.forward_flops(a, b, t, step_counts.padded_head_positions(
+      plan.shapes["response_len"]))
+  fac = step_counts.train_factors(a.remat, selective=a.selective)
+  want = sum(fac[k] * v for k, v in fwd.items()) - a.full_remat * b * t * a.down
+  assert float(cost["flops"]) * mesh.size == pytest.approx(want, rel=0.02)
+  # a full remat's matmul recompute (less down) is more than the 2% tolerance here
+  full = sum(step_counts.train_factors(1.0)[k] * v for k, v in fwd.items()) - b * t * a.down
+  assert (full - want) / want > 0.05 * a.selective
+  assert step_counts.train_factors(1.0, "splash", 1.0) == {
+      "matmul": 3.0, "attention": 4.5, "head": 4.0}
+
+
 def test_attention_pairs_of_the_kernels():
   from vapo_jax.models import attention  # pylint: disable=import-outside-toplevel
   a = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1.0, 1.0, 512, "blocked", True)
