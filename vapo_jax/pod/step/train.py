@@ -35,6 +35,8 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
               else (lambda t: k.attn_score_bytes))
   score_bytes = 0.0 if floor else (sum(c * pr * per_pair(t) for c, t, pr, _ in rows_t)
                                    * a.layers * a.h * fac["attention"])
+  if splash and train:  # the fused backward's dq partials (0 with the split kernels)
+    score_bytes += sum(c * step_counts.splash_dq_bytes(a, t) for c, t, _, _ in rows_t)
   weights = (a.critic_params if critic else a.params) * 2.0 / st.train_tp
   prog = Program(name, (mm + at + hd) / chips, score_bytes / chips + weights)
   prog.terms = {"matmul": (mm + hd) / chips / rate,
