@@ -265,9 +265,10 @@ def selective_search(check, mcfg, names, *, probe_layers=None, log=print,
   peaks, s_max = {}, layers
   for name in names:
     a, z = ends["full"][name], ends["selective"][name]
-    if a["error"]:
+    if a["error"] or a["peak"] > budget:
+      why = a["error"] or f"{a['peak'] / GB:.2f} GB over {budget / GB:.1f} GB"
       log(f"  selective search: {name} does not fit with every block fully rematerialised "
-          f"({a['error']})")
+          f"({why})")
       return {"selective": None, "peaks": peaks, "budget": budget}
     p_sel = z["peak"] if not z["error"] else float("inf")
     peaks[name] = (a["peak"], p_sel)

@@ -53,7 +53,9 @@ def attention_line(st: Setup, rows_t: list, seq: np.ndarray) -> str:
   pairs / Σ n (n + 1) / 2 of the real sequences, real / computed tokens, row lengths."""
   a = st.arch
   if a.kernel == "splash":
-    kind = "jax's Pallas splash kernel (block tables per row, no score traffic)"
+    kind = ("jax's Pallas splash kernel (block tables per row, no score traffic; backward "
+            + ("fused, its dq partials through HBM)" if step_counts.splash_bwd() == 2.5
+               else "as separate dq and dk/dv kernels)"))
   elif a.uses_blocked(st.prompt_len + st.max_new, st.prompt_len + st.max_new):
     kind = (f"the pure-JAX blocked scan (C = {a.block}; key blocks skipped per micro-batch; "
             f"f32 scores through HBM, {st.knobs.attn_score_bytes:g} B per pair and head)")
