@@ -181,3 +181,21 @@ def test_selective_remat_on_8_devices_equals_one_device(layout):
     scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(g0))
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
       np.testing.assert_allclose(a, b, atol=1e-5 * scale, rtol=0, err_msg=name)
+
+
+def test_remat_selective_is_checked_with_clear_errors():
+  from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  cfg = tiny_config(num_layers=4, remat=True, remat_layers=3, remat_selective=2)
+  assert [cfg.remat_kind(i) for i in range(4)] == ["full", "selective", "selective", None]
+  with pytest.raises(ValueError, match="remat_selective=4.*3 rematerialised"):
+    tiny_config(num_layers=4, remat=True, remat_layers=3, remat_selective=4)
+  with pytest.raises(ValueError, match="remat_selective=1"):
+    tiny_config(num_layers=4, remat=False, remat_selective=1)
+  for over, match in (({"remat_selective": 1}, "0 unless model.remat"),
+                      ({"remat": True, "remat_layers": 2, "remat_selective": 3},
+                       "at most model.remat_layers=2")):
+    c = config_lib.default_config_dict()
+    for k, v in over.items():
+      c.model[k] = v
+    with pytest.raises(config_lib.ConfigError, match=match):
+      config_lib.from_config_dict(c)
