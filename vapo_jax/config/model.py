@@ -69,8 +69,8 @@ class ModelSection:
   # prints the fewest that fit a topology.
   remat_layers: int = -1
   # Of the rematerialised blocks, how many (the last ones) keep their matmul outputs (q, k,
-  # v, attention, o, gate, up) and recompute only the elementwise work: the matmul FLOPs of a
-  # kept block for the memory of 7 matmul outputs per token instead of 1 input. 0: none.
+  # v, o, gate, up; on TPU the splash kernel's residuals) and recompute only the elementwise
+  # work: a plain block's FLOPs for about its memory. 0: none.
   remat_selective: int = 0
   # The blocks under one `lax.scan` over stacked parameters (compile time flat in depth), or
   # a Python loop (models/stacked.py). configs/qwen32b.py keeps the loop: its compile check

@@ -59,9 +59,10 @@ class ModelConfig:
       activations held). -1: every block. Chosen by memory (`pod.compile_check
       --remat_search`): the fewest that fit.
     remat_selective: of the rematerialised blocks, how many (the last ones) remat
-      selectively: they keep their matmul outputs (`transformer.SAVED`: q, k, v, the
-      attention output, o, gate, up) and recompute only the elementwise work (norms, RoPE,
-      SiLU, bias) and the attention forward; the first num_remat - remat_selective
+      selectively: they keep their matmul outputs (`transformer.SAVED`: q, k, v, o, gate,
+      up, and the splash kernel's residuals) and recompute only the elementwise work (norms,
+      RoPE, SiLU, bias; on the pure-JAX paths the attention forward too); the first
+      num_remat - remat_selective
       recompute everything (keep only their input). 0: none (every rematerialised block
       full). At most the number of rematerialised blocks.
     scan_layers: the blocks' parameters are stacked on a leading layer axis [L, ...]

@@ -334,7 +334,7 @@ class Attention(nnx.Module):
       out = attention.causal_dense_attention(q, k, v, mask_Bx1xTxS, seg)
     else:
       out = attention.dense_attention(q, k, v, mask_Bx1xTxS, seg)
-    y = lora.project(self, "o", checkpoint_name(out, "attn"), 2, dt)
+    y = lora.project(self, "o", out, 2, dt)
     if cfg.o_bias:
       y = _bias(y, self.o_bias[...])
     return checkpoint_name(y, "o"), kv
