@@ -88,19 +88,24 @@ class _Splash:
     self.kernel = splash_attention_kernel
     self.mask_info = splash_attention_mask_info
 
-  def make_kernel(self, fwd, dq, dkv, *, block: int, mask_function, interpret: bool = False):
+  def make_kernel(self, fwd, dq, dkv, *, block: int, mask_function, interpret: bool = False,
+                  residual_name: str | None = None):
     """A `SplashAttentionKernel` from our own (forward, dq, dkv) `MaskInfo` tables, one
-    block size c everywhere (separate dq and dk/dv kernels: the fused backward keeps a
-    [n, H, L, Dh] dq buffer); called as kernel(q [H, L, Dh], k, v [K, L, Dh], SegmentIds)."""
+    block size c everywhere; called as kernel(q [H, L, Dh], k, v [K, L, Dh], SegmentIds).
+    dq None: the fused backward (one kernel for dq, dk, dv; it writes a dq partial per key
+    block, [L / c, H, L, Dh], summed after), else separate dq and dk/dv kernels.
+    residual_name: the `checkpoint_name` of the forward's residuals (output, log-sum-exp)."""
     sk = self.kernel
     c = block
+    fused = dq is None
     sizes = sk.BlockSizes(block_q=c, block_kv=c, block_kv_compute=c, block_q_dkv=c,
-                          block_kv_dkv=c, block_kv_dkv_compute=c, block_q_dq=c,
-                          block_kv_dq=c)
+                          block_kv_dkv=c, block_kv_dkv_compute=c,
+                          block_q_dq=None if fused else c, block_kv_dq=None if fused else c,
+                          use_fused_bwd_kernel=fused)
     return sk.SplashAttentionKernel(
         fwd, dq, dkv, block_sizes=sizes, is_mqa=False, save_residuals=False,
         mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
-        residual_checkpoint_name=None, mask_function=mask_function, interpret=interpret)
+        residual_checkpoint_name=residual_name, mask_function=mask_function, interpret=interpret)
 
 
 def splash_attention() -> _Splash:

@@ -25,7 +25,10 @@ def _packed(b=2, t=300, h=2, k=1, dh=32, seed=0):
 
 
 @pytest.mark.floor
-def test_values_and_gradients_match_the_blocked_path_with_segments_and_padding():
+@pytest.mark.parametrize("fused", [True, False])
+def test_values_and_gradients_match_the_blocked_path_with_segments_and_padding(
+    fused, monkeypatch):
+  monkeypatch.setattr(spa, "FUSED_BWD", fused)  # the fused backward (per row) or split
   q, k, v, seg, w = _packed()
   real = seg > 0
 
@@ -64,6 +67,18 @@ def test_block_tables_skip_padding_other_segments_and_later_blocks_per_row():
   # Row 1 (blocks 4..7 of the folded sequence): key block 1 is seen by query blocks 1..3.
   np.testing.assert_array_equal(np.asarray(dkv.data_next)[0, :, 5], [5, 6, 7, 7])
   np.testing.assert_array_equal(np.asarray(dkv.block_mask)[0, :, 5], [1, 1, 1, 0])
+  # The fused backward, per row: dq None; its dk/dv grid visits every query block i at step
+  # i (the kernel writes key block j's dq partial there), live ones switched on; a dead step
+  # names the last live query block before it (else the first after): no new copy.
+  fwd, dq, dkv = spa.mask_infos(jnp.asarray(seg[:1]), 128, fused_bwd=True)
+  assert dq is None and dkv.data_next.shape == (1, 4, 4)
+  np.testing.assert_array_equal(np.asarray(dkv.block_mask)[0], live[0].astype(int))
+  np.testing.assert_array_equal(np.asarray(dkv.data_next)[0], [[0, 1, 2, 3],
+                                                             [1, 1, 2, 3],
+                                                             [1, 2, 2, 3],
+                                                             [1, 2, 2, 3]])
+  with pytest.raises(ValueError, match="per row"):
+    spa.mask_infos(jnp.asarray(seg), 128, fused_bwd=True)
 
 
 def test_auto_is_the_pure_jax_path_off_tpu_and_tpu_is_refused_clearly():
@@ -105,11 +120,14 @@ def test_auto_picks_splash_on_a_tpu_slice_and_refuses_split_gqa_groups():
 
 
 @NEEDS_LIBTPU
-@pytest.mark.parametrize("head_dim", [pytest.param(128, marks=pytest.mark.floor), 64])
-def test_packed_train_step_with_the_splash_kernel_compiles_for_v5p(head_dim):
+@pytest.mark.parametrize("head_dim,fused", [pytest.param(128, True, marks=pytest.mark.floor),
+                                            (64, True), (128, False)])
+def test_packed_train_step_with_the_splash_kernel_compiles_for_v5p(head_dim, fused,
+                                                                   monkeypatch):
   """The gradient of a packed forward (segment ids, fsdp x tensor mesh, remat) lowered and
-  AOT-compiled for a v5p-8 slice from this CPU host: the splash kernels (forward, dq,
-  dk/dv) per layer are in the compiled program."""
+  AOT-compiled for a v5p-8 slice from this CPU host: the splash kernels (forward, and dq
+  plus dk/dv, or the fused backward) per layer are in the compiled program."""
+  monkeypatch.setattr(spa, "FUSED_BWD", fused)
   from flax import nnx
   from vapo_jax import sharding as shd
   from vapo_jax.models import platform, transformer
@@ -137,4 +155,6 @@ def test_packed_train_step_with_the_splash_kernel_compiles_for_v5p(head_dim):
     compiled = step.lower(abs_state, ints, ints, ints).compile()
   text = compiled.as_text()
   assert text.count("splash") >= 3 * mcfg.num_layers or text.count("tpu_custom_call") >= 6
+  assert ("splash_mha_dq" in text) == (not fused), "the fused backward runs no dq kernel"
+  assert "splash_mha_dkv" in text
   assert compiled.memory_analysis() is not None

@@ -210,3 +210,50 @@ def test_remat_search_picks_the_fewest_rematerialised_blocks_that_fit(monkeypatc
   assert fitting.probe_refusal(m48.replace(remat_layers=-1), (2, 4)) == ""
   assert fitting.probe_refusal(m48.replace(remat_layers=40), (4, 8)).endswith(
       "--probe_layers=8,16")
+
+
+def test_selective_search_picks_the_most_selective_blocks_that_fit():
+  # Synthetic compiles of 4 blocks, all rematerialised: with none selective the policy
+  # peaks at 10 GB and the critic at 8, with all 4 selective at 30 / 24 GB: a selective block
+  # costs 5 / 4 GB more. Under 22 GB the policy takes ⌊(22 − 10) / 5⌋ = 2, the critic 3.
+  # The pick is compiled; `bump` GB over the line there makes it step down.
+  from vapo_jax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  seen = []
+
+  def fake_check(mcfg, budget=22e9, bump=0.0):
+    seen.append((mcfg.remat_layers, mcfg.remat_selective))
+    s = mcfg.remat_selective
+    peaks = {"policy_step[rows=2x8]": 10e9 + 5e9 * s + (bump if s == 2 else 0.0),
+             "critic_step": 8e9 + 4e9 * s}
+    return {"budget_per_chip": budget,
+            "programs": {k: {"peak": v, "error": ""} for k, v in peaks.items()}}
+
+  mcfg = ModelConfig(num_layers=4, vocab_size=64, hidden_size=32, intermediate_size=64,
+                     num_heads=2, num_kv_heads=1, remat=True, remat_layers=3)
+  names = ("policy_step", "critic_step")
+  lines = []
+  found = fitting.selective_search(fake_check, mcfg, names, log=lines.append)
+  assert found["selective"] == 2 and found["peaks"]["policy_step"] == (10e9, 30e9)
+  assert seen == [(-1, 0), (-1, 4), (-1, 2)]   # every block rematerialised; ends, then pick
+  assert found["verified"]["2"]["policy_step"] == 20e9
+  assert "model.remat_selective=2" in lines[-1] and "checked by compile" in lines[-1]
+  # 3 GB over the line at 2 (23 > 22 GB): one fewer, 1, fits.
+  found = fitting.selective_search(lambda m: fake_check(m, bump=3e9), mcfg, names,
+                                   log=lines.append)
+  assert found["selective"] == 1 and set(found["verified"]) == {"2", "1"}
+  # Everything selective fits a large budget; none fits below the all-full peak.
+  assert fitting.selective_search(lambda m: fake_check(m, budget=40e9), mcfg, names,
+                                  log=lines.append)["selective"] == 4
+  found = fitting.selective_search(lambda m: fake_check(m, budget=9e9), mcfg, names,
+                                   log=lines.append)
+  assert found["selective"] is None and "does not fit" in lines[-1]
+  assert fitting.selective_search(lambda m: fake_check(m, budget=12e9), mcfg, names,
+                                  log=lines.append)["selective"] == 0
+  # Probes of 2 and 4 layers hold multiples of 2 selective blocks: 3 (critic) -> 2.
+  assert fitting.selective_search(lambda m: fake_check(m, budget=26e9), mcfg, names,
+                                  log=lines.append, probe_layers=(2, 4))["selective"] == 2
+  # A probe keeps the selective fraction; one that cannot hold it is refused.
+  m = mcfg.replace(num_layers=64, remat_layers=-1, remat_selective=48)
+  assert fitting.probe_model(m, 8).remat_selective == 6
+  assert fitting.probe_refusal(m, (4, 8)) == ""
+  assert "remat_selective=40" in fitting.probe_refusal(m.replace(remat_selective=40), (4, 8))

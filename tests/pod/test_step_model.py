@@ -121,6 +121,39 @@ def test_partial_remat_flops_equal_xla_cost_analysis():
   assert step_counts.train_factors(0.5)["matmul"] == 3.5
 
 
+@pytest.mark.parametrize("remat_layers,selective", [(2, 2), (2, 1)])
+def test_selective_remat_flops_equal_xla_cost_analysis(remat_layers, selective):
+  # model.remat_selective blocks keep their matmul outputs: no matmul recompute (and no
+  # "- down"), the pure-JAX attention forward recomputed; the others as a full remat.
+  from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
+  cfg = _config(**{**ONE_TRIP, "model.remat_layers": remat_layers,
+                   "model.remat_selective": selective})
+  mcfg = archs.model_config(cfg).replace(vocab_size=512, real_vocab_size=512,
+                                         scan_layers=False)
+  assert mcfg.remat_selective == selective
+  mesh = shd.make_mesh(1, -1, 1, devices=jax.devices()[:8])
+  plan = programs.build(cfg, mcfg, mesh, ("policy_step",))
+  prog, = plan.programs
+  cost = prog.fn.lower(*prog.args, **prog.kwargs).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  a = step_counts.Arch.of(mcfg)
+  assert (a.remat, a.selective) == (1.0, selective / 2)
+  b, t = plan.shapes["rows"], plan.shapes["prompt_len"] + plan.shapes["response_len"]
+  fwd = step_counts.forward_flops(a, b, t, step_counts.padded_head_positions(
+      plan.shapes["response_len"]))
+  fac = step_counts.train_factors(a.remat, selective=a.selective)
+  want = sum(fac[k] * v for k, v in fwd.items()) - a.full_remat * b * t * a.down
+  assert float(cost["flops"]) * mesh.size == pytest.approx(want, rel=0.02)
+  # a full remat's matmul recompute (less down) is more than the 2% tolerance here
+  full = sum(step_counts.train_factors(1.0)[k] * v for k, v in fwd.items()) - b * t * a.down
+  assert (full - want) / want > 0.05 * a.selective
+  # in the splash kernel the selective blocks keep its residuals: no attention recompute
+  assert step_counts.train_factors(1.0, "splash", 1.0) == {
+      "matmul": 3.0, "attention": step_counts.splash_bwd() + 1.0, "head": 4.0}
+  with pytest.raises(ValueError, match="within the remat"):
+    step_counts.train_factors(0.5, "splash", 0.75)
+
+
 def test_attention_pairs_of_the_kernels():
   from vapo_jax.models import attention  # pylint: disable=import-outside-toplevel
   a = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1.0, 1.0, 512, "blocked", True)
@@ -148,11 +181,24 @@ def test_splash_blocks_counted_by_hand():
   # attention_block 512 on rows of 1,024: c = 512, one block pair per half: 3 blocks · 512².
   assert step_counts.splash_pairs(a, [(0, 1024)], 1024) == 3 * 512 ** 2
   assert step_counts.splash_block(a, 300) == 384          # rows shorter than C: 128-rounded
-  assert step_counts.train_factors(True, "splash")["attention"] == 5.5
-  assert step_counts.train_factors(False, "splash")["attention"] == 4.5
   assert step_counts.train_factors(True)["attention"] == 4.5
   # 4 Dh / c bytes per (pair, head): a bf16 key and value block per c² pairs.
   assert a.splash_score_bytes(1024) == 4 * 4 / 512
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_splash_backward_fused_or_split_counted_by_hand(fused, monkeypatch):
+  from vapo_jax.models import splash_attention  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(splash_attention, "FUSED_BWD", fused)
+  # fused: qk, pᵀ do, do vᵀ, dsᵀ q, ds k = 2.5 a; split: the dq kernel's qk again, 3.5 a
+  bwd = 2.5 if fused else 3.5
+  assert step_counts.train_factors(True, "splash")["attention"] == bwd + 2.0
+  assert step_counts.train_factors(False, "splash")["attention"] == bwd + 1.0
+  a = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1.0, 1.0, 512, "blocked", True, kernel="splash")
+  # a row of 1,000 slots: c = 512, n = 2 key blocks, each a bf16 [1024, Dh] dq partial per
+  # head and layer, written and read back: 2 · 2 · 1024 · 4 · 2 bytes · 2 heads · 2 layers
+  assert step_counts.splash_dq_bytes(a, 1000) == (2 * 2 * 1024 * 4 * 2 * 2 * 2
+                                                  if fused else 0.0)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -175,10 +221,14 @@ def test_splash_blocks_are_the_kernels_tables(seed):
       np.testing.assert_array_equal(got, want)
 
 
-def test_splash_train_pass_counted_by_hand():
-  """A train pass on the splash kernel: FLOPs = live blocks · c² · 4 L H Dh × (1 + 1 + 3.5)
-  with remat, time compute-bound (its key / value reads are 4 Dh / c bytes per pair and
-  head); the pure-JAX path on the same rows pays the f32 score traffic."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_splash_train_pass_counted_by_hand(fused, monkeypatch):
+  """A train pass on the splash kernel: FLOPs = live blocks · c² · 4 L H Dh × (1 + 1 + 3.5,
+  or 2.5 fused) with remat, time compute-bound (its key / value reads are 4 Dh / c bytes per
+  pair and head, the fused dq partials 4 n² c Dh per row and head); the pure-JAX path on the
+  same rows pays the f32 score traffic."""
+  from vapo_jax.models import splash_attention  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(splash_attention, "FUSED_BWD", fused)
   arch = step_counts.Arch(2, 8, 8, 2, 1, 4, 16, 1000.0, 900.0, 512, "blocked", True,
                          untied=False, kernel="splash")
   st = dataclasses.replace(_hand_setup(attn_score_bytes=16.0), arch=arch, peak=1e11)
@@ -188,8 +238,12 @@ def test_splash_train_pass_counted_by_hand():
   assert pairs == 5 * 512 ** 2
   prog = step_train._train_program(st, "policy_step", [(1, 2048, pairs, 128)], False, True,
                                    False)
-  fl = 5.5 * pairs * arch.pair
+  fl = (4.5 if fused else 5.5) * pairs * arch.pair
   assert prog.terms["attention"] == pytest.approx(fl / st.chips / (1e11 * 0.4))
+  dq = 4 * 4 * 4 * 512 * arch.dh * arch.h * arch.layers if fused else 0.0   # n = 4 blocks
+  assert prog.hbm_bytes == pytest.approx(
+      (pairs * arch.splash_score_bytes(2048) * arch.layers * arch.h * fl / pairs / arch.pair
+       + dq) / st.chips + arch.params * 2.0 / st.train_tp)
   jax_arch = dataclasses.replace(arch, kernel="jax")
   old = step_train._train_program(dataclasses.replace(st, arch=jax_arch), "policy_step",
                                   [(1, 2048, pairs, 128)], False, True, False)

@@ -68,6 +68,10 @@ class ModelSection:
   # (a forward pass less each, more memory). -1: all. `pod.compile_check --remat_search`
   # prints the fewest that fit a topology.
   remat_layers: int = -1
+  # Of the rematerialised blocks, how many (the last ones) keep their matmul outputs (q, k,
+  # v, o, gate, up; on TPU the splash kernel's residuals) and recompute only the elementwise
+  # work: a plain block's FLOPs for about its memory. 0: none.
+  remat_selective: int = 0
   # The blocks under one `lax.scan` over stacked parameters (compile time flat in depth), or
   # a Python loop (models/stacked.py). configs/qwen32b.py keeps the loop: its compile check
   # on v5p-128 did not fit under scan (2026-12-05: critic step 154 GB, 37 GB as a loop).
@@ -94,6 +98,12 @@ class ModelSection:
     need(self.attention_block >= 1, "model.attention_block", self.attention_block, ">= 1")
     need(self.remat_layers >= -1, "model.remat_layers", self.remat_layers,
          ">= -1 (-1: every block)")
+    need(self.remat_selective >= 0 and (self.remat or self.remat_selective == 0),
+         "model.remat_selective", self.remat_selective,
+         ">= 0, and 0 unless model.remat (a count of the rematerialised blocks)")
+    need(self.remat_layers < 0 or self.remat_selective <= self.remat_layers,
+         "model.remat_selective", self.remat_selective,
+         f"at most model.remat_layers={self.remat_layers}")
     self.lora.check()
     need(self.critic_start in ("policy", "reward_model", "path"), "model.critic_start",
          self.critic_start, '"policy", "reward_model" or "path"')

@@ -58,6 +58,13 @@ class ModelConfig:
       others keep their activations for the backward pass (one forward less each, their
       activations held). -1: every block. Chosen by memory (`pod.compile_check
       --remat_search`): the fewest that fit.
+    remat_selective: of the rematerialised blocks, how many (the last ones) remat
+      selectively: they keep their matmul outputs (`transformer.SAVED`: q, k, v, o, gate,
+      up, and the splash kernel's residuals) and recompute only the elementwise work (norms,
+      RoPE, SiLU, bias; on the pure-JAX paths the attention forward too); the first
+      num_remat - remat_selective
+      recompute everything (keep only their input). 0: none (every rematerialised block
+      full). At most the number of rematerialised blocks.
     scan_layers: the blocks' parameters are stacked on a leading layer axis [L, ...]
       (logical axis "layers", never sharded; `models.stacked`) and a cache-free call runs
       them under `jax.lax.scan` -- two scans with a partial remat, the rematerialised
@@ -104,6 +111,7 @@ class ModelConfig:
   dtype: Any = jnp.float32
   remat: bool = False
   remat_layers: int = -1
+  remat_selective: int = 0
   scan_layers: bool = True
   attention_impl: str = "auto"
   attention_block: int = 512
@@ -137,6 +145,10 @@ class ModelConfig:
                        "'auto', 'jax', 'tpu'.")
     if self.attention_block < 1:
       raise ValueError(f"attention_block={self.attention_block} must be >= 1.")
+    if not 0 <= self.remat_selective <= self.num_remat:
+      raise ValueError(f"remat_selective={self.remat_selective}: between 0 and the "
+                       f"{self.num_remat} rematerialised blocks (remat={self.remat}, "
+                       f"remat_layers={self.remat_layers}, num_layers={self.num_layers}).")
     object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
     unknown = set(self.lora_targets) - set(LORA_TARGETS)
     if self.lora_rank < 0 or unknown:
@@ -164,6 +176,14 @@ class ModelConfig:
   def remats(self, layer: int) -> bool:
     """Whether block `layer` is rematerialised in the backward pass."""
     return self.remat and (self.remat_layers < 0 or layer < self.remat_layers)
+
+  def remat_kind(self, layer: int) -> str | None:
+    """Block `layer`'s backward: "full" (recomputes its forward from its input),
+    "selective" (keeps its matmul outputs) or None (keeps its activations)."""
+    n = self.num_remat
+    if layer >= n:
+      return None
+    return "full" if layer < n - self.remat_selective else "selective"
 
   @property
   def num_remat(self) -> int:

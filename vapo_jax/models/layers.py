@@ -15,6 +15,7 @@ from typing import Any
 
 from flax import nnx
 import jax
+from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 import numpy as np
 
@@ -261,6 +262,8 @@ class Attention(nnx.Module):
       q = _bias(q, self.q_bias[...])
       k = _bias(k, self.k_bias[...])
       v = _bias(v, self.v_bias[...])
+    # Names for a selective remat's policy (`transformer.SAVED`); no-ops otherwise.
+    q, k, v = checkpoint_name(q, "q"), checkpoint_name(k, "k"), checkpoint_name(v, "v")
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -332,7 +335,7 @@ class Attention(nnx.Module):
     y = lora.project(self, "o", out, 2, dt)
     if cfg.o_bias:
       y = _bias(y, self.o_bias[...])
-    return y, kv
+    return checkpoint_name(y, "o"), kv
 
 
 class MLP(nnx.Module):
@@ -358,8 +361,8 @@ class MLP(nnx.Module):
     u = lora.project(self, "up", x_BxTxD, 1, dt)
     if self.cfg.mlp_bias:
       g, u = _bias(g, self.gate_bias[...]), _bias(u, self.up_bias[...])
-    g = shd.constrain(g, ("batch", None, "mlp"))
-    u = shd.constrain(u, ("batch", None, "mlp"))
+    g = checkpoint_name(shd.constrain(g, ("batch", None, "mlp")), "gate")
+    u = checkpoint_name(shd.constrain(u, ("batch", None, "mlp")), "up")
     y = lora.project(self, "down", jax.nn.silu(g) * u, 1, dt)
     if self.cfg.mlp_bias:
       y = _bias(y, self.down_bias[...])

@@ -46,6 +46,12 @@ import numpy as np
 from vapo_jax import compat
 
 LANES = 128  # the kernel's key blocks are multiples of 128 slots
+# The `checkpoint_name` of the kernel's forward residuals (output, log-sum-exp): a selective
+# remat that keeps them (`transformer.SAVED`) runs no attention forward in its backward.
+RESIDUALS = "splash"
+# The backward as jax's fused kernel (dq, dk, dv in one pass over the live blocks: 5 block
+# products instead of the separate dq and dk/dv kernels' 7), per row. See `splash_attention`.
+FUSED_BWD = True
 
 
 def block_for(t: int, block: int) -> int:
@@ -98,8 +104,24 @@ def _small(x: jax.Array, top: int) -> jax.Array:
   return x
 
 
-def mask_infos(seg_BxTp: jax.Array, c: int):
-  """The kernel's (forward, dq, dkv) `MaskInfo` tables for the folded rows (traced)."""
+def _fused_dkv(live_JxI: jax.Array):
+  """The fused backward's dk/dv walk of one row: every query block i at grid step i (the
+  kernel writes key block j's dq partial at step i's slot), `block_mask` live[i, j]; a dead
+  step names the last live query block before it (else the first after), so it copies
+  nothing new. Returns (index [1, n (i), n (j)], on [1, n, n]) int32."""
+  n = live_JxI.shape[-1]
+  i = jnp.arange(n, dtype=jnp.int32)[None, :]
+  last = jax.lax.cummax(jnp.where(live_JxI, i, -1), axis=1)
+  first = jnp.argmax(live_JxI, axis=1).astype(jnp.int32)[:, None]
+  idx = jnp.where(last >= 0, last, first)                         # [j, i]
+  return idx.T[None], live_JxI.T[None].astype(jnp.int32)
+
+
+def mask_infos(seg_BxTp: jax.Array, c: int, fused_bwd: bool = False):
+  """The kernel's (forward, dq, dkv) `MaskInfo` tables for the folded rows (traced).
+
+  fused_bwd (one row, B = 1): dq None and the dk/dv tables of the fused backward kernel
+  (`_fused_dkv`: a grid of n x n steps per head instead of n per key block's live walk)."""
   mi = compat.splash_attention().mask_info
   b, tp = seg_BxTp.shape
   n = tp // c
@@ -111,6 +133,13 @@ def mask_infos(seg_BxTp: jax.Array, c: int):
       data_next=_small((kv_idx + base).reshape(1, b * n, n), b * n),
       mask_next=None, block_mask=_small(kv_on.reshape(1, b * n, n), 2),
       partial_mask_blocks=None, q_sequence=jnp.arange(b * tp, dtype=jnp.int32))
+  if fused_bwd:
+    if b != 1:
+      raise ValueError(f"the fused backward's tables are per row (B = 1), got B = {b}")
+    idx, on = _fused_dkv(live[0].T)
+    dkv = mi.MaskInfo(data_next=_small(idx, n), mask_next=None, block_mask=_small(on, 2),
+                      partial_mask_blocks=None, q_sequence=jnp.arange(tp, dtype=jnp.int32))
+    return fwd, None, dkv
   # dk / dv: column (b n + j) walks query blocks; [1, n (steps), B n].
   q_idx, q_on = _walk(live.swapaxes(1, 2))                     # [B, j, step]
   dkv = mi.MaskInfo(
@@ -126,14 +155,22 @@ def _causal(q_ids, kv_ids):
 
 
 def splash_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array, v_BxTxKxDh: jax.Array,
-                     seg_BxT: jax.Array, block: int = 512, interpret: bool = False
-                     ) -> jax.Array:
+                     seg_BxT: jax.Array, block: int = 512, interpret: bool = False,
+                     fused_bwd: bool | None = None) -> jax.Array:
   """Causal GQA self-attention within segments by the splash kernel; [B, T, H, Dh].
 
   seg_BxT: int32 segment id per slot (0: padding; one id per row for unpacked rows). On
   one device (call it per shard under `shard_map`). interpret: run the kernel in Pallas
-  interpret mode (any backend; tests).
+  interpret mode (any backend; tests). fused_bwd (None: `FUSED_BWD`): the backward as one
+  kernel (5 block products per live block instead of 7), called per row: its dq partials
+  ([n, H, Tp, Dh] per row) grow with the square of the folded length.
   """
+  fused_bwd = FUSED_BWD if fused_bwd is None else fused_bwd
+  b = q_BxTxHxDh.shape[0]
+  if fused_bwd and b > 1:
+    return jnp.concatenate([
+        splash_attention(q_BxTxHxDh[i:i + 1], k_BxTxKxDh[i:i + 1], v_BxTxKxDh[i:i + 1],
+                         seg_BxT[i:i + 1], block, interpret, True) for i in range(b)])
   sa = compat.splash_attention()
   b, t, h, dh = q_BxTxHxDh.shape
   c = block_for(t, block)
@@ -149,8 +186,8 @@ def splash_attention(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array, v_BxTxKxDh: j
     return x.transpose(2, 0, 1, 3).reshape(x.shape[2], b * tp, dh)
 
   scale = jnp.asarray(1.0 / math.sqrt(dh), q_BxTxHxDh.dtype)
-  kernel = sa.make_kernel(*mask_infos(seg, c), block=c, mask_function=_causal,
-                          interpret=interpret)
+  kernel = sa.make_kernel(*mask_infos(seg, c, fused_bwd), block=c, mask_function=_causal,
+                          interpret=interpret, residual_name=RESIDUALS)
   o = kernel(fold(q_BxTxHxDh * scale), fold(k_BxTxKxDh), fold(v_BxTxKxDh),
              sa.kernel.SegmentIds(q=q_ids, kv=kv_ids))
   o = o.reshape(h, b, tp, dh).transpose(1, 2, 0, 3)[:, :t]

@@ -4,8 +4,9 @@
 
 The L blocks' parameters are stacked [L, ...] (`models.stacked`, `cfg.scan_layers`) and a
 cache-free call (the train passes) runs them under `jax.lax.scan`: with a partial remat
-(`cfg.remat_layers` = N < L) one scan over the N rematerialised blocks (`remat_block`),
-then one over the L - N others. Calls with a cache (prefill, decode) loop over the layers.
+(`cfg.remat_layers` = N < L) one scan over the N rematerialised blocks (`remat_block`; the
+last `cfg.remat_selective` of them `selective_block`, a scan of their own), then one over
+the L - N others. Calls with a cache (prefill, decode) loop over the layers.
 
 Left-padded batches are handled by the caller's positions (for a mask m:
 `positions = max(cumsum(m) - 1, 0)`) and the key mask. Decoding uses a KV
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 from vapo_jax import sharding as shd
 from vapo_jax.models import layers
 from vapo_jax.models import lora
+from vapo_jax.models import splash_attention
 from vapo_jax.models import stacked
 from vapo_jax.models.config import ModelConfig
 from vapo_jax.models.matmul import matmul
@@ -98,25 +100,76 @@ def _remat_bwd(graphdef, res, dy):
 remat_block.defvjp(_remat_fwd, _remat_bwd)
 
 
+# The matmul outputs a selective remat keeps (`checkpoint_name`s in `layers`): per token
+# H Dh + 2 K Dh (q, k, v) + D (o) + 2 F (gate, up) values; and the splash kernel's residuals
+# (its output, H Dh, and H float32 log-sum-exps), so that on TPU the backward runs no
+# attention forward. The attention output itself is not kept: it is the splash output
+# reshaped (elementwise), and the pure-JAX paths recompute their forward anyway. (Kept too,
+# it cost ~6% more per block for nothing: 172 against 153 MB in a v5p AOT compile of a
+# D 1,024, F 4,096 block at 8,192 tokens.)
+SAVED = ("q", "k", "v", "o", "gate", "up", splash_attention.RESIDUALS)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def selective_block(graphdef, state, x_BxTxD, cos, sin, mask, seg=None):
+  """A cache-free block whose backward keeps its matmul outputs (`SAVED`) and recomputes
+  the rest (norms, RoPE, SiLU, biases, the attention forward).
+
+  Its forward is `jax.vjp` of the block under `jax.checkpoint(policy=save_only_these_names(
+  *SAVED))`; the residuals are that vjp's (the saved outputs, the inputs, the weights). The
+  backward orders itself as `remat_block`'s, by the same two optimization barriers: the
+  recomputation waits for dL/dy, and dL/dx leaves together with the parameter gradients.
+  With LoRA adapters only they are differentiated (the frozen weights get zeros).
+  """
+  return _run_block(graphdef, state, x_BxTxD, cos, sin, mask, seg)
+
+
+def _selective_fwd(graphdef, state, x, cos, sin, mask, seg=None):
+  train, frozen = lora.split_trainable(state)
+  policy = jax.checkpoint_policies.save_only_these_names(*SAVED)
+  run = jax.checkpoint(lambda tr, x: _run_block(graphdef, lora.join(tr, frozen), x, cos,
+                                                sin, mask, seg), policy=policy)
+  y, vjp = jax.vjp(run, train, x)
+  # frozen (the same buffers the vjp holds) only for its zero gradients' shapes
+  return y, (vjp, cos, sin, frozen)
+
+
+def _selective_bwd(graphdef, res, dy):
+  (vjp, cos, sin, frozen), dy = jax.lax.optimization_barrier((res, dy))
+  d_train, d_x = jax.lax.optimization_barrier(vjp(dy))
+  d_state = lora.join(d_train, None if frozen is None
+                      else jax.tree.map(jnp.zeros_like, frozen))
+  return d_state, d_x, jnp.zeros_like(cos), jnp.zeros_like(sin), None, None
+
+
+selective_block.defvjp(_selective_fwd, _selective_bwd)
+
+
 def scan_blocks(blocks: stacked.StackedBlocks, x_BxTxD: jax.Array, cos, sin, mask, seg,
-                num_remat: int) -> jax.Array:
+                num_remat: int, num_selective: int = 0) -> jax.Array:
   """Cache-free blocks 0..L-1 over x, as `jax.lax.scan`s over the stacked parameters.
 
-  Blocks [0, num_remat) run as `remat_block` (each keeps only its input for the backward,
-  which recomputes it; the two optimization barriers act per scan step), blocks
-  [num_remat, L) as plain blocks (their activations saved, stacked by the scan). Equal to
-  the per-layer loop of `Transformer.__call__` with `scan_layers=False`.
+  With N = num_remat, S = num_selective: blocks [0, N - S) run as `remat_block` (each keeps
+  only its input for the backward, which recomputes it; the two optimization barriers act
+  per scan step), [N - S, N) as `selective_block` (their matmul outputs kept), [N, L) as
+  plain blocks (their activations saved, stacked by the scan). Equal to the per-layer loop
+  of `Transformer.__call__` with `scan_layers=False`.
   """
   graphdef, state = nnx.split(blocks)
   n = len(blocks)
+  num_full = num_remat - num_selective
 
   def remat_step(x, layer):
     return remat_block(graphdef, layer, x, cos, sin, mask, seg), None
 
+  def selective_step(x, layer):
+    return selective_block(graphdef, layer, x, cos, sin, mask, seg), None
+
   def plain_step(x, layer):
     return _run_block(graphdef, layer, x, cos, sin, mask, seg), None
 
-  parts = ((remat_step, 0, num_remat), (plain_step, num_remat, n))
+  parts = ((remat_step, 0, num_full), (selective_step, num_full, num_remat),
+           (plain_step, num_remat, n))
   for step, lo, hi in parts:
     if hi <= lo:
       continue
@@ -199,13 +252,16 @@ class Transformer(nnx.Module):
     causal = (isinstance(cache_index, int) and cache_index == 0
               and kv_mask_BxS.shape[1] == t)
     if cache is None and cfg.scan_layers:
-      x = scan_blocks(self.blocks, x, cos, sin, mask, seg, cfg.num_remat)
+      x = scan_blocks(self.blocks, x, cos, sin, mask, seg, cfg.num_remat,
+                      cfg.remat_selective)
       return self.final_norm(x), None
     new_cache = []
     for i, block in enumerate(self.blocks):
-      if cache is None and cfg.remats(i):
+      kind = cfg.remat_kind(i) if cache is None else None
+      if kind is not None:
         graphdef, state = nnx.split(block)
-        x = remat_block(graphdef, state, x, cos, sin, mask, seg)
+        run = remat_block if kind == "full" else selective_block
+        x = run(graphdef, state, x, cos, sin, mask, seg)
         continue
       x, kv = block(x, cos, sin, mask, None if cache is None else cache[i],
                     cache_index, causal, seg)

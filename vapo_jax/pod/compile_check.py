@@ -87,6 +87,10 @@ _REMAT_SEARCH = flags.DEFINE_bool(
     "remat_search", False, "Pick model.remat_layers by memory: compile the update programs "
     "with every block rematerialised and with none (with --probe_layers: extrapolated), and "
     "print the fewest rematerialised blocks whose peak fits (linear between the two).")
+_SELECTIVE_SEARCH = flags.DEFINE_bool(
+    "selective_search", False, "Pick model.remat_selective by memory, every block "
+    "rematerialised: compile the update programs with no block selective and with every one, "
+    "and print the most selective blocks (matmul outputs kept) whose peak fits.")
 _PROBE = flags.DEFINE_list("probe_layers", None, "Two layer counts, e.g. 2,4: compile those "
                            "and extrapolate to the model's depth (fast, approximate); "
                            "default: compile the whole model.")
@@ -343,6 +347,16 @@ def main(argv):
     s = slices.parse(name)
     print(f"{s.name} = {s.accelerator_type}, topology {s.topology_name}, {s.chips} chips × "
           f"{s.gen.hbm_bytes / 2**30:.0f} GiB HBM:")
+    if _SELECTIVE_SEARCH.value:
+      probe = tuple(int(x) for x in _PROBE.value) if _PROBE.value else None
+      found = fitting.selective_search(
+          lambda m, s=s, probe=probe: check(cfg, m, s, names=UPDATES, headroom=_HEADROOM.value,
+                                            probe_layers=probe, log=lambda *_: None,
+                                            lengths=_packed_lengths(cfg)),
+          mcfg, UPDATES, probe_layers=probe)
+      reports.append({"slice": s.name, "selective_search": found,
+                      "fits": found["selective"] is not None})
+      continue
     if _REMAT_SEARCH.value:
       probe = tuple(int(x) for x in _PROBE.value) if _PROBE.value else None
       found = remat_search(cfg, mcfg, s, headroom=_HEADROOM.value, probe_layers=probe,

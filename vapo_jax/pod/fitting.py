@@ -132,6 +132,14 @@ def probe_refusal(mcfg, probe_layers: tuple[int, int]) -> str:
             "blocks' scan at one layer, not the program of a deeper model; use "
             "--probe_layers=2,4 or more")
   n, total = mcfg.remat_layers, mcfg.num_layers
+  sel = getattr(mcfg, "remat_selective", 0)
+  if sel and sel < mcfg.num_remat:
+    bad = [k for k in probe_layers if (sel * k) % total]
+    if bad:
+      step = total // math.gcd(sel, total)
+      return (f"probes of {','.join(str(k) for k in probe_layers)} layers cannot hold "
+              f"model.remat_selective={sel} of {total} blocks in proportion; use layer "
+              f"counts that are multiples of {step}, e.g. --probe_layers={step},{2 * step}")
   if not mcfg.remat or not 0 < n < total:
     return ""
   bad = [k for k in probe_layers if (n * k) % total]
@@ -148,9 +156,12 @@ def probe_model(mcfg, layers: int):
   """`mcfg` at `layers` layers; a partial remat keeps its fraction of rematerialised blocks
   (rounded; `probe_refusal` says when the rounding changes the mix), so the probes
   extrapolate to the same mix."""
-  out = mcfg.replace(num_layers=layers)
+  out = mcfg.replace(num_layers=layers, remat_selective=0)
   if mcfg.remat and 0 <= mcfg.remat_layers < mcfg.num_layers:
     out = out.replace(remat_layers=round(mcfg.remat_layers * layers / mcfg.num_layers))
+  if mcfg.remat_selective:
+    out = out.replace(remat_selective=min(out.num_remat, round(
+        mcfg.remat_selective * layers / mcfg.num_layers)))
   return out
 
 
@@ -216,3 +227,75 @@ def summary(report: dict) -> str:
                  "tensor/fsdp sharding, a smaller rl.micro_batch_size or "
                  "sampling.prompts_per_call, or shorter sequences.")
   return "\n".join(lines)
+
+
+def _worst(rep: dict, names) -> dict:
+  """{program: its worst shape's {"peak", "error"}} of a compile check report (packed programs
+  are named per row shape, "policy_step[rows=NxT]")."""
+  got = {}
+  for k, v in rep.get("programs", {}).items():
+    base = k.split("[")[0]
+    if base in names and (base not in got or v["error"] or (
+        not got[base]["error"] and v["peak"] > got[base]["peak"])):
+      got[base] = v
+  return {n: got.get(n, {"peak": float("inf"), "error": "not built"}) for n in names}
+
+
+def selective_search(check, mcfg, names, *, probe_layers=None, log=print,
+                     max_rounds: int = 3) -> dict:
+  """model.remat_selective chosen by memory, every block rematerialised (remat_layers=-1).
+
+  check(mcfg) -> a compile check report of the update programs `names`. Compiled with no
+  block selective (peak P_0) and every block (P_L): a selective block keeps its matmul
+  outputs, (P_L − P_0) / L more than a full one's input, so S blocks peak at about
+  P_0 + S (P_L − P_0) / L. The largest S under the budget (rounded down to what the probes
+  represent: multiples of L / probe_layers[0]) is compiled and stepped down until every
+  program fits (at most max_rounds compiles). Returns {"selective": S (None: not even S = 0
+  fits), "peaks": {program: (P_0, P_L)}, "budget", "verified": {S: {program: peak}}}.
+  """
+  layers = mcfg.num_layers
+  base = mcfg.replace(remat=True, remat_layers=-1, remat_selective=0)
+  ends, budget = {}, None
+  for label, sel in (("full", 0), ("selective", layers)):
+    rep = check(base.replace(remat_selective=sel))
+    if "error" in rep:
+      log(f"  selective search: {rep['error']}")
+      return {"selective": None, "peaks": {}, "budget": rep.get("budget_per_chip")}
+    ends[label], budget = _worst(rep, names), rep["budget_per_chip"]
+  peaks, s_max = {}, layers
+  for name in names:
+    a, z = ends["full"][name], ends["selective"][name]
+    if a["error"] or a["peak"] > budget:
+      why = a["error"] or f"{a['peak'] / GB:.2f} GB over {budget / GB:.1f} GB"
+      log(f"  selective search: {name} does not fit with every block fully rematerialised "
+          f"({why})")
+      return {"selective": None, "peaks": peaks, "budget": budget}
+    p_sel = z["peak"] if not z["error"] else float("inf")
+    peaks[name] = (a["peak"], p_sel)
+    per = (p_sel - a["peak"]) / layers
+    fit = layers if per <= 0 else max(0, min(layers, int((budget - a["peak"]) // per)))
+    s_max = min(s_max, fit)
+    shown = "does not compile" if p_sel == float("inf") else f"{p_sel / GB:.2f} GB"
+    log(f"  selective search {name}: every block fully rematerialised {a['peak'] / GB:.2f} "
+        f"GB, every block selective {shown}; a selective block costs {per / GB:.2f} GB more: "
+        f"≤ {fit} of {layers} selective fit {budget / GB:.1f} GB (linear)")
+  grid = (math.lcm(*(layers // math.gcd(layers, k) for k in probe_layers)) if probe_layers
+          else 1)
+  sel = s_max // grid * grid
+  verified = {}
+  for _ in range(max_rounds):
+    if sel in (0, layers):
+      break  # compiled above
+    got = _worst(check(base.replace(remat_selective=sel)), names)
+    verified[sel] = {k: v["peak"] for k, v in got.items()}
+    fits = all(not v["error"] and v["peak"] <= budget for v in got.values())
+    log(f"  selective search: compiled at model.remat_selective={sel}: " + ", ".join(
+        f"{k} {v['peak'] / GB:.2f} GB" if not v["error"] else f"{k} does not compile"
+        for k, v in got.items()) + (" — fits" if fits else " — does not fit"))
+    if fits:
+      break
+    sel = max(0, sel - grid)
+  log(f"  selective search: model.remat_layers=-1, model.remat_selective={sel} (the most "
+      f"selective blocks that fit every update{', checked by compile' if verified else ''})")
+  return {"selective": sel, "peaks": peaks, "budget": budget,
+          "verified": {str(k): v for k, v in verified.items()}}

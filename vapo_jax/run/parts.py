@@ -98,7 +98,8 @@ def build_policy(cfg, mesh, rules, text: Text):
 def model_options(cfg) -> dict:
   """ModelConfig fields set by the run config whatever the architecture (LoRA included)."""
   m = cfg.model
-  return {"remat": m.remat, "remat_layers": m.remat_layers, "scan_layers": m.scan_layers,
+  return {"remat": m.remat, "remat_layers": m.remat_layers,
+          "remat_selective": m.remat_selective, "scan_layers": m.scan_layers,
           "attention_impl": m.attention_impl,
           "attention_block": m.attention_block, "attention_kernel": m.attention_kernel,
           "lora_rank": m.lora.rank,

@@ -16,7 +16,14 @@ embedding rows included), C = attention_block.
                      (`splash_blocks`, c = `splash_attention.block_for(T, C)`); train pass
                      fwd + remat fwd + bwd = 1 + 1 + 3.5 a per pair (the dq kernel's three
                      block products qk, do vᵀ, ds k and the dk/dv kernel's four qk, pᵀ do,
-                     do vᵀ, dsᵀ q), no score traffic through HBM
+                     do vᵀ, dsᵀ q), no score traffic through HBM; with the fused backward
+                     (`splash_attention.FUSED_BWD`) 2.5 a (qk, pᵀ do, do vᵀ, dsᵀ q, ds k in
+                     one kernel) plus its dq partials through HBM: per row and head
+                     n² blocks of c × Dh, written and summed (`splash_dq_bytes`)
+  selective remat    `model.remat_selective` blocks keep their matmul outputs: no matmul
+                     recompute (3 m per token, no − down); the attention forward is recomputed
+                     on the pure-JAX paths (1 a per pair) and not in the splash kernel, whose
+                     residuals (output, log-sum-exp) are kept by name
 
 `tests/pod/test_step_model.py` checks these against XLA's cost analysis of the run's own programs
 compiled with every loop at one trip.
@@ -47,6 +54,13 @@ class Arch:
   # The train passes' self-attention on the modelled slice: "splash" (jax's Pallas kernel,
   # `model.attention_kernel` auto / tpu where it runs) or "jax" (the pure-JAX paths).
   kernel: str = "jax"
+  # Fraction of blocks rematerialised selectively (model.remat_selective / L; part of remat).
+  selective: float = 0.0
+
+  @property
+  def full_remat(self) -> float:
+    """Fraction of blocks that recompute their whole forward (remat - selective)."""
+    return self.remat - self.selective
 
   @classmethod
   def of(cls, m) -> "Arch":
@@ -54,7 +68,8 @@ class Arch:
     head = 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size
     return cls(m.num_layers, m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads,
                m.head_dim, m.vocab_size, n, n - head + m.hidden_size, m.attention_block,
-               m.attention_impl, remat_fraction(m), not m.tie_word_embeddings)
+               m.attention_impl, remat_fraction(m), not m.tie_word_embeddings,
+               selective=(m.remat_selective if m.remat else 0) / max(1, m.num_layers))
 
   def splash_score_bytes(self, t: int) -> float:
     """HBM bytes per (pair, head) of the splash kernel's forward: per live block and query
@@ -142,14 +157,40 @@ def remat_fraction(m) -> float:
       1, m.num_layers)
 
 
-def train_factors(remat: float, kernel: str = "jax") -> dict:
+def train_factors(remat: float, kernel: str = "jax", selective: float = 0.0) -> dict:
   """Multiples of the forward FLOPs in one fwd + bwd (with block remat: one more fwd of the
-  rematerialised fraction `remat` of the blocks; True = all). The attention backward: 2.5 a
-  per pair on the pure-JAX paths (five pair products), 3.5 a in the splash kernel (its dq and
-  dk/dv kernels recompute the scores apart: seven)."""
-  bwd = 3.5 if kernel == "splash" else 2.5
-  r = float(remat)
-  return {"matmul": 3.0 + r, "attention": bwd + 1.0 + r, "head": 4.0}
+  rematerialised fraction `remat` of the blocks; True = all). Of those, the fraction
+  `selective` keeps its matmul outputs (`transformer.selective_block`): no matmul recompute,
+  and in the splash kernel no attention recompute (its residuals are kept). The attention
+  backward: 2.5 a per pair on the pure-JAX paths (five pair products), in the splash kernel
+  `splash_bwd()`."""
+  splash = kernel == "splash"
+  bwd = splash_bwd() if splash else 2.5
+  r, s = float(remat), float(selective)
+  if not 0.0 <= s <= r:
+    raise ValueError(f"selective fraction {s} must be within the remat fraction {r}")
+  return {"matmul": 3.0 + r - s, "attention": bwd + 1.0 + (r - s if splash else r),
+          "head": 4.0}
+
+
+def splash_bwd() -> float:
+  """The splash kernel's backward per pair, in forward units a: 2.5 fused (five block
+  products in one kernel), 3.5 split (the dq and dk/dv kernels recompute the scores apart:
+  seven); `splash_attention.FUSED_BWD` decides."""
+  from vapo_jax.models import splash_attention  # pylint: disable=import-outside-toplevel
+  return 2.5 if splash_attention.FUSED_BWD else 3.5
+
+
+def splash_dq_bytes(arch: Arch, t: int) -> float:
+  """HBM bytes of the fused backward's dq partials for one row of t slots, all layers and
+  query heads: n = ⌈t / c⌉ key blocks each write a bf16 [Tp, Dh] partial that is then read
+  back to sum, 2 · n² c Dh · 2 bytes per head (0 with the split backward)."""
+  from vapo_jax.models import splash_attention  # pylint: disable=import-outside-toplevel
+  if not splash_attention.FUSED_BWD:
+    return 0.0
+  c = splash_block(arch, t)
+  n = -(-t // c)
+  return 4.0 * n * n * c * arch.dh * arch.h * arch.layers
 
 
 def splash_block(arch: Arch, t: int) -> int:

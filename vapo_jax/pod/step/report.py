@@ -91,9 +91,9 @@ def program_flops(st: Setup, name: str, engine: bool = False) -> float:
   t = st.prompt_len + st.max_new
   fwd = step_counts.forward_flops(a, 1, t, step_counts.padded_head_positions(st.max_new))
   crit = step_counts.forward_flops(a, 1, t, t, critic=True)
-  fac = step_counts.train_factors(a.remat)
+  fac = step_counts.train_factors(a.remat, selective=a.selective)  # padded: the jax path
   mb = st.rows // max(1, st.minibatches)
-  down = a.down * a.remat
+  down = a.down * a.full_remat
   per_row = {
       "policy_step": mb * (sum(fac[k] * v for k, v in fwd.items()) - t * down),
       "critic_step": mb * (sum(fac[k] * v for k, v in crit.items()) - t * down),

@@ -17,14 +17,15 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
   a, k = st.arch, st.knobs
   mfu = k.mfu_ceiling if floor else k.mfu
   splash = a.kernel == "splash" and not floor
-  fac = (step_counts.train_factors(0.0 if floor else a.remat, "splash" if splash else "jax")
+  fac = (step_counts.train_factors(0.0 if floor else a.remat, "splash" if splash else "jax",
+                                   0.0 if floor else a.selective)
          if train else {"matmul": 1.0, "attention": 1.0, "head": 1.0})
   if floor and train:
     fac = {"matmul": 3.0, "attention": 3.5, "head": 3.0}
   tokens = sum(c * t for c, t, _, _ in rows_t)
   mm = tokens * a.matmul * fac["matmul"]
-  if train and a.remat and not floor:
-    mm -= tokens * a.down * a.remat
+  if train and a.full_remat and not floor:  # a full remat's recompute drops MLP down
+    mm -= tokens * a.down * a.full_remat
   at = sum(c * pr for c, _, pr, _ in rows_t) * a.pair * fac["attention"]
   hd = sum(c * hp for c, _, _, hp in rows_t) * (2.0 * a.d if critic else a.head) * fac["head"]
   chips, rate = st.chips, st.peak * mfu
@@ -34,6 +35,8 @@ def _train_program(st: Setup, name: str, rows_t: list[tuple[int, int, float, flo
               else (lambda t: k.attn_score_bytes))
   score_bytes = 0.0 if floor else (sum(c * pr * per_pair(t) for c, t, pr, _ in rows_t)
                                    * a.layers * a.h * fac["attention"])
+  if splash and train:  # the fused backward's dq partials (0 with the split kernels)
+    score_bytes += sum(c * step_counts.splash_dq_bytes(a, t) for c, t, _, _ in rows_t)
   weights = (a.critic_params if critic else a.params) * 2.0 / st.train_tp
   prog = Program(name, (mm + at + hd) / chips, score_bytes / chips + weights)
   prog.terms = {"matmul": (mm + hd) / chips / rate,
@@ -50,7 +53,9 @@ def attention_line(st: Setup, rows_t: list, seq: np.ndarray) -> str:
   pairs / Σ n (n + 1) / 2 of the real sequences, real / computed tokens, row lengths."""
   a = st.arch
   if a.kernel == "splash":
-    kind = "jax's Pallas splash kernel (block tables per row, no score traffic)"
+    kind = ("jax's Pallas splash kernel (block tables per row, no score traffic; backward "
+            + ("fused, its dq partials through HBM)" if step_counts.splash_bwd() == 2.5
+               else "as separate dq and dk/dv kernels)"))
   elif a.uses_blocked(st.prompt_len + st.max_new, st.prompt_len + st.max_new):
     kind = (f"the pure-JAX blocked scan (C = {a.block}; key blocks skipped per micro-batch; "
             f"f32 scores through HBM, {st.knobs.attn_score_bytes:g} B per pair and head)")
