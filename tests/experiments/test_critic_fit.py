@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import config_files
 from experiments.real_model import critic_fit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,7 +58,8 @@ def test_no_lever_is_an_error():
 
 
 def test_the_committed_figures_give_the_committed_choice():
-  """The JSON in the tree and the config's choice (configs/smollm2_135m.py) agree."""
+  """The JSON in the tree and the config's choice (configs/smollm2_135m.py) agree: once every
+  lever is measured, the config carries the picked lever's settings and α sized to lengths."""
   path = os.path.join(ROOT, "experiments", "real_model", "results", "critic_levers.json")
   with open(path, encoding="utf-8") as f:
     results = json.load(f)
@@ -65,6 +67,14 @@ def test_the_committed_figures_give_the_committed_choice():
   assert "baseline" in names and len(names) >= 5
   pick, _ = critic_fit.choose(results)
   assert pick in names
+  cfg = config_files.load_config_file("smollm2_135m.py")
+  if set(critic_fit.levers(cfg)) <= set(names):
+    for dotted, value in results[pick]["overrides"].items():
+      node = cfg
+      for part in dotted.split("."):
+        node = node[part]
+      assert node == pytest.approx(value) if isinstance(value, float) else node == value, dotted
+    assert cfg.rl.alpha == 0
 
 
 def test_the_command_measures_levers_and_resumes_on_the_tiny_config(tmp_path):
