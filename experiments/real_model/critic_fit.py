@@ -44,12 +44,17 @@ from vapo_jax.run import critic_diagnostics as diag
 from vapo_jax.run import critic_stage
 from vapo_jax.run import trainer as trainer_lib
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
-_LEVERS = flags.DEFINE_string("levers", "", "comma-separated names of LEVERS (default: all)")
-_TRAIN = flags.DEFINE_integer("train_batches", 4, "value-pretraining batches to train on")
-_FRESH = flags.DEFINE_integer("fresh_batches", 2, "held-out batches of fresh rollouts")
-_FIXED = flags.DEFINE_integer("fixed_steps", 8, "steps on the one fixed batch")
-_OUT = flags.DEFINE_string("out", "", "JSON file for the figures (optional)")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags, defined only when it runs (importing `choose` defines none)."""
+  config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+  flags.DEFINE_string("levers", "", "comma-separated names of LEVERS (default: all)")
+  flags.DEFINE_integer("train_batches", 4, "value-pretraining batches to train on")
+  flags.DEFINE_integer("fresh_batches", 2, "held-out batches of fresh rollouts")
+  flags.DEFINE_integer("fixed_steps", 8, "steps on the one fixed batch")
+  flags.DEFINE_string("out", "", "JSON file for the figures (optional)")
 
 FRESH_STREAM = 1_000_003  # fold_in index of the fresh batches' keys (the run splits, never folds)
 
@@ -93,12 +98,12 @@ def draw(t) -> tuple[list, list]:
   """(train, fresh) raw rollouts of the frozen policy: batches of tokens, masks and scores."""
   s, p = t.state, t.parts
   train = [p.experience.sample_and_score(s.policy_params, next(s.prompts), s.next_key())[0]
-           for _ in range(_TRAIN.value)]
+           for _ in range(FLAGS.train_batches)]
   held, n = p.eval_examples, t.cfg.prompts_per_step
   if len(held) < n:
     raise ValueError(f"{len(held)} held-out problems; a fresh batch needs {n}")
   fresh = []
-  for k in range(_FRESH.value):
+  for k in range(FLAGS.fresh_batches):
     start = (k * n) % (len(held) - n + 1)
     key = jax.random.fold_in(jax.random.key(t.cfg.seed), FRESH_STREAM + k)
     fresh.append(p.experience.sample_and_score(s.policy_params, held[start:start + n], key)[0])
@@ -150,7 +155,7 @@ def run_lever(cfg, train, fresh) -> dict:
   try:
     t.setup("critic")
     ratios, batch = [], annotate(t, train[0])
-    for i in range(_FIXED.value):
+    for i in range(FLAGS.fixed_steps):
       target = t.critic_targets(batch)
       base = constant_loss(*distributed.to_host((target.returns_BxR, target.response_mask_BxR)))
       um = t.update(target, stage="value_pretrain", step=i, policy=False,
@@ -221,15 +226,15 @@ def table(results: dict) -> str:
 
 
 def main(_):
-  base = config_lib.from_command_line(_CONFIG.value)
+  base = config_lib.from_command_line(FLAGS.config)
   table_of = levers(base)
-  names = _LEVERS.value.split(",") if _LEVERS.value else list(table_of)
+  names = FLAGS.levers.split(",") if FLAGS.levers else list(table_of)
   unknown = sorted(set(names) - set(table_of))
   if unknown:
     raise app.UsageError(f"unknown levers {unknown}; choose from {sorted(table_of)}")
   results = {}
-  if _OUT.value and os.path.exists(_OUT.value):
-    results = json.load(open(_OUT.value, encoding="utf-8"))
+  if FLAGS.out and os.path.exists(FLAGS.out):
+    results = json.load(open(FLAGS.out, encoding="utf-8"))
   for name in names:
     if name in results:
       print(f"{name}: done before, skipped", flush=True)
@@ -246,21 +251,22 @@ def main(_):
                             "responses_per_batch": int(train[0].scores_B.shape[0])}
   for name in todo:
     results[name] = {"overrides": table_of[name],
-                     **run_lever(with_overrides(_CONFIG.value, table_of[name]), train, fresh)}
+                     **run_lever(with_overrides(FLAGS.config, table_of[name]), train, fresh)}
     print(f"{name}: {json.dumps(results[name])}", flush=True)
-    if _OUT.value:
-      os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
-      with open(_OUT.value, "w", encoding="utf-8") as f:
+    if FLAGS.out:
+      os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
+      with open(FLAGS.out, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
   text = table(results)
   if set(table_of) <= set(results):
     pick, why = choose(results)
     text += f"\nThe registered rule picks **{pick}**: {why}.\n"
   print(text, flush=True)
-  if _OUT.value:
-    with open(os.path.splitext(_OUT.value)[0] + ".md", "w", encoding="utf-8") as f:
+  if FLAGS.out:
+    with open(os.path.splitext(FLAGS.out)[0] + ".md", "w", encoding="utf-8") as f:
       f.write(text)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
