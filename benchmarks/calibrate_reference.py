@@ -3,7 +3,10 @@ the calibration's shapes, with the platform's fused attention.
 
 Shapes: one row of T tokens, P prompt + R = T − P response positions; D width, H query / K
 kv heads of Dh, F MLP width, V vocabulary, L layers, the first N = remat_layers of them
-rematerialised (`jax.checkpoint` of the whole block, as `model.remat_layers` does).
+rematerialised (`jax.checkpoint` of the whole block, as `model.remat_layers` does), of those
+the last S = selective keeping their matmul outputs q, k, v, the attention output, gate and
+up (`jax.checkpoint` with `save_only_these_names`, as `model.remat_selective` does; the
+attention's own residuals are not kept, so its forward runs again).
 
   block(x)  = x + Wo · attn(RoPE(Wq n1(x)), RoPE(Wk n1(x)), Wv n1(x));  + down(silu(gate) · up)
   attn      = `jax.nn.dot_product_attention(..., is_causal=True, implementation=IMPL)`,
@@ -18,11 +21,12 @@ rematerialised (`jax.checkpoint` of the whole block, as `model.remat_layers` doe
   forward   the "lm" head's log-probs of the targets, [R]
 
 Executed FLOPs (what `flops` counts; m, down, a, head as `vapo_jax.pod.step.counts.Arch`,
-r = N / L, pairs = T (T + 1) / 2):
+r = N / L, f = (N − S) / L the fully rematerialised share, pairs = T (T + 1) / 2):
   forward   T m + pairs a + R head
-  update    T ((3 + r) m − r down) + pairs a (1 + r + 2.5) + 3 R head
-(the recompute skips the block's last matmul, the MLP down projection; the flash backward
-recomputes the scores: 2.5 a per pair). The value head's 2 D per position counts as head.
+  update    T ((3 + f) m − f down) + pairs a (1 + r + 2.5) + 3 R head
+(a full recompute skips the block's last matmul, the MLP down projection; a selective block
+recomputes no matmul but its attention; the flash backward recomputes the scores: 2.5 a per
+pair). The value head's 2 D per position counts as head.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -47,6 +52,7 @@ class Dims:
   remat_layers: int
   tokens: int          # T
   prompt: int          # P
+  selective: int = 0   # S: the last S of the remat_layers keep their matmul outputs
 
   @property
   def response(self) -> int:
@@ -65,11 +71,12 @@ def flops(dims: Dims, program: str) -> float:
   a = counts.Arch(dims.layers, dims.d, dims.f, dims.h, dims.k, dims.dh, dims.vocab, 0.0, 0.0,
                   512, "dense", dims.remat_layers / dims.layers)
   t, r, rr = dims.tokens, dims.response, a.remat
+  full = (dims.remat_layers - dims.selective) / dims.layers
   pairs = t * (t + 1) / 2.0
   head = 2.0 * dims.d if program == "update_value" else a.head
   if program == "forward_lm":
     return t * a.matmul + pairs * a.pair + r * head
-  return (t * ((3.0 + rr) * a.matmul - rr * a.down) + pairs * a.pair * (1.0 + rr + 2.5)
+  return (t * ((3.0 + full) * a.matmul - full * a.down) + pairs * a.pair * (1.0 + rr + 2.5)
           + 3.0 * r * head)
 
 
@@ -115,14 +122,31 @@ def _block(dims: Dims, impl, p, x):
   t = x.shape[1]
   pos = jnp.arange(t)
   n = _norm(x, p["n1"])
-  q = (n @ bf(p["wq"]) + _last(bf(p["bq"]), 3)).reshape(1, t, dims.h, dims.dh)
-  k = (n @ bf(p["wk"]) + _last(bf(p["bk"]), 3)).reshape(1, t, dims.k, dims.dh)
-  v = (n @ bf(p["wv"]) + _last(bf(p["bv"]), 3)).reshape(1, t, dims.k, dims.dh)
-  o = jax.nn.dot_product_attention(_rope(q, pos), _rope(k, pos), v, is_causal=True,
-                                   implementation=impl)
+  q = _kept((n @ bf(p["wq"]) + _last(bf(p["bq"]), 3)).reshape(1, t, dims.h, dims.dh))
+  k = _kept((n @ bf(p["wk"]) + _last(bf(p["bk"]), 3)).reshape(1, t, dims.k, dims.dh))
+  v = _kept((n @ bf(p["wv"]) + _last(bf(p["bv"]), 3)).reshape(1, t, dims.k, dims.dh))
+  o = _kept(jax.nn.dot_product_attention(_rope(q, pos), _rope(k, pos), v, is_causal=True,
+                                         implementation=impl))
   x = x + o.reshape(1, t, dims.h * dims.dh) @ bf(p["wo"])
   n = _norm(x, p["n2"])
-  return x + (jax.nn.silu(n @ bf(p["gate"])) * (n @ bf(p["up"]))) @ bf(p["down"])
+  return x + (jax.nn.silu(_kept(n @ bf(p["gate"]))) * _kept(n @ bf(p["up"]))) @ bf(p["down"])
+
+
+KEPT = "calibrate_kept"   # the values a selective block keeps
+
+
+def _kept(x):
+  return checkpoint_name(x, KEPT)
+
+
+def _remat(dims: Dims, i: int, step):
+  """Block i's backward: recompute all (the first N − S), keep the matmul outputs (the
+  next S), keep everything (the rest)."""
+  if i < dims.remat_layers - dims.selective:
+    return jax.checkpoint(step)
+  if i < dims.remat_layers:
+    return jax.checkpoint(step, policy=jax.checkpoint_policies.save_only_these_names(KEPT))
+  return step
 
 
 def hidden(dims: Dims, impl, params, tokens_T):
@@ -130,7 +154,7 @@ def hidden(dims: Dims, impl, params, tokens_T):
   x = params["embed"].astype(jnp.bfloat16)[tokens_T][None]
   for i, p in enumerate(params["layers"]):
     step = lambda p, x: _block(dims, impl, p, x)  # noqa: E731
-    x = (jax.checkpoint(step) if i < dims.remat_layers else step)(p, x)
+    x = _remat(dims, i, step)(p, x)
   return _norm(x[0, dims.prompt - 1:dims.tokens - 1], params["norm"])
 
 

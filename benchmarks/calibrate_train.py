@@ -11,8 +11,10 @@ a plain-JAX reference at identical shapes.
 Shapes (one chip of qwen32b on v5p-128: mesh 16 fsdp x 4 tensor, rl.micro_batch_size = 16,
 so a chip runs one packed row per micro-batch with a quarter of the heads, the MLP and the
 vocabulary): D 5,120, H 40 / 4 = 10 query and K 8 / 4 = 2 kv heads of Dh 128, F 27,648 / 4 =
-6,912, V 152,064 / 4 = 38,016; L in --layers (default 4 and 8), the first 3 L / 4
-rematerialised (the config's 48 of 64); one packed row of T = P + R = 1,024 + 20,480 =
+6,912, V 152,064 / 4 = 38,016; L in --layers (default 4 and 8), the config's mix of
+rematerialised blocks scaled to L as the compile check's probes are (`pod.fitting.probe_model`:
+model.remat_layers, of them the last model.remat_selective keep their matmul outputs); one
+packed row of T = P + R = 1,024 + 20,480 =
 21,504 slots (--tokens). fp32 master weights, bf16 matmuls, the config's attention
 (model.attention_kernel auto: splash on a TPU, the blocked scan elsewhere).
 
@@ -109,19 +111,19 @@ def base_config(path: str, toy: bool, tokens: int, rows: int):
 
 
 def model_config(cfg, tensor: int, layers: int, toy: bool):
-  """The per-chip ModelConfig: heads, MLP and vocabulary / tensor; `layers` blocks, the
-  first 3/4 rematerialised (as the config's remat_layers / num_layers)."""
+  """The per-chip ModelConfig: heads, MLP and vocabulary / tensor; `layers` blocks with the
+  config's mix of rematerialised blocks (model.remat_layers, model.remat_selective), scaled
+  as the compile check's probes scale it (`pod.fitting.probe_model`)."""
   from vapo_jax.pod import archs  # pylint: disable=import-outside-toplevel
-  full = archs.model_config(cfg)
-  frac = (cfg.model.remat_layers / full.num_layers if cfg.model.remat_layers >= 0 else 1.0)
+  from vapo_jax.pod import fitting  # pylint: disable=import-outside-toplevel
+  full = archs.model_config(cfg).replace(remat=True)
   if toy:
     over = {k: v for k, v in TOY.items() if k != "attention_block"}
   else:
     over = {"num_heads": full.num_heads // tensor, "num_kv_heads": full.num_kv_heads // tensor,
             "head_dim": full.head_dim, "intermediate_size": full.intermediate_size // tensor,
             "vocab_size": full.vocab_size // tensor}
-  return full.replace(**over, real_vocab_size=None, num_layers=layers, remat=True,
-                      remat_layers=round(frac * layers))
+  return fitting.probe_model(full.replace(**over, real_vocab_size=None), layers)
 
 
 def segments(spec: str, prompt: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -374,7 +376,8 @@ def reference(report, mcfg, layers, t, p, args, platform, peak) -> None:
   import calibrate_reference as ref  # pylint: disable=import-outside-toplevel
   from vapo_jax.pod.step import counts as step_counts  # pylint: disable=import-outside-toplevel
   dims = ref.Dims(layers, mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_heads,
-                  mcfg.num_kv_heads, mcfg.head_dim, mcfg.vocab_size, mcfg.num_remat, t, p)
+                  mcfg.num_kv_heads, mcfg.head_dim, mcfg.vocab_size, mcfg.num_remat, t, p,
+                  selective=mcfg.remat_selective)
   arch = step_counts.Arch.of(mcfg)
   model = model_flops(arch, [p], [t - p])   # one causal sequence over the row
   model = {"update_lm": model["policy_step"], "update_value": model["critic_step"],
@@ -412,7 +415,8 @@ def main(argv=None) -> dict:
           "dims": {"d": mcfg0.hidden_size, "f": mcfg0.intermediate_size,
                    "heads": mcfg0.num_heads, "kv_heads": mcfg0.num_kv_heads,
                    "head_dim": mcfg0.head_dim, "vocab": mcfg0.vocab_size,
-                   "tensor_split": tensor, "remat_fraction": mcfg0.num_remat / mcfg0.num_layers},
+                   "tensor_split": tensor, "remat_fraction": mcfg0.num_remat / mcfg0.num_layers,
+                   "selective_fraction": mcfg0.remat_selective / mcfg0.num_layers},
           "layers": layer_counts, "steps": args.steps, "target_layers": None}
   from vapo_jax.pod import archs  # pylint: disable=import-outside-toplevel
   meta["target_layers"] = archs.model_config(cfg).num_layers

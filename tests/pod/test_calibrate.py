@@ -108,6 +108,66 @@ def test_model_flops_are_efficiency_py_s(run):
     assert all(executed[k] > model[k] for k in OURS)
 
 
+def _reference():
+  spec = importlib.util.spec_from_file_location(
+      "calibrate_reference", os.path.join(ROOT, "benchmarks", "calibrate_reference.py"))
+  mod = importlib.util.module_from_spec(spec)
+  sys.modules.setdefault("calibrate_reference", mod)   # its dataclass looks itself up there
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_reference_remat_kinds_give_the_same_gradients_and_keep_what_they_say():
+  """The reference's blocks: none, every block fully recomputed, and one of two selective
+  (keeps its named matmul outputs) give equal losses and gradients; the selective block's
+  saved residuals include its named values and the full one's do not; the FLOP count drops
+  the selective block's matmul recompute only."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  ref = _reference()
+  base = dict(layers=2, d=32, f=64, h=2, k=1, dh=16, vocab=64, tokens=24, prompt=8)
+  params = ref.init(ref.Dims(remat_layers=0, **base), False, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (24,), 0, 64)
+  out = {}
+  for kind, (n, s) in {"none": (0, 0), "full": (2, 0), "selective": (2, 1)}.items():
+    dims = ref.Dims(remat_layers=n, selective=s, **base)
+    fn = lambda p, dims=dims: ref._loss(dims, None, False, p, tokens, None)  # noqa: E731
+    out[kind] = jax.jit(jax.value_and_grad(fn))(params)
+  for kind in ("full", "selective"):
+    np.testing.assert_allclose(out[kind][0], out["none"][0], rtol=1e-3)
+    for a, b in zip(jax.tree.leaves(out[kind][1]), jax.tree.leaves(out["none"][1])):
+      np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                 rtol=2e-2, atol=2e-3)   # bf16 matmuls, fused differently
+
+  def saved(n, s):
+    dims = ref.Dims(remat_layers=n, selective=s, **base)
+    step = lambda p, x: ref._block(dims, None, p, x)  # noqa: E731
+    x = jax.numpy.ones((1, 24, 32), jax.numpy.bfloat16)
+    _, res = jax.vjp(ref._remat(dims, 0, step), params["layers"][0], x)
+    return len(jax.tree.leaves(res))
+  assert saved(1, 1) > saved(1, 0)   # the named matmul outputs are kept, not recomputed
+  a = ref.flops(ref.Dims(remat_layers=2, selective=0, **base), "update_lm")
+  b = ref.flops(ref.Dims(remat_layers=2, selective=1, **base), "update_lm")
+  from vapo_jax.pod.step import counts  # pylint: disable=import-outside-toplevel
+  arch = counts.Arch(2, 32, 64, 2, 1, 16, 64, 0.0, 0.0, 512, "dense", 1.0)
+  assert a - b == pytest.approx(24 * (arch.matmul - arch.down) / 2)
+
+
+def test_the_probes_hold_the_configs_remat_mix(run):
+  """model_config scales model.remat_layers and model.remat_selective to the probe as the
+  compile check does (`fitting.probe_model`): of 64 blocks, 48 full -> 6 of 8; all 64 with
+  the last 32 selective -> 8 of 8, the last 4 selective."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  ct, _, _, _ = run
+  cfg, tensor = ct.base_config(os.path.join(ROOT, "configs", "qwen32b.py"), True, 0, 1)
+  for (n, s), want in {(48, 0): (6, 0), (-1, 32): (8, 4), (-1, 0): (8, 0)}.items():
+    c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat_layers=n,
+                                                           remat_selective=s))
+    m = ct.model_config(c, tensor, 8, True)
+    assert (m.num_layers, m.num_remat, m.remat_selective) == (8, *want), (n, s)
+    assert [m.remat_kind(i) for i in range(8)].count("selective") == want[1]
+
+
 def _synthetic(t4, t8, peak=1e13):
   stage = lambda n, L, t, f: {"side": "vapo_jax", "name": n, "layers": L, "status": "ok",  # noqa: E731
                               "median_s": t, "executed_flops": f, "model_flops": f / 2}

@@ -208,6 +208,19 @@ def test_train_layouts_counted_by_hand():
       st, arch=dataclasses.replace(ARCH, remat=0.5)), 4, resp, prompts)
   assert half["kept_bytes"] == pytest.approx(1408)
   assert half["checkpoint_bytes"] == pytest.approx(16 * 8 * 2)
+  # Both blocks rematerialised, one selectively: the full one gathers once more and adds 2
+  # all-reduces per update; the selective one recomputes no matmul, and keeps q, o (2·4 each),
+  # k, v (1·4 each), gate, up (8 each) over tp 4, bf16, and its log-sum-exp (4 H / tp bytes):
+  # 16 tokens · (2 (16 + 8 + 16) / 4 + 4 · 2 / 4) = 352 bytes beside two blocks' inputs.
+  sel = step_terms.train_layout(dataclasses.replace(
+      st, arch=dataclasses.replace(ARCH, remat=1.0, selective=0.5)), 4, resp, prompts)
+  full = step_terms.train_layout(dataclasses.replace(
+      st, arch=dataclasses.replace(ARCH, remat=1.0)), 4, resp, prompts)
+  assert sel["gather_bytes"] == pytest.approx(2 * 1900 * 0.5 + 2 * 2.5 * 1900 * 0.5)
+  assert full["gather_bytes"] == pytest.approx(2 * 1900 * 0.5 + 2 * 3 * 1900 * 0.5)
+  assert sel["ar_count"] == 16 + 2 * 2 * 5 * 2 and full["ar_count"] == 16 + 2 * 2 * 6 * 2
+  assert sel["kept_bytes"] == full["kept_bytes"] == 0.0
+  assert sel["checkpoint_bytes"] == pytest.approx(2 * 16 * 8 * 2 + 352)
   fsdp = step_terms.train_layout(st, 1, resp, prompts)
   assert (fsdp["shards"], fsdp["fwd_micro"], fsdp["upd_micro"]) == (8, 1, 1)
   assert fsdp["gather_bytes"] == pytest.approx((1900 + 2 * 1900) * 4 * 7 / 8)
@@ -271,6 +284,11 @@ def test_layout_collectives_counted_by_hand():
                                             compute_s=1e6)
   first = 2 * 2 * (1000 / 2 * 4 * (1 / 2) / 4 / bw + lat)
   assert hidden == pytest.approx(ar_s + first)
+  # Selective remat (both blocks, all selective): no forward recompute, so the update's
+  # gathers and all-reduces are those without remat.
+  sel = dataclasses.replace(tp4, arch=dataclasses.replace(ARCH, remat=1.0, selective=1.0))
+  assert step_terms.layout_collectives(sel, "policy_step", micro, True, 1000.0,
+                                       compute_s=0.0)[0] == pytest.approx(ar_s + fsdp_s)
   # FSDP only (train_tensor 1): 8 shards, no all-reduces; a forward pass gathers once.
   fsdp = dataclasses.replace(tp4, train_tensor=1)
   secs, line = step_terms.layout_collectives(fsdp, "values", micro, False, 900.0,

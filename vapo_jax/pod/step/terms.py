@@ -210,7 +210,8 @@ def layout_collectives(st, name: str, micro: list, update: bool, params: float, 
   micro: [(n, T)] of its micro-batches (all its calls); W = params of the learner. On the train
   mesh of tp = st.train_tp tensor shards and D = chips / tp batch shards, per micro-batch:
   FSDP all-gathers of the master weights (1 per forward pass; 2 + r per update, r the
-  rematerialised fraction), a gradient reduce-scatter per update micro-batch (fp32), and
+  fraction of blocks that recompute their forward: `Arch.full_remat`, selective blocks
+  recompute no matmul), a gradient reduce-scatter per update micro-batch (fp32), and
   with tp > 1 the activation all-reduces (2 per layer forward, 4 + 2 r per update). The
   FSDP collectives are taken as overlapped with the layers' compute (XLA's async
   collectives) except one layer's gather per micro-batch pass (the first layer waits for
@@ -222,7 +223,7 @@ def layout_collectives(st, name: str, micro: list, update: bool, params: float, 
   d = max(1, st.chips // tp)
   lat, bw = k.collective_latency_us * 1e-6, collective_bw(st)
   shard = (d - 1) / d / tp
-  passes = (2 + a.remat) if update else 1
+  passes = (2 + a.full_remat) if update else 1
   m = len(micro)
   gather = m * passes * params * st.param_bytes * shard
   scatter = m * params * 4.0 * shard if update else 0.0
@@ -232,7 +233,7 @@ def layout_collectives(st, name: str, micro: list, update: bool, params: float, 
   ar_s, ar_bytes, ar_n = 0.0, 0.0, 0.0
   if tp > 1:
     ring = 2.0 * (tp - 1) / tp
-    per_layer = (4 + 2 * a.remat) if update else 2
+    per_layer = (4 + 2 * a.full_remat) if update else 2
     for n, t in micro:
       ar_bytes += per_layer * a.layers * ring * (n * t / d) * a.d * 2.0
       ar_n += per_layer * a.layers
@@ -270,16 +271,19 @@ def train_layout(st, tp: int, resp: np.ndarray, prompts: np.ndarray) -> dict:
   activations per chip). Per micro-batch and chip, W the learner's parameters, b the master
   weights' bytes (st.param_bytes: gathered as stored, an assumption):
     FSDP all-gathers    g · W b (D − 1) / (D tp), g = 1 per forward pass, fwd + remat fwd +
-                        bwd (3; 2 without remat) per update; L gathers each
+                        bwd (3; 2 without remat or with selective remat, which recomputes no
+                        matmul) per update; L gathers each
     grad reduce-scatter W · 4 (D − 1) / (D tp) per update micro-batch (fp32 gradients)
-    TP all-reduces      (tp > 1) per layer 2 per forward, 2 + 2 + 2 per update (with remat;
-                        4 without), each of t_dev · D_model bf16 bytes, ring wire
-                        2 (tp − 1) / tp times that
+    TP all-reduces      (tp > 1) per layer 2 per forward, 2 + 2 + 2 per update (with full
+                        remat; 4 without or selective), each of t_dev · D_model bf16 bytes,
+                        ring wire 2 (tp − 1) / tp times that
   seconds = count · latency + wire bytes / (ICI · collective_bw_share). FSDP collectives can
   overlap the layer's compute (XLA's async collectives; printed as overlappable), the TP
   all-reduces sit between a layer's matmuls (counted as exposed). Memory per chip: both
   TrainStates (as `Setup.resident`), remat checkpoints r L · t_dev · D_model · 2 bytes (r
-  the rematerialised fraction of the blocks; the residual stream is not split over tensor),
+  the rematerialised fraction of the blocks; the residual stream is not split over tensor)
+  plus, per selective block, its kept matmul outputs t_dev · 2 (2 H Dh + 2 K Dh + 2 F) / tp
+  (q, the attention output, k, v, gate, up) and the splash kernel's log-sum-exp t_dev · 4 H / tp,
   the kept blocks' activations (1 − r) L · t_dev · 2 (4 D + (2 H Dh + 2 K Dh + 3 F) / tp),
   and one layer's MLP intermediates 3 · t_dev ·
   F · 2 / tp bytes: a lower bound (XLA's buffers are compile_check's to measure).
@@ -309,8 +313,8 @@ def train_layout(st, tp: int, resp: np.ndarray, prompts: np.ndarray) -> dict:
   upd = micro(at(st.pack_steps), max(1, st.minibatches)) * st.epochs
   shard = (d - 1) / d / tp
   ring = 2.0 * (tp - 1) / tp if tp > 1 else 0.0
-  gathers = 2 + a.remat     # the rematerialised blocks gather their weights once more
-  ars = 4 + 2 * a.remat
+  gathers = 2 + a.full_remat   # blocks that recompute their forward gather once more
+  ars = 4 + 2 * a.full_remat
   out = {"tp": tp, "shards": d, "fwd_micro": len(fwd), "upd_micro": len(upd),
          "gather_bytes": 0.0, "scatter_bytes": 0.0, "ar_bytes": 0.0, "fsdp_count": 0.0,
          "ar_count": 0.0}
@@ -334,7 +338,9 @@ def train_layout(st, tp: int, resp: np.ndarray, prompts: np.ndarray) -> dict:
                    + (out["gather_bytes"] + out["scatter_bytes"]) / bw)
   out["ar_s"] = out["ar_count"] * lat + out["ar_bytes"] / bw
   t_dev = max(n * t / d for n, t in upd)
-  out["checkpoint_bytes"] = a.remat * a.layers * t_dev * a.d * 2.0
+  kept_selective = 2.0 * (2 * a.h * a.dh + 2 * a.k * a.dh + 2 * a.f) / tp + 4.0 * a.h / tp
+  out["checkpoint_bytes"] = a.layers * t_dev * (a.remat * a.d * 2.0
+                                                + a.selective * kept_selective)
   # A kept block (model.remat_layers < L) holds its activations for the backward: at least
   # x, both norms' inputs and outputs (4 D), q, k, v and the attention output, the MLP's
   # gate, up and product, bf16.
