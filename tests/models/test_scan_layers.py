@@ -9,6 +9,8 @@ import pytest
 from vapo_jax.models import lora, stacked, transformer
 from vapo_jax.models.config import tiny_config
 
+import model_batches  # pylint: disable=wrong-import-order
+
 L = 3
 
 
@@ -29,33 +31,9 @@ def models(**kw):
   return scan, loop
 
 
-def batch(packed: bool):
-  rng = np.random.default_rng(0)
-  tokens = jnp.asarray(rng.integers(1, 40, (2, 10)), jnp.int32)
-  if not packed:
-    mask = jnp.asarray(np.r_[[[0] * 3 + [1] * 7], [[1] * 10]], jnp.int32)
-    return tokens, transformer.positions_from_mask(mask), mask, None
-  seg = jnp.asarray([[1, 1, 1, 2, 2, 2, 2, 0, 0, 0], [1, 1, 1, 1, 1, 2, 2, 3, 3, 3]],
-                    jnp.int32)
-  pos = jnp.asarray([[0, 1, 2, 0, 1, 2, 3, 0, 0, 0], [0, 1, 2, 3, 4, 0, 1, 0, 1, 2]],
-                    jnp.int32)
-  return tokens, pos, (seg > 0).astype(jnp.int32), seg
-
-
 def loss_and_grads(model, packed):
-  tokens, pos, mask, seg = batch(packed)
-  w = jax.random.normal(jax.random.key(1), (2, 10, 40))
-  graphdef, params = nnx.split(model)
-  train, frozen = lora.split_trainable(params)
-
-  def loss(tr):
-    m = nnx.merge(graphdef, lora.join(tr, frozen))
-    hidden, _ = m(tokens, pos, mask, segment_ids_BxT=seg)
-    logits = m.logits(hidden)
-    return jnp.sum(logits * w), logits
-
-  (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(train)
-  return logits, stacked.stack_tree(nnx.to_pure_dict(grads))
+  _, logits, grads = model_batches.loss_and_grads(model, packed)
+  return logits, stacked.stack_tree(grads)
 
 
 @pytest.mark.parametrize("remat,remat_layers,packed,lora_rank", [
@@ -101,7 +79,7 @@ def test_layouts_round_trip_and_index():
 def test_cached_decode_on_stacked_blocks_equals_the_loop():
   """Prefill + one decode step with a KV cache run per layer on both layouts."""
   scan, loop = models()
-  tokens, pos, mask, _ = batch(False)
+  tokens, pos, mask, _ = model_batches.batch(False)
   outs = []
   for m in (scan, loop):
     cache = transformer.init_cache(m, 2, 12)

@@ -11,6 +11,8 @@ import pytest
 from vapo_jax.models import lora, stacked, transformer
 from vapo_jax.models.config import tiny_config
 
+import model_batches  # pylint: disable=wrong-import-order
+
 L = 3
 
 
@@ -29,32 +31,9 @@ def model(scan: bool, lora_rank: int, **kw):
   return m if scan else stacked.unstack(m)
 
 
-def batch(packed: bool):
-  rng = np.random.default_rng(0)
-  tokens = jnp.asarray(rng.integers(1, 40, (2, 10)), jnp.int32)
-  if not packed:
-    mask = jnp.asarray(np.r_[[[0] * 3 + [1] * 7], [[1] * 10]], jnp.int32)
-    return tokens, transformer.positions_from_mask(mask), mask, None
-  seg = jnp.asarray([[1, 1, 1, 2, 2, 2, 2, 0, 0, 0], [1, 1, 1, 1, 1, 2, 2, 3, 3, 3]],
-                    jnp.int32)
-  pos = jnp.asarray([[0, 1, 2, 0, 1, 2, 3, 0, 0, 0], [0, 1, 2, 3, 4, 0, 1, 0, 1, 2]],
-                    jnp.int32)
-  return tokens, pos, (seg > 0).astype(jnp.int32), seg
-
-
 def loss_and_grads(m, packed):
-  tokens, pos, mask, seg = batch(packed)
-  w = jax.random.normal(jax.random.key(1), (2, 10, 40))
-  graphdef, params = nnx.split(m)
-  train, frozen = lora.split_trainable(params)
-
-  def loss(tr):
-    mm = nnx.merge(graphdef, lora.join(tr, frozen))
-    hidden, _ = mm(tokens, pos, mask, segment_ids_BxT=seg)
-    return jnp.sum(jnp.tanh(mm.logits(hidden)) * w)
-
-  value, grads = jax.jit(jax.value_and_grad(loss))(train)
-  return float(value), nnx.to_pure_dict(grads)
+  value, _, grads = model_batches.loss_and_grads(m, packed, squash=jnp.tanh)
+  return value, grads
 
 
 # (a full remat of every block equals none in test_scan_layers; "mixed" has a full block)
