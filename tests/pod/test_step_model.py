@@ -97,26 +97,36 @@ def test_flops_equal_xla_cost_analysis_of_single_trip_programs(one_trip):
     assert step_model.program_flops(st, name) * 8 == pytest.approx(want), name
 
 
-def test_partial_remat_flops_equal_xla_cost_analysis():
-  # model.remat_layers = 1 of 2: one block recomputes its forward (less its MLP down), the
-  # other keeps its activations: train_factors(0.5).
+def _policy_step_flops(remat_layers: int, selective: int, **model):
+  """(XLA's FLOPs of the compiled policy step on 8 devices, the step model's count, Arch,
+  the forward's terms, rows, row length) with model.remat_layers / remat_selective of 2
+  blocks: a full block recomputes its forward less its MLP down, a selective one no matmul
+  (`train_factors`)."""
   from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
-  cfg = _config(**{**ONE_TRIP, "model.remat_layers": 1})
-  mcfg = archs.model_config(cfg).replace(vocab_size=512, real_vocab_size=512)
-  assert [mcfg.remats(i) for i in range(2)] == [True, False]
+  cfg = _config(**{**ONE_TRIP, "model.remat_layers": remat_layers,
+                   "model.remat_selective": selective})
+  mcfg = archs.model_config(cfg).replace(vocab_size=512, real_vocab_size=512, **model)
+  assert (mcfg.num_remat, mcfg.remat_selective) == (remat_layers, selective)
   mesh = shd.make_mesh(1, -1, 1, devices=jax.devices()[:8])
   plan = programs.build(cfg, mcfg, mesh, ("policy_step",))
   prog, = plan.programs
   cost = prog.fn.lower(*prog.args, **prog.kwargs).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   a = step_counts.Arch.of(mcfg)
-  assert a.remat == 0.5
   b, t = plan.shapes["rows"], plan.shapes["prompt_len"] + plan.shapes["response_len"]
   fwd = step_counts.forward_flops(a, b, t, step_counts.padded_head_positions(
       plan.shapes["response_len"]))
-  fac = step_counts.train_factors(a.remat)
-  want = sum(fac[k] * v for k, v in fwd.items()) - 0.5 * b * t * a.down
-  assert float(cost["flops"]) * mesh.size == pytest.approx(want, rel=0.02)
+  fac = step_counts.train_factors(a.remat, selective=a.selective)
+  want = sum(fac[k] * v for k, v in fwd.items()) - a.full_remat * b * t * a.down
+  return float(cost["flops"]) * mesh.size, want, a, fwd, b, t
+
+
+def test_partial_remat_flops_equal_xla_cost_analysis():
+  # model.remat_layers = 1 of 2: one block recomputes its forward (less its MLP down), the
+  # other keeps its activations: train_factors(0.5).
+  xla, want, a, _, _, _ = _policy_step_flops(1, 0)
+  assert a.remat == 0.5
+  assert xla == pytest.approx(want, rel=0.02)
   # Between no remat and remat of every block, by half a forward's matmuls.
   assert step_counts.train_factors(0.5)["matmul"] == 3.5
 
@@ -125,25 +135,9 @@ def test_partial_remat_flops_equal_xla_cost_analysis():
 def test_selective_remat_flops_equal_xla_cost_analysis(remat_layers, selective):
   # model.remat_selective blocks keep their matmul outputs: no matmul recompute (and no
   # "- down"), the pure-JAX attention forward recomputed; the others as a full remat.
-  from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
-  cfg = _config(**{**ONE_TRIP, "model.remat_layers": remat_layers,
-                   "model.remat_selective": selective})
-  mcfg = archs.model_config(cfg).replace(vocab_size=512, real_vocab_size=512,
-                                         scan_layers=False)
-  assert mcfg.remat_selective == selective
-  mesh = shd.make_mesh(1, -1, 1, devices=jax.devices()[:8])
-  plan = programs.build(cfg, mcfg, mesh, ("policy_step",))
-  prog, = plan.programs
-  cost = prog.fn.lower(*prog.args, **prog.kwargs).compile().cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  a = step_counts.Arch.of(mcfg)
+  xla, want, a, fwd, b, t = _policy_step_flops(remat_layers, selective, scan_layers=False)
   assert (a.remat, a.selective) == (1.0, selective / 2)
-  b, t = plan.shapes["rows"], plan.shapes["prompt_len"] + plan.shapes["response_len"]
-  fwd = step_counts.forward_flops(a, b, t, step_counts.padded_head_positions(
-      plan.shapes["response_len"]))
-  fac = step_counts.train_factors(a.remat, selective=a.selective)
-  want = sum(fac[k] * v for k, v in fwd.items()) - a.full_remat * b * t * a.down
-  assert float(cost["flops"]) * mesh.size == pytest.approx(want, rel=0.02)
+  assert xla == pytest.approx(want, rel=0.02)
   # a full remat's matmul recompute (less down) is more than the 2% tolerance here
   full = sum(step_counts.train_factors(1.0)[k] * v for k, v in fwd.items()) - b * t * a.down
   assert (full - want) / want > 0.05 * a.selective
