@@ -5,6 +5,7 @@ step estimate that follows the lengths (the padded programs' does not)."""
 import importlib.util
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -212,3 +213,37 @@ def test_step_model_packed_is_the_codes_planner_and_kernel():
   short = step_model.train_side(st, l_B, p_B)
   full = step_model.train_side(st, np.full(32, 8), np.full(32, 16))
   assert sum(p.time for p in short) < 0.6 * sum(p.time for p in full)
+
+
+def test_learner_programs_are_built_on_the_train_mesh():
+  """mesh.train_tensor=1 on the (2, 2, 2) mesh: the learners' programs take their states,
+  parameters and rows on the train mesh (2, 4, 1) over the same devices in the same order,
+  and compile there; the engine's decode from the (2, 2, 2) mesh (its decode copy is made
+  from the train mesh's parameters); the step model plans the passes on the train mesh."""
+  from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import step as step_model  # pylint: disable=import-outside-toplevel
+  cfg = _config(**{"rl.packing": True, "mesh.train_tensor": 1})
+  mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
+  mesh = shd.make_mesh(2, 2, 2)
+  train = parts.build_train_mesh(cfg, mesh)
+  assert dict(train.shape) == {"data": 2, "fsdp": 4, "tensor": 1}
+  assert list(train.devices.flat) == list(mesh.devices.flat)
+  plan = programs.build(cfg, mcfg, mesh, TRAIN + ("decode_copy", "prefill"))
+  by_name = {p.name.split("[")[0]: p for p in plan.programs}
+  for name in TRAIN:
+    for leaf in jax.tree.leaves(by_name[name].args):
+      assert leaf.sharding.mesh == train, (name, leaf.sharding)
+  for leaf in jax.tree.leaves(by_name["decode_copy"].args):   # the policy's train params
+    assert leaf.sharding.mesh == train
+  for leaf in jax.tree.leaves(by_name["prefill"].args):       # the decode copy, the prompt
+    assert leaf.sharding.mesh == mesh
+  assert plan.shapes["train_mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+  step = by_name["policy_step"]
+  step.fn.lower(*step.args, **step.kwargs).compile()
+  st = step_model.Setup.of(cfg, mcfg, slices.parse("v5p-16"), step_model.Knobs(train="packed"))
+  assert st.train_tp == 1 and st.tensor == 2
+  assert st.pack_steps == learners.pass_spec(cfg, "policy", train, parts.train_rules_of(cfg))
+  # The default keeps one mesh; a train mesh that does not split the devices is refused.
+  assert parts.build_train_mesh(_config(), mesh) is mesh
+  with pytest.raises(ValueError, match="data x train_tensor = 6 does not divide 8"):
+    parts.build_train_mesh(_config(**{"mesh.train_tensor": 3}), mesh)
