@@ -17,6 +17,7 @@ from vapo_jax.run import parts
 from vapo_jax.pod import archs
 from vapo_jax.pod import fitting
 from vapo_jax.pod import slices
+from tpu_aot import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tiny trainer-test model; P + R = 24; 32 rollout rows, mini-batches of 16 in micro-batches
@@ -247,3 +248,23 @@ def test_learner_programs_are_built_on_the_train_mesh():
   assert parts.build_train_mesh(_config(), mesh) is mesh
   with pytest.raises(ValueError, match="data x train_tensor = 6 does not divide 8"):
     parts.build_train_mesh(_config(**{"mesh.train_tensor": 3}), mesh)
+
+
+@NEEDS_LIBTPU
+def test_train_tensor_2_compiles_the_learners_tp2_programs_for_v5p_8():
+  """A (1, 1, 4) mesh on a v5p-8 slice (4 chips, AOT from this CPU host): with
+  mesh.train_tensor=2 the old-log-prob pass compiles on the (1, 2, 2) train mesh, every
+  collective over pairs of chips; without, on the decode mesh, over all 4."""
+  from vapo_jax.pod import train_hlo  # pylint: disable=import-outside-toplevel
+  mesh = shd.make_mesh(1, 1, 4, devices=slices.devices(slices.parse("v5p-8")))
+  groups = {}
+  for train_tensor in (2, 0):
+    cfg = _config(**{"rl.packing": False, "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 4,
+                     "mesh.train_tensor": train_tensor, "model.num_heads": 4,
+                     "model.num_kv_heads": 4})
+    mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
+    text = train_hlo.compile_texts(cfg, mcfg, mesh, ("logprobs",),
+                                   log=lambda *a, **k: None)["logprobs"]
+    groups[train_tensor] = {train_hlo.group_size(line) for line in text.splitlines()
+                            if "all-reduce" in line and "replica_groups" in line}
+  assert groups == {2: {2}, 0: {4}}, groups
