@@ -40,6 +40,7 @@ def test_every_config_file_and_preset_validates(name):
     ("eval.reward_mode", "loose", "config.eval.reward_mode='loose'"),
     ("rl.behaviour_correction", "clip", "config.rl.behaviour_correction='clip'"),
     ("rl.behaviour_band", (1.5, 2.0), "config.rl.behaviour_band=(1.5, 2.0)"),
+    ("mesh.train_tensor", -1, "config.mesh.train_tensor=-1: must be 0 (the decode mesh)"),
 ])
 def test_bad_values_name_the_field(field, value, message):
   c = load_config_file("tiny.py")

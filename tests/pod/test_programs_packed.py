@@ -5,6 +5,7 @@ step estimate that follows the lengths (the padded programs' does not)."""
 import importlib.util
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -16,6 +17,7 @@ from vapo_jax.run import parts
 from vapo_jax.pod import archs
 from vapo_jax.pod import fitting
 from vapo_jax.pod import slices
+from tpu_aot import NEEDS_LIBTPU  # pylint: disable=wrong-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tiny trainer-test model; P + R = 24; 32 rollout rows, mini-batches of 16 in micro-batches
@@ -212,3 +214,57 @@ def test_step_model_packed_is_the_codes_planner_and_kernel():
   short = step_model.train_side(st, l_B, p_B)
   full = step_model.train_side(st, np.full(32, 8), np.full(32, 16))
   assert sum(p.time for p in short) < 0.6 * sum(p.time for p in full)
+
+
+def test_learner_programs_are_built_on_the_train_mesh():
+  """mesh.train_tensor=1 on the (2, 2, 2) mesh: the learners' programs take their states,
+  parameters and rows on the train mesh (2, 4, 1) over the same devices in the same order,
+  and compile there; the engine's decode from the (2, 2, 2) mesh (its decode copy is made
+  from the train mesh's parameters); the step model plans the passes on the train mesh."""
+  from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import step as step_model  # pylint: disable=import-outside-toplevel
+  cfg = _config(**{"rl.packing": True, "mesh.train_tensor": 1})
+  mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
+  mesh = shd.make_mesh(2, 2, 2)
+  train = parts.build_train_mesh(cfg, mesh)
+  assert dict(train.shape) == {"data": 2, "fsdp": 4, "tensor": 1}
+  assert list(train.devices.flat) == list(mesh.devices.flat)
+  plan = programs.build(cfg, mcfg, mesh, TRAIN + ("decode_copy", "prefill"))
+  by_name = {p.name.split("[")[0]: p for p in plan.programs}
+  for name in TRAIN:
+    for leaf in jax.tree.leaves(by_name[name].args):
+      assert leaf.sharding.mesh == train, (name, leaf.sharding)
+  for leaf in jax.tree.leaves(by_name["decode_copy"].args):   # the policy's train params
+    assert leaf.sharding.mesh == train
+  for leaf in jax.tree.leaves(by_name["prefill"].args):       # the decode copy, the prompt
+    assert leaf.sharding.mesh == mesh
+  assert plan.shapes["train_mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+  step = by_name["policy_step"]
+  step.fn.lower(*step.args, **step.kwargs).compile()
+  st = step_model.Setup.of(cfg, mcfg, slices.parse("v5p-16"), step_model.Knobs(train="packed"))
+  assert st.train_tp == 1 and st.tensor == 2
+  assert st.pack_steps == learners.pass_spec(cfg, "policy", train, parts.train_rules_of(cfg))
+  # The default keeps one mesh; a train mesh that does not split the devices is refused.
+  assert parts.build_train_mesh(_config(), mesh) is mesh
+  with pytest.raises(ValueError, match="data x train_tensor = 6 does not divide 8"):
+    parts.build_train_mesh(_config(**{"mesh.train_tensor": 3}), mesh)
+
+
+@NEEDS_LIBTPU
+def test_train_tensor_2_compiles_the_learners_tp2_programs_for_v5p_8():
+  """A (1, 1, 4) mesh on a v5p-8 slice (4 chips, AOT from this CPU host): with
+  mesh.train_tensor=2 the old-log-prob pass compiles on the (1, 2, 2) train mesh, every
+  collective over pairs of chips; without, on the decode mesh, over all 4."""
+  from vapo_jax.pod import train_hlo  # pylint: disable=import-outside-toplevel
+  mesh = shd.make_mesh(1, 1, 4, devices=slices.devices(slices.parse("v5p-8")))
+  groups = {}
+  for train_tensor in (2, 0):
+    cfg = _config(**{"rl.packing": False, "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 4,
+                     "mesh.train_tensor": train_tensor, "model.num_heads": 4,
+                     "model.num_kv_heads": 4})
+    mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
+    text = train_hlo.compile_texts(cfg, mcfg, mesh, ("logprobs",),
+                                   log=lambda *a, **k: None)["logprobs"]
+    groups[train_tensor] = {train_hlo.group_size(line) for line in text.splitlines()
+                            if "all-reduce" in line and "replica_groups" in line}
+  assert groups == {2: {2}, 0: {4}}, groups

@@ -138,6 +138,15 @@ def test_train_collectives_from_hlo_figures(tmp_path):
                                       10, 2) == (0.0, "")
   fsdp = dataclasses.replace(_setup(train_collectives=str(other)), train_tensor=1)
   assert step_terms.train_collectives(fsdp, "policy_step", 10, 2)[0] > 0
+  # A file compiled on a train mesh of its own (mesh.train_tensor=2: "train_tp" 2) serves a
+  # setup of 2 train tensor shards only.
+  tp2 = tmp_path / "tp2.json"
+  tp2.write_text(json.dumps({"train_layout": "shared", "train_tp": 2, "programs": {
+      "policy_step": sp.as_dict()}}))
+  assert step_terms.train_collectives(_setup(train_collectives=str(tp2)), "policy_step",
+                                      10, 2) == (0.0, "")
+  two = dataclasses.replace(_setup(train_collectives=str(tp2)), train_tensor=2)
+  assert step_terms.train_collectives(two, "policy_step", 10, 2)[0] > 0
   # Padded rows, one mini-batch of 4 rows in one micro-batch: 1 trip, 1 call.
   assert progs["policy_step"].terms["collectives"] == pytest.approx(
       step_terms.train_collectives(st, "policy_step", 1, 1)[0])

@@ -1,5 +1,6 @@
 """The trainer: exact micro-batching, one RL step on 8 devices = 1 device, an end-to-end run."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -10,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from vapo_jax.rl import batch as batch_lib
 from vapo_jax.run import trainer as trainer_lib
 
 import wandb_files
@@ -31,20 +33,33 @@ def test_one_rl_step_on_8_devices_equals_one_device():
     np.testing.assert_allclose(one[2][k], eight[2][k], rtol=1e-4, atol=1e-6)
 
 
+def layout_base(packing):
+  """The train-layout tests' config: the engine, and 4 kv heads, which 2 or 4 tensor shards
+  split whole (the engine then decodes from replicas)."""
+  return {"rl.packing": packing, "sampling.engine": "continuous", "sampling.slots": 8,
+          "model.num_heads": 4, "model.num_kv_heads": 4}
+
+
+@functools.lru_cache(maxsize=None)
+def one_device(packing):
+  """The train-layout tests' single-device run (shared: it is the same for each layout)."""
+  return run_rl_step(tiny(**layout_base(packing),
+                          **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}))
+
+
 @pytest.mark.parametrize("packing", [True, False])
 def test_fsdp_train_layout_on_8_devices_equals_one_device(packing):
   """mesh.train_layout="fsdp": the learners' parameters, optimizer states and passes are FSDP
   over all 8 devices (no weight dimension over `tensor` alone, rows over data x fsdp x
   tensor) while the engine decodes from its 4 tensor-parallel replicas of mesh.rules; the
   step is the one of a single device."""
-  base = {"rl.packing": packing, "sampling.engine": "continuous", "sampling.slots": 8,
-          "model.num_kv_heads": 2}
-  one = run_rl_step(tiny(**base, **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}))
-  cfg = tiny(**base, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2,
-                        "mesh.train_layout": "fsdp"})
+  one = one_device(packing)
+  cfg = tiny(**layout_base(packing), **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2,
+                                        "mesh.train_layout": "fsdp"})
   t = trainer_lib.Trainer(cfg, progress=False)
   try:
     assert t.parts.batch_axes == ("data", "fsdp", "tensor")
+    assert t.parts.mesh is t.parts.decode_mesh  # mesh.train_tensor=0: one mesh
     t.value_pretrain()
     history = t.rl()["history"]
     policy = t.state.train_state("policy")
@@ -57,6 +72,46 @@ def test_fsdp_train_layout_on_8_devices_equals_one_device(packing):
              jax.device_get(t.state.train_state("critic").params), history[-1])
     engine = t.parts.samplers.rollout
     assert engine.batch_axes == ("data", "fsdp") and engine.ecfg.replicas == 4
+  finally:
+    t.close()
+  assert 0 < one[2]["reward/mean"] < 1 and one[2]["policy_grad_norm"] > 0
+  assert one[2]["reward/mean"] == eight[2]["reward/mean"]
+  assert_trees_close(one[0], eight[0], atol=2e-5)
+  assert_trees_close(one[1], eight[1], atol=2e-5)
+  for k in ("policy_loss", "value_loss", "entropy", "adv/mean"):
+    np.testing.assert_allclose(one[2][k], eight[2][k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_train_tensor_mesh_on_8_devices_equals_one_device(packing):
+  """mesh.train_tensor=2 on a (1, 2, 4) mesh: the learners live and run on a second mesh
+  over the same 8 devices, (1, 4, 2), while the engine decodes from the 2 tensor-parallel
+  replicas of the (1, 2, 4) one; the rollout moves across once per step, and value
+  pretraining + one RL step are those of a single device."""
+  one = one_device(packing)
+  cfg = tiny(**layout_base(packing), **{"mesh.data": 1, "mesh.fsdp": 2, "mesh.tensor": 4,
+                                        "mesh.train_tensor": 2})
+  t = trainer_lib.Trainer(cfg, progress=False)
+  try:
+    p = t.parts
+    assert dict(p.decode_mesh.shape) == {"data": 1, "fsdp": 2, "tensor": 4}
+    assert dict(p.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert list(p.mesh.devices.flat) == list(p.decode_mesh.devices.flat)
+    t.value_pretrain()
+    history = t.rl()["history"]
+    policy, critic = t.state.train_state("policy"), t.state.train_state("critic")
+    for leaf in jax.tree.leaves((policy.params, critic.params)):
+      assert dict(leaf.sharding.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+    specs = {str(v.sharding.spec) for v in jax.tree.leaves(policy.params)}
+    assert any("'tensor'" in s for s in specs), specs  # tensor-parallel over 2, not FSDP only
+    eight = (jax.device_get(policy.params), jax.device_get(critic.params), history[-1])
+    engine = p.samplers.rollout
+    assert engine.mesh is p.decode_mesh and engine.ecfg.replicas == 2
+    # The rollout batch the passes read moved to the train mesh (rows over its 4 fsdp).
+    batch, _ = t.experience(next(t.state.prompts))
+    rows = batch_lib.batch_sharding(p.mesh, p.batch_axes)
+    for leaf in jax.tree.leaves(batch):
+      assert leaf.sharding.is_equivalent_to(rows, leaf.ndim), leaf.sharding
   finally:
     t.close()
   assert 0 < one[2]["reward/mean"] < 1 and one[2]["policy_grad_norm"] > 0

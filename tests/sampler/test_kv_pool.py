@@ -94,8 +94,10 @@ def test_token_bytes_follow_the_pool_sharding():
   assert kv_pool.token_bytes(mcfg, "float32", _mesh(), parts.rules_of(cfg)) == 128
 
 
-def test_run_memory_counts_what_the_compile_check_counts():
-  cfg = _config(**{"rl.kl_coef": 0.1})
+@pytest.mark.parametrize("train_tensor", [0, 1])
+def test_run_memory_counts_what_the_compile_check_counts(train_tensor):
+  # train_tensor 1: the train states and the rollout batch on the (1, 4, 1) train mesh.
+  cfg = _config(**{"rl.kl_coef": 0.1, "mesh.train_tensor": train_tensor})
   mcfg = archs.model_config(cfg)
   mesh = _mesh()
   plan = programs.build(cfg, mcfg, mesh, ("decode_chunk",))

@@ -249,3 +249,26 @@ def test_lowerable_gives_the_programs_and_cache_a_call_runs():
   assert [(x.shape, x.dtype) for x in real] == [(x.shape, x.dtype) for x in want]
   for x, w in zip(real, want):
     assert x.sharding.is_equivalent_to(w.sharding, x.ndim), (x.sharding, w.sharding)
+
+
+def test_params_from_another_mesh_are_resharded_onto_the_samplers():
+  # The learners' own mesh (config mesh.train_tensor): the same 8 devices in the same order,
+  # laid out (1, 4, 2) against the sampler's (1, 2, 4). Each call moves the parameters onto
+  # the sampler's mesh through one compiled reshard, so the sampler compiles once and
+  # samples what it samples from parameters on its own mesh; the compile check's abstract
+  # parameters come back on the sampler's mesh too.
+  cfg = SamplingConfig(max_new_tokens=4, n_per_prompt=2, max_prompt_len=8,
+                       stop_token_ids=(3,))
+  decode = sharding.make_mesh(data=1, fsdp=2, tensor=4)
+  train = jax.sharding.Mesh(decode.devices.reshape(1, 4, 2), decode.axis_names,
+                            axis_types=decode.axis_types)
+  _, state, sampler = make(cfg, mesh=decode)
+  want = as_np(sampler(jax.device_put(state, NamedSharding(decode, P())), PROMPTS,
+                       jax.random.key(2)))
+  there = jax.device_put(state, NamedSharding(train, P()))
+  for _ in range(2):
+    got = as_np(sampler(there, PROMPTS, jax.random.key(2)))
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+  assert sampler._generate._cache_size() == 1 and len(sampler._movers) == 1
+  low = sampler.lowerable(there, 4)
+  assert {x.sharding.mesh for x in jax.tree.leaves(low["generate_args"][0])} == {decode}

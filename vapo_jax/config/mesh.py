@@ -1,5 +1,5 @@
-"""config.mesh: the device mesh and the sharding rules (`run.parts` build_mesh, rules_of;
-`sharding`)."""
+"""config.mesh: the device mesh, the train passes' own mesh and the sharding rules
+(`run.parts` build_mesh, build_train_mesh, rules_of; `sharding`)."""
 
 import dataclasses
 
@@ -17,6 +17,15 @@ class MeshSection:
   # chip (`sharding.fsdp_only(rules)`: rows and the embed dim over data x fsdp x tensor, no
   # activation all-reduces). The engine's decode copy is resharded from it once per step.
   train_layout: str = "shared"
+  # The train passes' own mesh: 0 = they share the decode mesh (data, fsdp, tensor) above.
+  # t >= 1 (other than the resolved `tensor`) lays the same devices, in the same flat order,
+  # out as a second mesh (data, N / (data t), t) with the same axis names, and the learners
+  # (parameters, optimizer states, the log-prob, value and update passes) live and run on it
+  # under their rules (`train_layout`) while the engines keep the decode mesh (a smaller t:
+  # fewer and smaller tensor-parallel activation all-reduces, FSDP over more chips). The
+  # rollout batch moves to it, and the engine's decode copy is resharded from it, once per
+  # rollout (`run.memory.train_mesh`). data x t must divide the devices.
+  train_tensor: int = 0
 
   def check(self) -> None:
     sizes = (self.data, self.fsdp, self.tensor)
@@ -24,6 +33,8 @@ class MeshSection:
          "sizes >= 1 with at most one -1 (data, fsdp, tensor)")
     need(self.train_layout in ("shared", "fsdp"), "mesh.train_layout", self.train_layout,
          '"shared" (the train passes use mesh.rules) or "fsdp" (FSDP over every chip)')
+    need(isinstance(self.train_tensor, int) and self.train_tensor >= 0, "mesh.train_tensor",
+         self.train_tensor, "0 (the decode mesh) or the train mesh's tensor size >= 1")
     for rule in self.rules:
       need(isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str),
            "mesh.rules", rule, "(logical name, mesh axes) pairs")

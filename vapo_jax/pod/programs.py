@@ -134,7 +134,9 @@ class Plan:
 def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
           hbm: float | None = None, kv_tokens: dict[str, int] | None = None,
           lengths: tuple[np.ndarray, np.ndarray] | None = None) -> Plan:
-  """The programs of one run (a `config.Config` and the policy's `ModelConfig`) on `mesh`.
+  """The programs of one run (a `config.Config` and the policy's `ModelConfig`) on `mesh`,
+  the config's (data, fsdp, tensor) mesh: the samplers' programs on it, the learners' on the
+  train mesh the run lays over its devices (mesh.train_tensor, `run.parts.build_train_mesh`).
 
   With a per-chip `budget` that the resident state alone exceeds, no programs are built.
   hbm: bytes per chip the engines' KV pools are sized from (`sampler.kv_pool`: the run
@@ -145,11 +147,13 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   = (real prompt lengths [B], response lengths [B]) of a representative rollout picks the
   packed shapes the step estimate counts (default: every sequence at full length).
   """
-  # The learners and their passes lie as mesh.train_layout says; the samplers decode from
-  # mesh.rules (their engine's decode copy is resharded from the train layout).
+  # The learners and their passes lie on the train mesh (mesh.train_tensor: `mesh` itself, or
+  # its devices laid out again) as mesh.train_layout says; the samplers decode from
+  # mesh.rules on `mesh` (their engine's decode copy is resharded from the train layout).
+  decode_mesh, mesh = mesh, parts.build_train_mesh(cfg, mesh)
   decode_rules, rules = parts.rules_of(cfg), parts.train_rules_of(cfg)
   batch_axes = shd.batch_axes(mesh, rules)
-  parts.device_count_check(cfg, mesh, decode_rules)
+  parts.device_count_check(cfg, decode_mesh, decode_rules)
   parts.device_count_check(cfg, mesh, rules, train=True)
   rows_sh = batch_lib.batch_sharding(mesh, batch_axes)
   graphdef, params = abstract_model(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
@@ -174,7 +178,8 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
               "rollout_batch": per_device_bytes(rollout_batch)}
   shapes = {"rows": rows.rollout, "minibatch_rows": rows.minibatch,
             "micro_batches": rows.micro_batches, "forward_chunks": rows.forward_chunks,
-            "prompt_len": p_len, "response_len": r_len, "devices": mesh.size}
+            "prompt_len": p_len, "response_len": r_len, "devices": mesh.size,
+            "train_mesh": dict(mesh.shape)}
   if budget is not None and sum(resident.values()) > budget:
     return Plan([], resident, shapes)  # Nothing can run: no programs to build.
   text = inputs.Text(encode=None, decode=None, bos_ids=(), template=None,
@@ -185,10 +190,10 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   rollout_parts, memory = {}, None
   if engine:
     rollout_parts["decode_copy"] = run_memory.decode_copy_bytes(cfg, mcfg, graphdef, params,
-                                                                mesh, decode_rules)
+                                                                decode_mesh, decode_rules)
     memory = kv_pool.Memory(hbm, float(sum(resident.values()) + rollout_parts["decode_copy"]),
                             cfg.sampling.kv_headroom)
-  built = parts.samplers(cfg, graphdef, mcfg, mesh, decode_rules, text, memory=memory,
+  built = parts.samplers(cfg, graphdef, mcfg, decode_mesh, decode_rules, text, memory=memory,
                          kv_tokens=kv_tokens)
   samplers = {"rollout": (built.rollout, per_call), "eval": (built.eval, cfg.eval.batch_prompts),
               "greedy": (built.greedy, cfg.eval.batch_prompts)}

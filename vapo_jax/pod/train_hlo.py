@@ -346,6 +346,9 @@ def main(argv):
     with open(f.json, "w", encoding="utf-8") as fh:
       json.dump({"slice": s.name, "layers": mcfg.num_layers,
                  "train_layout": cfg.mesh.train_layout,
+                 # The train passes' tensor shards: 1 with "fsdp", else the train mesh's.
+                 "train_tp": (1 if cfg.mesh.train_layout == "fsdp"
+                              else cfg.mesh.train_tensor or cfg.mesh.tensor),
                  "programs": {k: v.as_dict() for k, v in res.items()}}, fh, indent=1)
 
 
@@ -369,6 +372,17 @@ def layout_of(path: str) -> str:
   field was written)."""
   with open(path, encoding="utf-8") as fh:
     return json.load(fh).get("train_layout", "shared")
+
+
+def train_tp_of(path: str, tensor: int) -> int:
+  """The train passes' tensor shards a --json file was compiled with: its "train_tp", else
+  (a file from before config.mesh.train_tensor) 1 for the "fsdp" layout, `tensor`
+  (mesh.tensor) for "shared"."""
+  with open(path, encoding="utf-8") as fh:
+    got = json.load(fh).get("train_tp")
+  if got is not None:
+    return int(got)
+  return 1 if layout_of(path) == "fsdp" else tensor
 
 
 if __name__ == "__main__":

@@ -70,6 +70,9 @@ class Experience:
     batch's old_logp_BxR holds the sampler's log-probs (0 on padding) and the update takes
     π_old, the correction and ("exact") the gap metrics from its own forward
     (`rl.update.old_policy`); the entropy then comes from the update too.
+  place: tree -> tree, the rollout's [B, ...] arrays moved from the sampler's mesh to the
+    train passes' (config mesh.train_tensor: `run.parts.to_train_mesh`), once per rollout
+    before any pass reads it; None: they share one mesh.
   """
   sampler: types_lib.RolloutSampler
   text: Any
@@ -84,6 +87,7 @@ class Experience:
   group_size: int
   correction: behaviour.Correction
   old_logprobs: str
+  place: Callable | None = None
 
   def __call__(self, policy_params, examples, key, *, values: Callable | None = None,
                for_value_pretraining: bool = False, ref_params=None,
@@ -105,8 +109,9 @@ class Experience:
     if dynamic:
       rollout, scores_B, all_scores, keep_B, extra = self._draw_until_full(
           policy_params, examples, key, more_examples)
+      rollout, scores_B, keep_B = self._to_train((rollout, scores_B, keep_B))
     else:
-      rollout = self._sample(policy_params, examples, key)
+      rollout = self._to_train(self._sample(policy_params, examples, key))
     tokens, mask = types_lib.rollout_tokens(rollout)
     p = rollout.prompt_len
     jax.block_until_ready(rollout.lengths_B)
@@ -190,7 +195,7 @@ class Experience:
                        ) -> tuple[batch_lib.RolloutBatch, dict]:
     """Steps 1–2 only, for the reward-model stage: (device batch of tokens_BxL, mask_BxL,
     response_mask_BxR and the checker's scores_B, reward and length metrics)."""
-    rollout = self._sample(policy_params, examples, key)
+    rollout = self._to_train(self._sample(policy_params, examples, key))
     tokens, mask = types_lib.rollout_tokens(rollout)
     jax.block_until_ready(rollout.lengths_B)
     self.sampler.clear_cache()
@@ -202,6 +207,10 @@ class Experience:
                                    scores_B=scored.scores_B)
     return batch, {**scored.all_scores.metrics(),
                    "response/length_mean": float(lengths.mean())}
+
+  def _to_train(self, tree):
+    """tree on the train passes' mesh (`place`), or as it is."""
+    return tree if self.place is None else self.place(tree)
 
   def _sample(self, params, examples, key) -> types_lib.Rollout:
     return rollout_lib.sample(self.sampler, params,

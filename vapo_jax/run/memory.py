@@ -9,6 +9,9 @@ Per chip (max over the mesh's devices), from abstract parameters with the run's 
   rollout_batch   the last rollout batch ([B, P + R] rows)
   decode_copy     the engine's decode copy of the policy (sampling.decode_dtype, FSDP dropped)
 
+The train states lie on the train passes' mesh (`train_mesh`: the decode mesh, or with
+mesh.train_tensor a second mesh over the same devices) under `train_rules`.
+
 `pod.programs` counts the same parts for the compile check (a test ties the two). The
 engine's KV pool is sized from HBM less these (`sampler.kv_pool`).
 """
@@ -90,21 +93,43 @@ def train_rules(cfg, rules):
   return shd.fsdp_only(rules) if cfg.mesh.train_layout == "fsdp" else rules
 
 
+def train_mesh(cfg, mesh):
+  """The train passes' mesh from the decode mesh (mesh.train_tensor = t).
+
+  t = 0, or t = the decode mesh's own tensor size: `mesh` itself (one mesh). Else a second
+  `Mesh` over the same N devices in the same flat order, (data, N / (data t), t), the same
+  axis names and types: an array moves between the two by `jax.device_put` or a jit's
+  `out_shardings`. ValueError when data x t does not divide N.
+  """
+  t = cfg.mesh.train_tensor
+  if not t or mesh is None or t == mesh.shape["tensor"]:
+    return mesh
+  n, data = mesh.size, mesh.shape["data"]
+  if n % (data * t):
+    raise ValueError(f"config.mesh.train_tensor={t}: the train mesh (data={data}, fsdp, "
+                     f"tensor={t}) must split the {n} devices of the mesh {dict(mesh.shape)}, "
+                     f"and data x train_tensor = {data * t} does not divide {n}")
+  return jax.sharding.Mesh(mesh.devices.reshape(data, n // (data * t), t), mesh.axis_names,
+                           axis_types=mesh.axis_types)
+
+
 def resident(cfg, mcfg, mesh, rules, optimizer: Callable) -> dict[str, int]:
-  """The parts above, bytes per chip. `rules`: the decode replicas' (the train states lie
-  as `train_rules` says); optimizer(cfg, name) -> the learner's optax transformation
-  (`run.learners.optimizer`)."""
-  t_rules = train_rules(cfg, rules)
-  graphdef, params = _abstract(lambda r: transformer.Transformer(mcfg, rngs=r), mesh,
+  """The parts above, bytes per chip. `mesh`, `rules`: the decode replicas' (the train
+  states and the rollout batch lie on `train_mesh` as `train_rules` says); optimizer(cfg,
+  name) -> the learner's optax transformation (`run.learners.optimizer`)."""
+  t_mesh, t_rules = train_mesh(cfg, mesh), train_rules(cfg, rules)
+  graphdef, params = _abstract(lambda r: transformer.Transformer(mcfg, rngs=r), t_mesh,
                                t_rules)
   out = {"policy_state": _state_bytes(params, optimizer(cfg, "policy")), "critic_state": 0}
   if cfg.uses_critic:
     _, c_params = _abstract(critic_lib.builder(mcfg, head_bias=cfg.model.critic_head_bias,
-                                               full=cfg.full_critic), mesh, t_rules)
+                                               full=cfg.full_critic), t_mesh, t_rules)
     out["critic_state"] = _state_bytes(c_params, optimizer(cfg, "critic"))
   out["reference"] = kv_pool.per_device_bytes(params) if cfg.rl.kl_coef > 0 else 0
   rows = cfg.prompts_per_step * cfg.responses_per_prompt
-  sh = batch_lib.batch_sharding(mesh, shd.batch_axes(mesh, rules))
+  # The rollout batch as the sampler gives it, or on its own train mesh as it moves there.
+  b_mesh, b_rules = (mesh, rules) if t_mesh is mesh else (t_mesh, t_rules)
+  sh = batch_lib.batch_sharding(b_mesh, shd.batch_axes(b_mesh, b_rules))
   out["rollout_batch"] = kv_pool.per_device_bytes(batch_lib.abstract(
       rows, cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens, sh,
       reference=cfg.rl.kl_coef > 0))

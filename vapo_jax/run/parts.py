@@ -1,11 +1,13 @@
 """The one place that builds a run's parts from a `config.Config`.
 
-Mesh, policy and critic (the tokenizer and examples: `run.inputs`); the samplers (and the
-engines' KV sizing); the forward passes and steps 1–3 of an RL step (`Experience`, with the
-advantage settings). The trained networks are `run.learners` (`LEARNERS`, one row each:
-optimizer and step). The trainer builds its run with `build` and `learners.learner`, and
-`pod/programs` (the compile check) builds the same programs from abstract parameters with
-the same functions, so the check compiles exactly what a run runs.
+The meshes (the samplers' decode mesh, and the learners' train mesh: the same one unless
+mesh.train_tensor lays its devices out again), policy and critic (the tokenizer and
+examples: `run.inputs`); the samplers (and the engines' KV sizing); the forward passes and
+steps 1–3 of an RL step (`Experience`, with the advantage settings). The trained networks
+are `run.learners` (`LEARNERS`, one row each: optimizer and step). The trainer builds its
+run with `build` and `learners.learner`, and `pod/programs` (the compile check) builds the
+same programs from abstract parameters with the same functions, so the check compiles
+exactly what a run runs.
 """
 
 import dataclasses
@@ -73,6 +75,21 @@ def build_mesh(cfg):
                        "every device (set one size to -1)")
     devices = jax.devices()[:need]
   return shd.make_mesh(*sizes, devices=devices)
+
+
+def build_train_mesh(cfg, mesh):
+  """The learners' mesh (mesh.train_tensor): `mesh` itself, or a second mesh over its devices
+  in the same flat order, (data, N / (data t), t) (`run.memory.train_mesh`)."""
+  return run_memory.train_mesh(cfg, mesh)
+
+
+def to_train_mesh(mesh, train_mesh, batch_axes_) -> Callable | None:
+  """place(tree) -> the tree's [B, ...] arrays on the train mesh, rows split over its batch
+  axes (one jitted reshard, multi-process safe), or None when the meshes are one."""
+  if train_mesh is mesh:
+    return None
+  return jax.jit(lambda tree: tree, out_shardings=batch_lib.batch_sharding(train_mesh,
+                                                                           batch_axes_))
 
 
 def build_policy(cfg, mesh, rules, text: Text):
@@ -247,7 +264,8 @@ def device_count_check(cfg, mesh, rules, *, train: bool = False) -> None:
             ("sampling.prompts_per_call", cfg.sampling.prompts_per_call)))
   for what, rows in sizes:
     if rows % shards:
-      layout = f" (mesh.train_layout={cfg.mesh.train_layout!r})" if train else ""
+      layout = (f" (mesh.train_layout={cfg.mesh.train_layout!r}, mesh.train_tensor="
+                f"{cfg.mesh.train_tensor})" if train else "")
       raise ValueError(f"config.{what}={rows} must be a multiple of the {shards} batch "
                        f"shards of the mesh {dict(mesh.shape)}{layout}")
 
@@ -316,9 +334,11 @@ def samplers(cfg, graphdef, mcfg, mesh, rules, text: Text, *,
       build(n=1, greedy=True, rows=ev, memory=memory, kv_tokens=kv.get("greedy", 0)))
 
 
-def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Experience:
+def experience(cfg, sampler, text: Text, scorer, logprobs, place: Callable | None = None
+               ) -> experience_lib.Experience:
   """Steps 1–3 of the RL step with the run's settings (the critic's values come with each
-  call: `Experience.__call__`)."""
+  call: `Experience.__call__`); `place` moves each rollout to the train mesh
+  (`to_train_mesh`)."""
   ac = advantage_config(cfg)
   return experience_lib.Experience(
       sampler=sampler, text=text, scorer=scorer, logprobs=logprobs,
@@ -333,13 +353,14 @@ def experience(cfg, sampler, text: Text, scorer, logprobs) -> experience_lib.Exp
       dynamic_rounds=cfg.rl.dynamic_sampling_max_rounds if cfg.rl.dynamic_sampling else -1,
       group_size=cfg.responses_per_prompt,
       correction=cfg.rl.correction,
-      old_logprobs=cfg.old_logprobs)
+      old_logprobs=cfg.old_logprobs, place=place)
 
 
 @dataclasses.dataclass
 class RunParts:
   """What a run is built from (the trained networks come later: `learner`)."""
-  mesh: Any
+  mesh: Any                     # the learners' and train passes' (mesh.train_tensor)
+  decode_mesh: Any              # the samplers' (mesh.data, .fsdp, .tensor); else `mesh` itself
   rules: shd.Rules              # the train passes' (mesh.train_layout)
   batch_axes: tuple[str, ...]   # theirs
   decode_rules: shd.Rules       # the samplers' (mesh.rules)
@@ -360,8 +381,9 @@ class RunParts:
 def build(cfg: config_lib.Config) -> RunParts:
   """A run's parts, in the order that fails fastest (config vs devices, files, model)."""
   decode_rules, rules = rules_of(cfg), train_rules_of(cfg)
-  mesh = build_mesh(cfg)
-  device_count_check(cfg, mesh, decode_rules)
+  decode_mesh = build_mesh(cfg)
+  mesh = build_train_mesh(cfg, decode_mesh)  # the learners'; `decode_mesh` itself by default
+  device_count_check(cfg, decode_mesh, decode_rules)
   device_count_check(cfg, mesh, rules, train=True)
   text = inputs.build_text(cfg)
   train, held_out, stats = inputs.build_examples(cfg, text)
@@ -372,15 +394,17 @@ def build(cfg: config_lib.Config) -> RunParts:
   graphdef, params, mcfg = build_policy(cfg, mesh, rules, text)
   scorer = RewardScorer(fn_for_mode(cfg.reward.fn, cfg.reward.mode),
                         num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s)
-  built = samplers(cfg, graphdef, mcfg, mesh, decode_rules, text)
+  built = samplers(cfg, graphdef, mcfg, decode_mesh, decode_rules, text)
   axes = shd.batch_axes(mesh, rules)
   return RunParts(
-      mesh=mesh, rules=rules, batch_axes=axes, decode_rules=decode_rules, text=text,
+      mesh=mesh, decode_mesh=decode_mesh, rules=rules, batch_axes=axes,
+      decode_rules=decode_rules, text=text,
       train_examples=train,
       eval_examples=held_out, data_stats=stats, graphdef=graphdef, policy_params=params,
       model_cfg=mcfg, scorer=scorer,
       eval_scorer=scorer.using(fn_for_mode(cfg.reward.fn, cfg.eval.reward_mode)),
       samplers=built,
       experience=experience(cfg, built.rollout, text, scorer,
-                            logprobs_fn(cfg, graphdef, mesh, rules)),
+                            logprobs_fn(cfg, graphdef, mesh, rules),
+                            to_train_mesh(decode_mesh, mesh, axes)),
       take=take_fn(mesh, axes))

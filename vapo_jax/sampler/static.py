@@ -245,7 +245,9 @@ class Sampler:
   Sharding: prompts and every row-major array (the cache's batch axis too) are
   split over the mesh axes that the rules give the logical axis "batch" (data
   and fsdp by default); parameters keep the sharding they arrive with
-  (`hf_io.from_pretrained(mesh=...)`).
+  (`hf_io.from_pretrained(mesh=...)`), unless they arrive on another mesh (the
+  learners' own, config mesh.train_tensor): then each call first reshards them
+  onto this one under its rules (`on_mesh`).
 
   Holds one donated KV cache per row count and reuses it across calls. Shapes
   compiled: one per (number of prompts, prompt bucket).
@@ -262,7 +264,7 @@ class Sampler:
                mesh: jax.sharding.Mesh | None = None,
                rules: shd.Rules = shd.DEFAULT_RULES):
     self.cfg = cfg
-    self.mesh = mesh
+    self.mesh, self.rules = mesh, rules
     self.graphdef = graphdef
     self.init_cache = init_cache
     self.cache_leaf_axes = cache_axes(init_cache)
@@ -271,6 +273,7 @@ class Sampler:
                                     ])) if mesh else 1
     self._caches: dict[int, Any] = {}
     self._allocs: dict[Any, Callable] = {}  # (rows, out sharding) -> jitted allocator
+    self._movers: dict[Any, Callable] = {}  # params' mesh -> jitted reshard (`on_mesh`)
     fn = functools.partial(_generate, graphdef, init_cache, cfg, self.cache_leaf_axes,
                            self.constrain)
     self._generate = jax.jit(fn, donate_argnums=(3,))
@@ -309,6 +312,22 @@ class Sampler:
           jax.lax.with_sharding_constraint(leaf,
                                            NamedSharding(self.mesh, P(*spec))))
     return jax.tree.unflatten(treedef, out)
+
+  def on_mesh(self, state):
+    """The parameters on this sampler's mesh: as they are, or (arriving on another mesh over
+    the same devices) resharded onto it under its rules, a copy that lives for the call.
+    Abstract parameters (ShapeDtypeStructs) come back with those shardings."""
+    leaf = next(iter(jax.tree.leaves(state)), None)
+    home = getattr(getattr(leaf, "sharding", None), "mesh", None)
+    if self.mesh is None or home is None or home == self.mesh:
+      return state
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+      return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                          state, shd.state_shardings(state, self.mesh, self.rules))
+    if home not in self._movers:
+      self._movers[home] = jax.jit(
+          lambda t: t, out_shardings=shd.state_shardings(state, self.mesh, self.rules))
+    return self._movers[home](state)
 
   def abstract_cache(self, rows: int):
     """The persistent [rows, S] KV cache as ShapeDtypeStructs, sharded as the sampler puts it.
@@ -352,7 +371,8 @@ class Sampler:
     def sds(shape, dtype, sharding):
       return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
 
-    state = jax.tree.map(lambda x: sds(x.shape, x.dtype, getattr(x, "sharding", None)), state)
+    state = self.on_mesh(jax.tree.map(
+        lambda x: sds(x.shape, x.dtype, getattr(x, "sharding", None)), state))
     cache = self.abstract_cache(b)
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = sds(key.shape, key.dtype, rep)
@@ -455,6 +475,7 @@ class Sampler:
       prompt_BxP = self._place(np.asarray(prompt_BxP, np.int32))
       prompt_mask_BxP = self._place(prompt_mask_BxP)
     rows = bp * cfg.n_per_prompt
+    state = self.on_mesh(state)
     cache = self._cache_for(rows, state)
     out, self._caches[rows] = self._generate(state, prompt_BxP, prompt_mask_BxP,
                                              cache, key)

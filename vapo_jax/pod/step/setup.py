@@ -99,8 +99,9 @@ class Setup:
   # The old-log-prob forward runs (Config.old_logprobs "recompute"); "exact" / "behaviour"
   # save it: no `logprobs` program in the estimate or the floor.
   old_logprobs_pass: bool = True
-  # Tensor shards of the train passes (config.mesh.train_layout: mesh.tensor when "shared",
-  # 1 when "fsdp"); 0: `tensor`, as the decode replicas.
+  # Tensor shards of the train passes (config.mesh.train_layout: the train mesh's tensor size,
+  # mesh.train_tensor or else mesh.tensor, when "shared"; 1 when "fsdp"); 0: `tensor`, as the
+  # decode replicas.
   train_tensor: int = 0
   # {program name: compile seconds} measured by the compile check (`compiles.seconds`), and
   # how ("": whole programs; " (probes of 4, 8 layers, summed)"); rl.steps of the run.
@@ -129,8 +130,9 @@ class Setup:
     # mesh's shape over this slice's chips (no devices: `batch_shards` reads only its shape).
     from vapo_jax.run import learners, parts, pass_sizes  # pylint: disable=import-outside-toplevel
     rows = learners.rows_of(cfg)
-    train_tp = 1 if cfg.mesh.train_layout == "fsdp" else max(1, cfg.mesh.tensor)
-    shards = pass_sizes.batch_shards(mesh_shape(cfg, s.chips), parts.train_rules_of(cfg))
+    train = mesh_shape(cfg, s.chips, train=True)
+    train_tp = 1 if cfg.mesh.train_layout == "fsdp" else train.shape["tensor"]
+    shards = pass_sizes.batch_shards(train, parts.train_rules_of(cfg))
     spec = lambda name: pass_sizes.pack_spec(  # noqa: E731
         cfg, *learners.micro_batches(cfg, name), shards)
     upd_rows, upd_micro = learners.micro_batches(cfg, "policy")
@@ -162,13 +164,19 @@ class Setup:
                                      * self.arch.critic_params) / self.chips
 
 
-def mesh_shape(cfg, chips: int):
+def mesh_shape(cfg, chips: int, *, train: bool = False):
   """The config's (data, fsdp, tensor) mesh laid over `chips` (one -1 size takes the rest),
-  as an object with the `shape` of a mesh: what `run.pass_sizes.batch_shards` reads."""
+  as an object with the `shape` of a mesh: what `run.pass_sizes.batch_shards` reads. With
+  `train`, the learners' mesh (mesh.train_tensor = t: (data, N / (data t), t) over the same
+  N chips, as `run.memory.train_mesh` lays it; 0: the same mesh)."""
   from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
   sizes = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor]
   if -1 in sizes:
     sizes[sizes.index(-1)] = max(1, chips // max(1, -int(np.prod(sizes))))
+  t = cfg.mesh.train_tensor
+  if train and t and t != sizes[2]:
+    n = int(np.prod(sizes))
+    sizes = [sizes[0], max(1, n // (sizes[0] * t)), t]
   return types.SimpleNamespace(shape=dict(zip(shd.MESH_AXES, sizes)))
 
 

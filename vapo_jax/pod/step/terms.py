@@ -178,15 +178,15 @@ def kernel_line(st, engine, block_tokens: int, extra_s: float, tp: int,
 
 def train_collectives(st, name: str, micro_batches: float, calls: float) -> tuple[float, str]:
   """(exposed seconds, line) of one train program from the HLO figures (--train_collectives);
-  (0, "") where the file lacks the program or was compiled for another train layout (the
-  caller then counts them from the layout: `layout_collectives`)."""
+  (0, "") where the file lacks the program or was compiled for another train layout (its
+  tensor shards: `train_hlo.train_tp_of`; the caller then counts them from the layout:
+  `layout_collectives`)."""
   from vapo_jax.pod import train_hlo  # pylint: disable=import-outside-toplevel
   path = st.knobs.train_collectives
   if not path:
     return 0.0, ""
   figs = _load(path)
-  layout = "fsdp" if st.train_tp != st.tensor else "shared"
-  if name not in figs or train_hlo.layout_of(path) != layout:
+  if name not in figs or train_hlo.train_tp_of(path, st.tensor) != st.train_tp:
     return 0.0, ""
   sp: train_hlo.Split = figs[name]
   lat, bw = st.knobs.collective_latency_us * 1e-6, collective_bw(st)
