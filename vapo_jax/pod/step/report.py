@@ -163,8 +163,8 @@ def layouts(st: Setup, est: Step, resp: np.ndarray, prompts: np.ndarray) -> list
   compute = sum(p.terms.get("matmul", 0.0) + p.terms.get("attention", 0.0)
                 for p in est.programs if p.name in ("logprobs", "values", "policy_step",
                                                     "critic_step"))
-  tps = sorted({t for t in (st.tensor, 2, 1) if t <= st.tensor and st.chips % t == 0},
-               reverse=True)
+  tps = sorted({t for t in (st.tensor, st.train_tp, 2, 1)
+                if t <= max(st.tensor, st.train_tp) and st.chips % t == 0}, reverse=True)
   return [step_terms.layout_line(st, step_terms.train_layout(st, tp, resp, prompts), compute)
           for tp in tps]
 
