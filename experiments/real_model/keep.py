@@ -56,6 +56,7 @@ def _copy_run(src: str, dst: str, tail: bool) -> None:
 def save(workdir: str, folder: str) -> list[str]:
   """Copies every finished run's files and W's reports into `folder`; returns the runs."""
   runs = finished_runs(workdir)
+  os.makedirs(folder, exist_ok=True)   # the reports are kept before any run has finished too
   for rel in runs:
     _copy_run(os.path.join(workdir, rel), os.path.join(folder, "runs", rel), tail=True)
   for name in REPORTS:

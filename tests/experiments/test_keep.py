@@ -56,3 +56,13 @@ def test_the_command_line(tmp_path, capsys):
   assert "1 finished run(s)" in capsys.readouterr().out
   assert keep.main(["restore", str(tmp_path / "missing"), w]) == 1
   assert keep.main(["bogus"]) == 2
+
+
+def test_save_before_any_run_finished_keeps_the_reports(tmp_path):
+  work, folder = tmp_path / "w", tmp_path / "new" / "kept"
+  (work / "seed0" / "vapo").mkdir(parents=True)
+  (work / "seed0" / "vapo" / keep.STATUS).write_text('{"state": "interrupted"}')
+  (work / "ablation.md").write_text("# table\n")
+  assert keep.save(str(work), str(folder)) == []
+  assert (folder / "ablation.md").read_text() == "# table\n"
+  assert not (folder / "runs").exists()
