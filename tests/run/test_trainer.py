@@ -47,6 +47,16 @@ def one_device(packing):
                           **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}))
 
 
+def assert_equals_one_device(one, eight):
+  """(policy params, critic params, last RL record) of a layout equal those of one device."""
+  assert 0 < one[2]["reward/mean"] < 1 and one[2]["policy_grad_norm"] > 0
+  assert one[2]["reward/mean"] == eight[2]["reward/mean"]
+  assert_trees_close(one[0], eight[0], atol=2e-5)
+  assert_trees_close(one[1], eight[1], atol=2e-5)
+  for k in ("policy_loss", "value_loss", "entropy", "adv/mean"):
+    np.testing.assert_allclose(one[2][k], eight[2][k], rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("packing", [True, False])
 def test_fsdp_train_layout_on_8_devices_equals_one_device(packing):
   """mesh.train_layout="fsdp": the learners' parameters, optimizer states and passes are FSDP
@@ -74,12 +84,7 @@ def test_fsdp_train_layout_on_8_devices_equals_one_device(packing):
     assert engine.batch_axes == ("data", "fsdp") and engine.ecfg.replicas == 4
   finally:
     t.close()
-  assert 0 < one[2]["reward/mean"] < 1 and one[2]["policy_grad_norm"] > 0
-  assert one[2]["reward/mean"] == eight[2]["reward/mean"]
-  assert_trees_close(one[0], eight[0], atol=2e-5)
-  assert_trees_close(one[1], eight[1], atol=2e-5)
-  for k in ("policy_loss", "value_loss", "entropy", "adv/mean"):
-    np.testing.assert_allclose(one[2][k], eight[2][k], rtol=1e-4, atol=1e-6)
+  assert_equals_one_device(one, eight)
 
 
 @pytest.mark.parametrize("packing", [True, False])
@@ -114,12 +119,7 @@ def test_train_tensor_mesh_on_8_devices_equals_one_device(packing):
       assert leaf.sharding.is_equivalent_to(rows, leaf.ndim), leaf.sharding
   finally:
     t.close()
-  assert 0 < one[2]["reward/mean"] < 1 and one[2]["policy_grad_norm"] > 0
-  assert one[2]["reward/mean"] == eight[2]["reward/mean"]
-  assert_trees_close(one[0], eight[0], atol=2e-5)
-  assert_trees_close(one[1], eight[1], atol=2e-5)
-  for k in ("policy_loss", "value_loss", "entropy", "adv/mean"):
-    np.testing.assert_allclose(one[2][k], eight[2][k], rtol=1e-4, atol=1e-6)
+  assert_equals_one_device(one, eight)
 
 
 @pytest.mark.parametrize("packing", [False, True])
