@@ -118,10 +118,11 @@ EXPECTED = {
     (experience_lib.Experience, "old_logprobs"): lambda c: c.old_logprobs,
 }
 # Fields that are no setting: the policy's vocabulary chunk (a memory bound), and what
-# Experience is handed at run time (the sampler, the checker, the jitted programs).
+# Experience is handed at run time (the sampler, the checker, the jitted programs, the move
+# to the train mesh).
 NOT_SETTINGS = {(update.PolicyHParams, "vocab_chunk")} | {
     (experience_lib.Experience, f) for f in ("sampler", "text", "scorer", "logprobs",
-                                             "advantages", "monte_carlo")}
+                                             "advantages", "monte_carlo", "place")}
 # Settings no config can move (one policy loss is registered; the critic's loss is per token).
 FIXED = {(update.PolicyHParams, "policy_loss"), (update.CriticHParams, "loss_mode")}
 RECORDS = {

@@ -87,7 +87,7 @@ class Experience:
   group_size: int
   correction: behaviour.Correction
   old_logprobs: str
-  place: Callable | None = None
+  place: Callable | None
 
   def __call__(self, policy_params, examples, key, *, values: Callable | None = None,
                for_value_pretraining: bool = False, ref_params=None,
