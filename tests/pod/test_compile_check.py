@@ -191,6 +191,10 @@ def test_remat_search_picks_the_fewest_rematerialised_blocks_that_fit(monkeypatc
   monkeypatch.setattr(compile_check, "check",
                       lambda *a, **k: fake_check(*a, budget=12e9, **k))
   assert compile_check.remat_search(None, mcfg, None, log=lines.append)["layers"] == -1
+  # Below the all-remat peak nothing fits: None, not "all" (it said -1 before mix_search).
+  monkeypatch.setattr(compile_check, "check", lambda *a, **k: fake_check(*a, budget=9e9, **k))
+  assert compile_check.remat_search(None, mcfg, None, log=lines.append)["layers"] is None
+  assert "does not fit even at model.remat_layers=4" in lines[-1]
   # With probes of 2 and 4 layers only multiples of 4 / 2 = 2 blocks are exact: 1 -> 2.
   monkeypatch.setattr(compile_check, "check", lambda *a, **k: fake_check(*a, budget=27e9, **k))
   found = compile_check.remat_search(None, mcfg, None, log=lines.append, probe_layers=(2, 4))

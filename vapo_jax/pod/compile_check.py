@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 
@@ -106,90 +105,27 @@ UPDATES = ("policy_step", "critic_step")
 def remat_search(cfg, mcfg, s: slices.Slice, *, headroom=0.05,
                  probe_layers: tuple[int, int] | None = None, log=print, lengths=None,
                  max_rounds: int = 3) -> dict:
-  """model.remat_layers chosen by memory for slice `s`: the update programs compiled with
-  every block rematerialised (peak P_all) and with none (P_none); a kept block's
-  activations cost (P_none − P_all) / L more than a rematerialised one's input, so n
-  rematerialised blocks peak at about P_none − n (P_none − P_all) / L. That n (rounded up to
-  what the probes represent exactly: multiples of L / probe_layers[0]) is then compiled, and
-  raised until both programs fit (at most max_rounds compiles; XLA's schedules are not linear
-  in the mix). Returns {"layers": the fewest n found that fit every update program (−1: all,
-  None: not even all fit), "peaks": {program: (P_all, P_none)}, "budget", "verified": {n:
-  {program: peak}}}."""
-  quiet = lambda *_: None  # noqa: E731
-  ends = {}
-  for label, m in (("all", mcfg.replace(remat=True, remat_layers=-1)),
-                   ("none", mcfg.replace(remat=True, remat_layers=0))):
-    rep = check(cfg, m, s, names=UPDATES, headroom=headroom, probe_layers=probe_layers,
-                log=quiet, lengths=lengths)
-    if "error" in rep:
-      log(f"  remat search: {rep['error']}")
-      return {"layers": None, "peaks": {}, "budget": rep.get("budget_per_chip")}
-    # Packed programs are named per row shape ("policy_step[rows=NxT]"): the worst counts.
-    ends[label] = {}
-    for name in UPDATES:
-      mine = [v for k, v in rep["programs"].items() if k.split("[")[0] == name]
-      bad = [v for v in mine if v["error"]]
-      ends[label][name] = (bad[0] if bad else max(mine, key=lambda v: v["peak"])) if mine \
-          else {"peak": float("inf"), "error": "not built"}
-    budget = rep["budget_per_chip"]
-  layers, n_need, peaks, per_min = mcfg.num_layers, 0, {}, float("inf")
-  for name in UPDATES:
-    a, z = ends["all"][name], ends["none"][name]
-    if a["error"]:
-      log(f"  remat search: {name} does not fit even with every block rematerialised "
-          f"({a['error']})")
-      return {"layers": None, "peaks": peaks, "budget": budget}
-    p_all = a["peak"]
-    p_none = z["peak"] if not z["error"] else float("inf")
-    peaks[name] = (p_all, p_none)
-    per = (p_none - p_all) / layers if p_none != float("inf") else float("inf")
-    per_min = min(per_min, per)
-    need = 0 if p_none <= budget else (
-        layers if per == float("inf") else min(layers, math.ceil((p_none - budget) / per)))
-    n_need = max(n_need, need)
-    shown = "does not compile" if p_none == float("inf") else f"{p_none / GB:.2f} GB"
-    log(f"  remat search {name}: every block rematerialised {p_all / GB:.2f} GB, none "
-        f"{shown}; a kept block costs {per / GB:.2f} GB more: ≥ {need} of {layers} "
-        f"rematerialised blocks fit {budget / GB:.1f} GB (linear)")
-  # XLA's schedule is not linear in the mix: compile the pick and step up until both fit.
-  # Probes of la and lb layers represent n / L exactly only on a grid of L / la blocks.
-  grid = (math.lcm(*(layers // math.gcd(layers, k) for k in probe_layers)) if probe_layers
-          else 1)
-  n = min(layers, -(-n_need // grid) * grid)
-  verified = {}
-  for _ in range(max_rounds):
-    if n in (0, layers):
-      break  # the two ends were compiled above
-    rep = check(cfg, mcfg.replace(remat=True, remat_layers=n), s, names=UPDATES,
-                headroom=headroom, probe_layers=probe_layers, log=quiet, lengths=lengths)
-    if "error" in rep:
-      log(f"  remat search: model.remat_layers={n}: {rep['error']}")
-      return {"layers": None, "peaks": peaks, "budget": budget,
-              "verified": {str(k): v for k, v in verified.items()}}
-    got = {}
-    for k, v in rep.get("programs", {}).items():  # the worst shape of each program
-      base = k.split("[")[0]
-      if base not in got or v["error"] or (not got[base]["error"]
-                                           and v["peak"] > got[base]["peak"]):
-        got[base] = v
-    verified[n] = {k: v["peak"] for k, v in got.items()}
-    over = max([v["peak"] - budget for v in got.values() if not v["error"]]
-               + [float("inf") for v in got.values() if v["error"]] + [-1.0])
-    log(f"  remat search: compiled at model.remat_layers={n}: " + ", ".join(
-        f"{k} {v['peak'] / GB:.2f} GB" if not v["error"] else f"{k} does not compile"
-        for k, v in got.items()) + (" — fits" if over <= 0 else " — does not fit"))
-    if over <= 0:
-      break
-    step = grid if over == float("inf") or per_min == float("inf") else max(
-        grid, -(-math.ceil(over / per_min) // grid) * grid)
-    n = min(layers, n + step)
-  else:
-    n = layers
-  out = -1 if n >= layers else n
+  """model.remat_layers chosen by memory for slice `s`: the fewest rematerialised blocks
+  whose update programs fit (`fitting.mix_search`: compiled with every block rematerialised
+  and with none, linear between, the pick compiled and raised until both fit). Returns
+  {"layers": n (−1: all, None: not even all fit), "peaks": {program: (P_all, P_none)},
+  "budget", "verified": {n: {program: peak}}}."""
+  def at(n):
+    return mcfg.replace(remat=True, remat_layers=-1 if n == mcfg.num_layers else n)
+
+  found = fitting.mix_search(
+      lambda m: check(cfg, m, s, names=UPDATES, headroom=headroom, probe_layers=probe_layers,
+                      log=lambda *_: None, lengths=lengths),
+      at, UPDATES, mcfg.num_layers, fewest=True, what="remat_layers", said="remat search",
+      probe_layers=probe_layers, log=log, max_rounds=max_rounds)
+  n = found.pop("k")
+  found["peaks"] = {k: (pl, p0) for k, (p0, pl) in found["peaks"].items()}
+  if n is None:
+    return {"layers": None, **found}
+  out = -1 if n >= mcfg.num_layers else n
   log(f"  remat search: model.remat_layers={out} (the fewest rematerialised blocks that fit "
-      f"both updates{', checked by compile' if verified else ''})")
-  return {"layers": out, "peaks": peaks, "budget": budget,
-          "verified": {str(k): v for k, v in verified.items()}}
+      f"both updates{', checked by compile' if found['verified'] else ''})")
+  return {"layers": out, **found}
 
 
 def check(cfg, mcfg, s: slices.Slice, *, names=None, mfu=0.4, bw=0.7, headroom=0.05,

@@ -241,61 +241,95 @@ def _worst(rep: dict, names) -> dict:
   return {n: got.get(n, {"peak": float("inf"), "error": "not built"}) for n in names}
 
 
-def selective_search(check, mcfg, names, *, probe_layers=None, log=print,
-                     max_rounds: int = 3) -> dict:
-  """model.remat_selective chosen by memory, every block rematerialised (remat_layers=-1).
+def mix_search(check, at, names, layers: int, *, fewest: bool, what: str, said: str,
+               probe_layers=None, log=print, max_rounds: int = 3) -> dict:
+  """How many of `layers` blocks take a memory-moving kind (k = 0..L), chosen by memory.
 
-  check(mcfg) -> a compile check report of the update programs `names`. Compiled with no
-  block selective (peak P_0) and every block (P_L): a selective block keeps its matmul
-  outputs, (P_L − P_0) / L more than a full one's input, so S blocks peak at about
-  P_0 + S (P_L − P_0) / L. The largest S under the budget (rounded down to what the probes
-  represent: multiples of L / probe_layers[0]) is compiled and stepped down until every
-  program fits (at most max_rounds compiles). Returns {"selective": S (None: not even S = 0
-  fits), "peaks": {program: (P_0, P_L)}, "budget", "verified": {S: {program: peak}}}.
+  check(mcfg) -> a compile check report of the programs `names`; at(k) -> the model config
+  with k blocks of the kind. Compiled at k = 0 (peak P_0) and k = L (P_L), a block of the
+  kind moves a program's peak by (P_L − P_0) / L, so k blocks peak at about
+  P_0 + k (P_L − P_0) / L. fewest: the smallest k under the budget (the kind lowers the peak:
+  rematerialised blocks), else the largest (it raises it: selective blocks). That k, rounded
+  toward the feasible side to what the probes represent (multiples of L / probe_layers[0]),
+  is compiled and stepped toward the feasible side until every program fits (at most
+  max_rounds compiles; XLA's schedules are not linear in the mix). A program whose own end
+  does not compile counts as an infinite peak there.
+
+  Returns {"k": the pick (None: not even the safe end fits), "peaks": {program: (P_0, P_L)},
+  "budget", "verified": {k: {program: peak}}}; `what` names k in the lines ("remat_layers"),
+  `said` the search ("remat search").
   """
-  layers = mcfg.num_layers
-  base = mcfg.replace(remat=True, remat_layers=-1, remat_selective=0)
   ends, budget = {}, None
-  for label, sel in (("full", 0), ("selective", layers)):
-    rep = check(base.replace(remat_selective=sel))
+  safe = layers if fewest else 0    # the end with the lowest peak, compiled first
+  for k in (safe, layers - safe):
+    rep = check(at(k))
     if "error" in rep:
-      log(f"  selective search: {rep['error']}")
-      return {"selective": None, "peaks": {}, "budget": rep.get("budget_per_chip")}
-    ends[label], budget = _worst(rep, names), rep["budget_per_chip"]
-  peaks, s_max = {}, layers
+      log(f"  {said}: {rep['error']}")
+      return {"k": None, "peaks": {}, "budget": rep.get("budget_per_chip")}
+    ends[k], budget = _worst(rep, names), rep["budget_per_chip"]
+  peaks, pick = {}, 0 if fewest else layers
   for name in names:
-    a, z = ends["full"][name], ends["selective"][name]
-    if a["error"] or a["peak"] > budget:
-      why = a["error"] or f"{a['peak'] / GB:.2f} GB over {budget / GB:.1f} GB"
-      log(f"  selective search: {name} does not fit with every block fully rematerialised "
-          f"({why})")
-      return {"selective": None, "peaks": peaks, "budget": budget}
-    p_sel = z["peak"] if not z["error"] else float("inf")
-    peaks[name] = (a["peak"], p_sel)
-    per = (p_sel - a["peak"]) / layers
-    fit = layers if per <= 0 else max(0, min(layers, int((budget - a["peak"]) // per)))
-    s_max = min(s_max, fit)
-    shown = "does not compile" if p_sel == float("inf") else f"{p_sel / GB:.2f} GB"
-    log(f"  selective search {name}: every block fully rematerialised {a['peak'] / GB:.2f} "
-        f"GB, every block selective {shown}; a selective block costs {per / GB:.2f} GB more: "
-        f"≤ {fit} of {layers} selective fit {budget / GB:.1f} GB (linear)")
+    p0, pl = (ends[k][name]["peak"] if not ends[k][name]["error"] else math.inf
+              for k in (0, layers))
+    peaks[name] = (p0, pl)
+    p_safe = pl if fewest else p0
+    if p_safe > budget:
+      why = ends[safe][name]["error"] or f"{p_safe / GB:.2f} GB over {budget / GB:.1f} GB"
+      log(f"  {said}: {name} does not fit even at model.{what}={safe} ({why})")
+      return {"k": None, "peaks": peaks, "budget": budget}
+    per = (pl - p0) / layers
+    if fewest:
+      need = 0 if p0 <= budget else (layers if per == -math.inf else
+                                     min(layers, math.ceil((p0 - budget) / -per)))
+      pick = max(pick, need)
+    else:
+      need = layers if per <= 0 else max(0, min(layers, int((budget - p0) // per)))
+      pick = min(pick, need)
+    log(f"  {said} {name}: model.{what}=0 " + (f"{p0 / GB:.2f} GB" if p0 < math.inf else
+        "does not compile") + f", ={layers} " + (f"{pl / GB:.2f} GB" if pl < math.inf else
+        "does not compile") + f"; {abs(per) / GB:.2f} GB per block: "
+        f"{'≥' if fewest else '≤'} {need} of {layers} fit {budget / GB:.1f} GB (linear)")
   grid = (math.lcm(*(layers // math.gcd(layers, k) for k in probe_layers)) if probe_layers
           else 1)
-  sel = s_max // grid * grid
+  k = min(layers, -(-pick // grid) * grid) if fewest else pick // grid * grid
   verified = {}
   for _ in range(max_rounds):
-    if sel in (0, layers):
+    if k in (0, layers):
       break  # compiled above
-    got = _worst(check(base.replace(remat_selective=sel)), names)
-    verified[sel] = {k: v["peak"] for k, v in got.items()}
-    fits = all(not v["error"] and v["peak"] <= budget for v in got.values())
-    log(f"  selective search: compiled at model.remat_selective={sel}: " + ", ".join(
-        f"{k} {v['peak'] / GB:.2f} GB" if not v["error"] else f"{k} does not compile"
-        for k, v in got.items()) + (" — fits" if fits else " — does not fit"))
-    if fits:
+    got = _worst(check(at(k)), names)
+    verified[k] = {n: v["peak"] for n, v in got.items()}
+    over = max([v["peak"] - budget for v in got.values() if not v["error"]]
+               + [math.inf for v in got.values() if v["error"]] + [-1.0])
+    log(f"  {said}: compiled at model.{what}={k}: " + ", ".join(
+        f"{n} {v['peak'] / GB:.2f} GB" if not v["error"] else f"{n} does not compile"
+        for n, v in got.items()) + (" — fits" if over <= 0 else " — does not fit"))
+    if over <= 0:
       break
-    sel = max(0, sel - grid)
-  log(f"  selective search: model.remat_layers=-1, model.remat_selective={sel} (the most "
-      f"selective blocks that fit every update{', checked by compile' if verified else ''})")
-  return {"selective": sel, "peaks": peaks, "budget": budget,
-          "verified": {str(k): v for k, v in verified.items()}}
+    # Step by the blocks the overshoot needs on the line, at least one grid step.
+    slope = min((abs(a - b) / layers for a, b in peaks.values() if math.inf not in (a, b)),
+                default=math.inf)
+    step = grid if over == math.inf or slope in (0, math.inf) else max(
+        grid, -(-math.ceil(over / slope) // grid) * grid)
+    k = min(layers, k + step) if fewest else max(0, k - step)
+  else:
+    k = safe
+  return {"k": k, "peaks": peaks, "budget": budget,
+          "verified": {str(n): v for n, v in verified.items()}}
+
+
+def selective_search(check, mcfg, names, *, probe_layers=None, log=print,
+                     max_rounds: int = 3) -> dict:
+  """model.remat_selective chosen by memory, every block rematerialised (remat_layers=-1):
+  the most selective blocks (matmul outputs kept) whose update programs fit (`mix_search`).
+  Returns {"selective": S (None: not even S = 0 fits), "peaks", "budget", "verified"}."""
+  base = mcfg.replace(remat=True, remat_layers=-1, remat_selective=0)
+  found = mix_search(check, lambda k: base.replace(remat_selective=k), names, mcfg.num_layers,
+                     fewest=False, what="remat_selective", said="selective search",
+                     probe_layers=probe_layers, log=log, max_rounds=max_rounds)
+  sel = found.pop("k")
+  if sel is not None:
+    log(f"  selective search: model.remat_layers=-1, model.remat_selective={sel} (the most "
+        f"selective blocks that fit every update"
+        f"{', checked by compile' if found['verified'] else ''})")
+  return {"selective": sel, **found}
+
