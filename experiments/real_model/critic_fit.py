@@ -99,15 +99,24 @@ def draw(t) -> tuple[list, list]:
   s, p = t.state, t.parts
   train = [p.experience.sample_and_score(s.policy_params, next(s.prompts), s.next_key())[0]
            for _ in range(FLAGS.train_batches)]
+  return train, fresh_rollouts(t, FLAGS.fresh_batches)
+
+
+def fresh_rollouts(t, batches: int) -> list:
+  """`batches` raw rollouts of the trainer's current policy on held-out prompts, with keys
+  from a stream no run draws from: batch k takes the held-out split's prompts
+  [k n, (k + 1) n) (n = prompts per step, wrapping) and key fold_in(key(seed),
+  FRESH_STREAM + k), the same for every policy."""
+  s, p = t.state, t.parts
   held, n = p.eval_examples, t.cfg.prompts_per_step
   if len(held) < n:
     raise ValueError(f"{len(held)} held-out problems; a fresh batch needs {n}")
   fresh = []
-  for k in range(FLAGS.fresh_batches):
+  for k in range(batches):
     start = (k * n) % (len(held) - n + 1)
     key = jax.random.fold_in(jax.random.key(t.cfg.seed), FRESH_STREAM + k)
     fresh.append(p.experience.sample_and_score(s.policy_params, held[start:start + n], key)[0])
-  return train, fresh
+  return fresh
 
 
 def annotate(t, raw) -> batch_lib.RolloutBatch:
