@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from vapo_jax.sampler import paged
 
@@ -120,3 +120,28 @@ class Scheduler:
     if finished:
       self.pool.release(slot)
       self.running[slot] = None
+
+
+def chunk_rows(occupied: Sequence[bool], replicas: int, buckets: Sequence[int]
+               ) -> list[int]:
+  """The slots a decode chunk runs (`continuous.decode_chunk`'s rows_Sb).
+
+  occupied: per slot (S of them), whether the host holds a response in it (admitted, not
+  yet seen freed): a superset of the slots active on the device, which the host sees one
+  chunk late. buckets: the bucket sizes in rows, largest (S) first, each a multiple of
+  `replicas`. Returns the smallest bucket's rows whose Sb/R rows per replica hold the most
+  occupied slots of any replica: per replica block (slots r S/R .. (r+1) S/R - 1, in
+  replica order) its occupied slots and then its lowest idle ones, ascending. The full
+  bucket is every slot in order.
+  """
+  per = len(occupied) // replicas
+  blocks = [range(r * per, (r + 1) * per) for r in range(replicas)]
+  need = max(sum(bool(occupied[i]) for i in block) for block in blocks)
+  fits = [b for b in buckets if b // replicas >= need]
+  take = min(fits) // replicas if fits else per
+  rows = []
+  for block in blocks:
+    busy = [i for i in block if occupied[i]]
+    idle = [i for i in block if not occupied[i]]
+    rows += sorted(busy + idle[:take - len(busy)])
+  return rows
