@@ -13,6 +13,9 @@ pool holds at least one whole response, so the oldest always finishes: no starva
 With replicas (`PagePool(groups=R)`) a slot takes pages of its own group only: admission
 passes over the slots of a group that is short, and eviction, the oldest-first order and
 the no-starvation argument hold within each group (each holds one whole response).
+
+`chunk_rows` picks a decode chunk's rows: the smallest row bucket that holds every occupied
+slot, padded with idle ones.
 """
 
 from __future__ import annotations
