@@ -155,3 +155,24 @@ def test_every_bucket_is_compiled_before_the_first_chunk(ckpt):
     jax.monitoring.unregister_event_duration_listener(listener)
   assert first["decode_chunks_rows_8"] == 0 and eng.last_stats["decode_chunks_rows_8"] > 0
   assert len(compiles) == n, len(compiles) - n
+
+
+def test_decode_buckets_bench_runs(tmp_path):
+  """benchmarks/decode_buckets.py end to end on its tiny preset (forced lengths checked)."""
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = tmp_path / "buckets.json"
+  res = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "decode_buckets.py"), "--preset=tiny",
+       "--repeats=1", "--buckets=3", "--json", str(out)], cwd=root, capture_output=True,
+      text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu", "BENCH_SETTLE_S": "0"})
+  assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+  got = json.loads(out.read_text())["results"]["tiny"]
+  one, three = got["sides"]["1"], got["sides"]["3"]
+  assert one["stats"]["decode_steps"] == three["stats"]["decode_steps"]
+  assert one["chunks_per_bucket"] == {"8": one["stats"]["decode_chunks"]}
+  assert three["chunks_per_bucket"]["2"] > 0, three
+  assert got["ratios"]["b=3/b=1"]["median"] > 0
