@@ -67,6 +67,15 @@ def test_after_the_first_step_no_step_compiles(run):
 def test_the_programs_compiled_are_the_set_announced(run):
   stdout, records = run
   announced = dict(re.findall(r"^\[compile\] (\w+): \d+ programs? \(([^)]*)\)", stdout, re.M))
+  # The engines' decode chunks, one per row bucket (sampling.decode_buckets), rollout's and
+  # evaluation's: every bucket a rollout ran was announced (and so compiled ahead).
+  engines = re.findall(r"^\[compile\] decode_chunk: \d+ programs? \(([^)]*)\)", stdout, re.M)
+  del announced["decode_chunk"]
+  assert engines and all(len(e.split(", ")) > 1 for e in engines), engines
+  for r in records:
+    for k, v in r.items():
+      if k.startswith("rollout/decode_chunks_rows_") and v > 0:
+        assert any(f"rows={k.rsplit('_', 1)[1]}" in e.split(", ") for e in engines), (k, engines)
   assert set(announced) == {"sft", "policy", "critic", "logprobs", "values"}, stdout[-3000:]
   for name, progs in announced.items():
     labels = progs.split(", ")

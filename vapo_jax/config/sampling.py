@@ -38,6 +38,12 @@ class SamplingSection:
   kv_tokens: int = 0
   kv_headroom: float = 0.1  # fraction of HBM the pool leaves for the programs' temporaries
   chunk_steps: int = 16     # decode steps per on-device chunk (host work between chunks)
+  # Row buckets of the engine's decode chunk: bucket i < decode_buckets runs slots / 2^i
+  # rows (per decode replica, dropped where that is not a whole number), and each chunk runs
+  # the smallest that holds the occupied slots, so a rollout's tail of a few long responses
+  # stops paying for idle rows. One compiled decode chunk per bucket. 1: every chunk runs
+  # every slot.
+  decode_buckets: int = 4
   # Dispatch the next decode chunk before reading the last one back, so the host's work
   # between chunks overlaps the device's (pages reserved two chunks ahead); the tokens are
   # the same either way. Off on a CPU mesh of several devices (it waits for each insert).
@@ -67,7 +73,7 @@ class SamplingSection:
          self.attention_kernel, "one of auto, jax, tpu")
     need(self.engine in ("continuous", "static"), "sampling.engine", self.engine,
          '"continuous" or "static"')
-    for name in ("page_size", "chunk_steps"):
+    for name in ("page_size", "chunk_steps", "decode_buckets"):
       need(getattr(self, name) >= 1, f"sampling.{name}", getattr(self, name), ">= 1")
     need(self.slots >= 0, "sampling.slots", self.slots, ">= 0 (0: auto)")
     need(self.prompt_bucket_min >= 0, "sampling.prompt_bucket_min", self.prompt_bucket_min,

@@ -8,11 +8,15 @@ For Bp prompts and n responses each (B = Bp n responses; response b answers prom
        its bucket) and kept until all n of its responses are inserted; `insert` writes the
        prompt's KV into the slot's pages and draws token 0 from the prefill logits;
     2. reserve pages for one chunk in every running slot (evicting the youngest when short);
-    3. `decode_chunk`: up to K decode steps of all S slots in one `lax.while_loop` on device
-       (early exit when enough slots are idle and responses wait); each step feeds a slot's
-       last token, writes its KV into its pages, attends over the slot's live length
-       (`models.paged_attention`; with jax's Pallas kernel in slot groups whose page table
-       fits its scalar memory, the matmuls over all S at once) and draws the next token;
+    3. `decode_chunk`: up to K decode steps in one `lax.while_loop` on device (early exit
+       when enough slots are idle and responses wait), over the rows of the smallest
+       bucket (S, S/2, ..., `EngineConfig.decode_buckets` sizes) that holds every slot the
+       host holds as occupied, padded with idle slots (`slots.chunk_rows`): their state
+       and page-table rows are gathered, decoded and scattered back; the KV pool stays in
+       place. Each step feeds a slot's last token, writes its KV into its pages, attends
+       over the slot's live length (`models.paged_attention`; with jax's Pallas kernel in
+       slot groups whose page table fits its scalar memory, the matmuls over all the
+       bucket's rows at once) and draws the next token;
     4. one device_get of the chunk's tokens, log-probs and slot states; a slot whose response
        ended (a stop token, or max_new_tokens) is freed with its pages.
   With `EngineConfig.overlap` (default) step 4 reads the previous chunk after step 3 has
@@ -20,12 +24,13 @@ For Bp prompts and n responses each (B = Bp n responses; response b answers prom
   the slots one chunk late, and step 2 reserves pages two chunks ahead.
 
   Host work is O(S) per chunk, never per token; the programs compile once per prompt bucket
-  (prefill, insert) and once (decode chunk), whatever the response lengths.
+  (prefill, insert) and once per row bucket (decode chunk, all of them before the first
+  chunk), whatever the response lengths.
 
 Per-response PRNG: token i of response b is drawn with fold_in(fold_in(key, b), i), so a
 response's tokens and log-probs depend on its key, prompt and weights only -- not on its slot,
-the number of slots, the admission order or evictions (float rounding aside: a batch of S
-rows may round a matmul differently from another S).
+the number of slots, the row bucket, the admission order or evictions (float rounding aside:
+a batch of S rows may round a matmul differently from another S).
 
 Weights: the engine decodes from `decode_weights.decode_copy` of the parameters it is given
 (LoRA merged, cast to `EngineConfig.decode_dtype`, FSDP dropped from the weights), made once
@@ -84,6 +89,10 @@ class EngineConfig:
       projections still run once over all slots). 0: as the kernel needs ("tpu": the most
       slots whose page table fits its scalar memory, `paged_attention.slot_group_of`;
       "jax": one call). The output is the same for every value (tests force small ones).
+    decode_buckets: b, the decode chunk's row buckets: bucket i (i < b) runs S / 2^i rows,
+      (S/R) / 2^i per replica, dropped where that is not a whole number (`bucket_rows`);
+      each chunk runs the smallest that holds the occupied slots. 1: every chunk runs all
+      S slots.
   """
 
   slots: int = 16
@@ -96,12 +105,13 @@ class EngineConfig:
   replicas: int = 1
   overlap: bool = True
   slot_group: int = 0
+  decode_buckets: int = 1
 
   def __post_init__(self):
     def bad(field, value, allowed):
       raise ValueError(f"EngineConfig.{field}={value!r}: must be {allowed}.")
     for f in ("slots", "page_size", "kv_tokens", "chunk_steps", "pages_per_block",
-              "replicas"):
+              "replicas", "decode_buckets"):
       if getattr(self, f) < 1:
         bad(f, getattr(self, f), ">= 1")
     if self.slot_group < 0:
@@ -122,6 +132,13 @@ class EngineConfig:
   @property
   def replica_pages(self) -> int:
     return self.num_pages // self.replicas
+
+  @property
+  def bucket_rows(self) -> tuple[int, ...]:
+    """Rows of the decode chunk's buckets, largest (S) first: S / 2^i for i < decode_buckets
+    where (S/R) / 2^i is a whole number of rows per replica."""
+    per = self.slots // self.replicas
+    return tuple(self.slots >> i for i in range(self.decode_buckets) if per % (1 << i) == 0)
 
 
 def check(cfg: ops.SamplingConfig, ecfg: EngineConfig) -> None:
@@ -188,29 +205,40 @@ def insert(cfg: ops.SamplingConfig, pages, cache, logits_1xV, table_M, plen, slo
 
 
 def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
-                 mesh, head_axis, batch_axes, params, pages, table_SxM, state, exit_below):
-  """Up to K decode steps of every slot; stops early once active slots <= exit_below.
+                 mesh, head_axis, batch_axes, params, pages, table_SxM, state, exit_below,
+                 rows_Sb):
+  """Up to K decode steps of the slots `rows_Sb`; stops early once active slots <= exit_below.
 
-  Returns (pages, state, tokens_SxK, logp_SxK, steps, seen_2xS): row s of the outputs holds
-  the tokens drawn for slot s in this chunk, first (t_S_after - t_S_before) entries real;
-  seen_2xS = [t_S, active_S] after the chunk, a buffer of its own (the state is donated to
-  the next chunk, which the overlapped host loop dispatches before reading this one).
-  With `batch_axes` (ecfg.replicas > 1) the slots' rows and the pool are split over those
-  mesh axes and table_SxM holds each replica's local page ids.
+  rows_Sb: int32 [Sb], the slots decoded (a bucket, `EngineConfig.bucket_rows`): every slot
+  that may be active, padded with idle ones, distinct; with replicas, R blocks of Sb/R in
+  replica order, block r holding slots of replica r (r S/R .. (r+1) S/R - 1), so that the
+  rows' split over the replicas meets each replica's own pages. Their state and page-table
+  rows are gathered (the KV pool is addressed through the table and stays in place), the
+  while loop runs on Sb rows, and their state is scattered back into the S slots' state.
+  An inactive row (idle, or its response over) draws nothing and writes no KV.
+
+  Returns (pages, state, tokens_SbxK, logp_SbxK, steps, seen_2xS): row j of the outputs holds
+  the tokens drawn for slot rows_Sb[j] in this chunk, first (t_S_after - t_S_before) entries
+  real (the host maps them back to slots); seen_2xS = [t_S, active_S] of all S slots after
+  the chunk, a buffer of its own (the state is donated to the next chunk, which the
+  overlapped host loop dispatches before reading this one).
+  With `batch_axes` (ecfg.replicas > 1) the rows and the pool are split over those mesh axes
+  and table_SxM holds each replica's local page ids.
   """
   model = nnx.merge(graphdef, params)
-  s, k = table_SxM.shape[0], ecfg.chunk_steps
+  sb, k = rows_Sb.shape[0], ecfg.chunk_steps
   r = cfg.max_new_tokens
-  no_page = jnp.full_like(table_SxM, ecfg.replica_pages)
+  table_SbxM = table_SxM[rows_Sb]
+  no_page = jnp.full_like(table_SbxM, ecfg.replica_pages)
 
   def cond(c):
     i, _, st, _, _ = c
     return (i < k) & (jnp.sum(st["active_S"]) > exit_below)
 
   def body(c):
-    i, pages, st, toks_SxK, lps_SxK = c
+    i, pages, st, toks_SbxK, lps_SbxK = c
     act = st["active_S"]
-    table = jnp.where(act[:, None], table_SxM, no_page)
+    table = jnp.where(act[:, None], table_SbxM, no_page)
     lens = jnp.where(act, st["pos_S"] + 1, 0)
     hidden, pages = model.decode_paged(
         st["tok_S"], st["pos_S"], pages, table_SxM=table, lens_S=lens,
@@ -222,17 +250,19 @@ def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
     new, lp = _sample_rows(keys, logits, cfg)
     new = jnp.where(act, new, cfg.pad_id)
     lp = jnp.where(act, lp, 0.0)
-    toks_SxK = jax.lax.dynamic_update_slice(toks_SxK, new[:, None], (0, i))
-    lps_SxK = jax.lax.dynamic_update_slice(lps_SxK, lp[:, None], (0, i))
+    toks_SbxK = jax.lax.dynamic_update_slice(toks_SbxK, new[:, None], (0, i))
+    lps_SbxK = jax.lax.dynamic_update_slice(lps_SbxK, lp[:, None], (0, i))
     step = act.astype(jnp.int32)
     t = st["t_S"] + step
     st = dict(tok_S=jnp.where(act, new, st["tok_S"]), pos_S=st["pos_S"] + step, t_S=t,
               active_S=act & ~_is_stop(new, cfg) & (t < r), keys_S=st["keys_S"])
-    return i + 1, pages, st, toks_SxK, lps_SxK
+    return i + 1, pages, st, toks_SbxK, lps_SbxK
 
-  init = (jnp.int32(0), pages, state, jnp.full((s, k), cfg.pad_id, jnp.int32),
-          jnp.zeros((s, k), jnp.float32))
-  steps, pages, state, toks, lps = jax.lax.while_loop(cond, body, init)
+  rows_state = {name: x[rows_Sb] for name, x in state.items()}
+  init = (jnp.int32(0), pages, rows_state, jnp.full((sb, k), cfg.pad_id, jnp.int32),
+          jnp.zeros((sb, k), jnp.float32))
+  steps, pages, rows_state, toks, lps = jax.lax.while_loop(cond, body, init)
+  state = {name: x.at[rows_Sb].set(rows_state[name]) for name, x in state.items()}
   seen = jnp.stack([state["t_S"], state["active_S"].astype(jnp.int32)])
   return pages, state, toks, lps, steps, seen
 
@@ -367,6 +397,7 @@ class Engine:
     self.last_stats: dict[str, float] = {}
     self._copy_of: tuple | None = None
     self._programs: dict[Any, Any] = {}
+    self._warmed: set = set()  # program sets whose row buckets are compiled (`_warm`)
     self._pages = None
     # Jitted once per layout and reused across clear_cache (rl.experience frees the pool
     # and the copy after every rollout; a new jax.jit would trace and compile again).
@@ -421,7 +452,8 @@ class Engine:
 
     params: the training parameters (concrete or ShapeDtypeStructs with shardings).
     Returns {"decode_copy", "prefill", "insert", "decode_chunk"} -> jitted function, and
-    "<name>_args" -> a tuple of ShapeDtypeStructs (prompt at the largest bucket) such that
+    "<name>_args" -> a tuple of ShapeDtypeStructs (prompt at the largest bucket, decode chunk
+    at the largest row bucket: all S slots, the memory peak) such that
     `out[name].lower(*out[name + "_args"]).compile()` builds exactly what a rollout runs.
     """
     cfg, ecfg = self.cfg, self.ecfg
@@ -452,11 +484,29 @@ class Engine:
     cache, logits = jax.eval_shape(pre, *pre_args)
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
     ins_args = (pages, cache, logits, i32(self.max_pages), i32(), i32(), i32(), key, state)
-    dec_args = (abs_copy, pages, i32(s, self.max_pages), state, i32())
+    dec_args = (abs_copy, pages, i32(s, self.max_pages), state, i32(), i32(s))
     return {"decode_copy": jax.jit(build, out_shardings=shardings),
             "decode_copy_args": (abs_params,), "prefill": pre, "prefill_args": pre_args,
             "insert": ins, "insert_args": ins_args, "decode_chunk": dec,
             "decode_chunk_args": dec_args}
+
+  def _warm(self, dec, args, key) -> None:
+    """Before the first chunk of a program set: every row bucket's decode chunk compiled
+    (announced as `[compile] decode_chunk: ...`), with the arguments of that chunk (types
+    and shardings as every later chunk's), so that no later chunk compiles whatever bucket
+    it runs."""
+    key = key + (getattr(self, "_home", self.mesh),)
+    if key in self._warmed:
+      return
+    self._warmed.add(key)
+    sizes, r = self.ecfg.bucket_rows, self.ecfg.replicas
+    print(f"[compile] decode_chunk: {len(sizes)} program{'s' * (len(sizes) > 1)} "
+          f"({', '.join(f'rows={n}' for n in sizes)}) for {self.ecfg.slots} slots ...",
+          flush=True)
+    for n in sizes:
+      rows = slots_lib.chunk_rows([i % (self.ecfg.slots // r) < n // r
+                                   for i in range(self.ecfg.slots)], r, sizes)
+      dec.lower(*args, self._replicated(np.asarray(rows, np.int32))).compile()
 
   def _place_like(self, params) -> None:
     """Without a mesh, the engine's arrays go where the parameters are: replicated over
@@ -570,7 +620,9 @@ class Engine:
     cur_lp: dict[int, list] = {}
     prefills: dict[int, Any] = {}
     left = {p: n for p in range(len(prompts))}  # responses of p not yet inserted
-    n_prefill = steps_total = busy_steps = chunks = 0
+    n_prefill = steps_total = busy_steps = chunks = row_steps = 0
+    sizes = ecfg.bucket_rows
+    per_bucket = dict.fromkeys(sizes, 0)  # chunks run at each bucket
     kv_used = 0.0
     # Overlap: chunk i+1 is dispatched before chunk i is read back, so the device decodes
     # while the host reads, admits and reserves. The host then knows every slot's length
@@ -581,8 +633,8 @@ class Engine:
     trace: list[tuple[str, int]] = []
     self.last_trace = trace
 
-    def read(outs, owners, number):
-      nonlocal chunks, steps_total, busy_steps
+    def read(outs, owners, rows, number):
+      nonlocal chunks, steps_total, busy_steps, row_steps
       toks, lps, steps, seen, placed = jax.device_get(outs)
       t_a, act = seen
       trace.append(("read", number))
@@ -591,21 +643,23 @@ class Engine:
           cur_tok[b], cur_lp[b] = [int(t0v)], [float(l0v)]
       chunks += 1
       steps_total += int(steps)
-      for slot in range(s):
+      row_steps += int(steps) * len(rows)
+      per_bucket[len(rows)] += 1
+      for j, slot in enumerate(rows):  # every slot owned at dispatch is in the rows
         run = sched.running[slot]
         if run is None or run.response != owners[slot]:
           continue  # freed or evicted since this chunk was dispatched
         b = run.response
         got = int(t_a[slot]) - len(cur_tok[b])
-        cur_tok[b] += toks[slot, :got].tolist()
-        cur_lp[b] += lps[slot, :got].tolist()
+        cur_tok[b] += toks[j, :got].tolist()
+        cur_lp[b] += lps[j, :got].tolist()
         busy_steps += got
         finished = not bool(act[slot])
         sched.advance(slot, got, finished)
         if finished:
           out_tok[b], out_lp[b] = cur_tok.pop(b), cur_lp.pop(b)
 
-    inflight = None  # (outputs, owners, number) of the chunk dispatched and not yet read
+    inflight = None  # (outputs, owners, rows, number) of the chunk dispatched and not yet read
     number = 0
     while not sched.done() or inflight is not None:
       launched = None
@@ -648,10 +702,15 @@ class Engine:
         exit_below = max(0, sched.busy() - max(1, s // 8)) if sched.pending else 0
         kv_used += pool.used / pool.num_pages
         table = self._update_table(table, *pool.changes())
-        pages, state, toks, lps, steps, seen = dec(dparams, pages, table, state,
-                                                   np.int32(exit_below))
+        # The rows: the smallest bucket holding every slot the host holds as occupied (a
+        # superset of the live ones, which it sees one chunk late), padded with idle slots.
+        rows = slots_lib.chunk_rows([o is not None for o in owners], ecfg.replicas, sizes)
+        args = (dparams, pages, table, state, np.int32(exit_below))
+        self._warm(dec, args, (graphdef, str(impl)))
+        pages, state, toks, lps, steps, seen = dec(
+            *args, self._replicated(np.asarray(rows, np.int32)))
         trace.append(("dispatch", number))
-        launched = ((toks, lps, steps, seen, placed), owners, number)
+        launched = ((toks, lps, steps, seen, placed), owners, rows, number)
         number += 1
         if not overlap:
           read(*launched)
@@ -668,8 +727,10 @@ class Engine:
         "rollout_tokens_per_s": tokens / max(dt, 1e-9),
         "decode_steps": float(steps_total), "decode_chunks": float(chunks),
         "slot_occupancy": busy_steps / max(1, steps_total * s),
+        "row_occupancy": busy_steps / max(1, row_steps),
         "kv_pool_occupancy": kv_used / max(1, chunks),
-        "prefills": float(n_prefill), "evictions": float(sched.evictions)}
+        "prefills": float(n_prefill), "evictions": float(sched.evictions),
+        **{f"decode_chunks_rows_{n}": float(c) for n, c in per_bucket.items()}}
     return rollout
 
   def _assemble(self, prompts, out_tok, out_lp, prompt_len) -> types.Rollout:

@@ -13,13 +13,16 @@ pool holds at least one whole response, so the oldest always finishes: no starva
 With replicas (`PagePool(groups=R)`) a slot takes pages of its own group only: admission
 passes over the slots of a group that is short, and eviction, the oldest-first order and
 the no-starvation argument hold within each group (each holds one whole response).
+
+`chunk_rows` picks a decode chunk's rows: the smallest row bucket that holds every occupied
+slot, padded with idle ones.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from vapo_jax.sampler import paged
 
@@ -120,3 +123,28 @@ class Scheduler:
     if finished:
       self.pool.release(slot)
       self.running[slot] = None
+
+
+def chunk_rows(occupied: Sequence[bool], replicas: int, buckets: Sequence[int]
+               ) -> list[int]:
+  """The slots a decode chunk runs (`continuous.decode_chunk`'s rows_Sb).
+
+  occupied: per slot (S of them), whether the host holds a response in it (admitted, not
+  yet seen freed): a superset of the slots active on the device, which the host sees one
+  chunk late. buckets: the bucket sizes in rows, largest (S) first, each a multiple of
+  `replicas`. Returns the smallest bucket's rows whose Sb/R rows per replica hold the most
+  occupied slots of any replica: per replica block (slots r S/R .. (r+1) S/R - 1, in
+  replica order) its occupied slots and then its lowest idle ones, ascending. The full
+  bucket is every slot in order.
+  """
+  per = len(occupied) // replicas
+  blocks = [range(r * per, (r + 1) * per) for r in range(replicas)]
+  need = max(sum(bool(occupied[i]) for i in block) for block in blocks)
+  fits = [b for b in buckets if b // replicas >= need]
+  take = min(fits) // replicas if fits else per
+  rows = []
+  for block in blocks:
+    busy = [i for i in block if occupied[i]]
+    idle = [i for i in block if not occupied[i]]
+    rows += sorted(busy + idle[:take - len(busy)])
+  return rows
