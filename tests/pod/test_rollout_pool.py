@@ -73,3 +73,64 @@ def test_replicas_per_prompt_under_the_engines_admission():
   assert step_terms.replicas_per_prompt(512, 16, 2048, 16) == pytest.approx(
       (128 + 384 * spread) / 512)
   assert math.isclose(spread, 10.30, abs_tol=0.01)
+
+
+def test_row_buckets_halve_the_slots_per_replica_while_whole():
+  def eng(slots, replicas, b):
+    return step_model.EngineShape(slots=slots, page_size=16, kv_tokens=1 << 20, chunk_steps=8,
+                                  replicas=replicas, decode_buckets=b)
+  assert eng(48, 1, 4).row_buckets() == (48, 24, 12, 6)
+  assert eng(48, 1, 1).row_buckets() == (48,)
+  assert eng(48, 16, 4).row_buckets() == (3,)            # 3 / 2 is no whole row
+  assert eng(2048, 16, 4).row_buckets() == (128, 64, 32, 16)
+  assert eng(12, 1, 8).row_buckets() == (12, 6, 3)
+  assert [rollout.bucket_rows(n, (8, 4, 2)) for n in (0, 1, 2, 3, 4, 5, 8, 9)] == [
+      2, 2, 2, 4, 4, 8, 8, 8]
+
+
+def _stepwise_rows(lens, slots, buckets):
+  """Σ over decode steps of the rows run, one step at a time (FIFO admission, no pool)."""
+  queue, left, total = list(lens), [], 0
+  while queue or left:
+    while queue and len(left) < slots:
+      left.append(queue.pop(0))
+    live = len(left)
+    total += min((b for b in buckets if b >= live), default=buckets[0])
+    left = [x - 1 for x in left if x > 1]
+  return total
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bucketed_decode_rows_match_a_step_by_step_count(seed):
+  # Rows per step = the smallest bucket holding the live slots, else every slot: the event
+  # simulation's intervals against one step at a time, on long-tailed lengths.
+  rng = np.random.default_rng(seed)
+  lens = np.maximum(1, rng.lognormal(3.0, 1.0, size=40).astype(int))
+  for buckets in ((8,), (8, 4, 2, 1), (8, 4)):
+    rep = _sim(lens, np.ones_like(lens), a_=0.0, per_row=1.0, max_live=8, cap=1e9,
+               reserve=None, buckets=buckets)
+    assert rep.cost == pytest.approx(_stepwise_rows(list(lens), 8, buckets))
+    assert sum(rep.rows_steps.values()) == (rep.steps if len(buckets) > 1 else 0)
+  # By hand: one response of 5 tokens and three of 1 in 4 slots: the first step runs 4 rows,
+  # the next 4 steps 1 row each (buckets 4, 2, 1): 8 row-steps, against 20 at one shape.
+  assert _sim([5, 1, 1, 1], [1] * 4, a_=0.0, per_row=1.0, max_live=4, cap=100.0,
+              buckets=(4, 2, 1)).cost == 8.0
+  assert _sim([5, 1, 1, 1], [1] * 4, a_=0.0, per_row=1.0, max_live=4, cap=100.0,
+              buckets=(4,)).cost == 20.0
+
+
+def test_the_built_rollout_runs_its_tail_on_smaller_buckets():
+  st = _setup(host_chunk_ms=1.0)
+  resp = np.array([64] + [4] * 7)
+  prompts = np.full(8, 4)
+
+  def run(b):
+    eng = step_model.EngineShape(slots=8, page_size=4, kv_tokens=4096, chunk_steps=1,
+                                 replicas=1, kernel="jax", overlap=False, decode_buckets=b)
+    return step_model.continuous_rollout(st, resp, prompts, floor=False, engine=eng)
+
+  one, four = run(1), run(4)
+  assert one.steps == four.steps == 64
+  assert four.terms["decode all-reduce bytes"] < one.terms["decode all-reduce bytes"]
+  assert "by bucket: 8 rows 6%, 4 rows 0%, 2 rows 0%, 1 rows 94%" in four.note
+  assert "by bucket" not in one.note

@@ -5,7 +5,8 @@ The set: per train pass (old log-probs, values, policy and critic updates) one p
 padded rows, or with packed rows one per row length its plans may use
 (`rl.layout.Packed.programs`, named `policy_step[rows=nxT]` as the compile check names them);
 the engine's decode copy, prefill per prompt bucket (`run.pass_sizes.prompt_buckets`), insert
-and decode chunk, and the evaluation engine's insert and chunk; or the static sampler's
+and a decode chunk per row bucket (`sampling.decode_buckets`), and the evaluation engine's
+insert and chunks; or the static sampler's
 prefill and decode step (and the evaluation's). Each program's seconds: the compile check's
 own measured time for it (`Setup.compile_times`; a probed check's is the two probes' sum),
 else one of the same name's family (`prefill[256]` takes `prefill`'s), else the assumed
@@ -35,11 +36,19 @@ def program_set(st) -> list[str]:
       out.append(name)
   if st.knobs.rollout == "continuous":
     out += ["decode_copy"] + [f"prefill[{b}]" for b in st.prompt_buckets]
-    out += ["insert", "decode_chunk"] + (["eval_insert", "eval_decode_chunk"]
-                                         if st.eval_rows else [])
+    out += ["insert"] + _chunks("decode_chunk", st.engine)
+    out += (["eval_insert"] + _chunks("eval_decode_chunk", st.eval_engine)
+            if st.eval_rows else [])
   else:
     out += ["prefill", "decode_step"] + (["eval_decode_step"] if st.eval_rows else [])
   return out
+
+
+def _chunks(name: str, engine) -> list[str]:
+  """The decode chunk's programs: one per row bucket (`EngineShape.row_buckets`), the
+  smaller ones named by their rows per replica (`decode_chunk[64]`)."""
+  rows = engine.row_buckets() if engine is not None else ()
+  return [name] + [f"{name}[{r}]" for r in rows[1:]]
 
 
 def from_check(reports, slice_name: str = "") -> dict:

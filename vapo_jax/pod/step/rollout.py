@@ -115,29 +115,42 @@ class Replica:
   pool_bound: int = 0        # steps on which the pool, not the slots, held admission back
   evictions: int = 0
   redone: float = 0.0        # tokens decoded again after an eviction
+  rows_steps: dict = dataclasses.field(default_factory=dict)  # rows per step -> steps
+
+
+def bucket_rows(live: int, buckets: tuple[int, ...]) -> int:
+  """The rows a decode step runs for `live` occupied slots: the smallest bucket ≥ live
+  (buckets largest first, the largest every slot)."""
+  return min((b for b in buckets if b >= live), default=buckets[0])
 
 
 def simulate_replica(lens, ps, *, cap: float, max_live: int | None, a_: float, b_: float,
                      per_row: float, lat: float, row_ar: float, pad: float, prefill_tok: float,
-                     reserve: float | None) -> Replica:
+                     reserve: float | None, buckets: tuple[int, ...] | None = None
+                     ) -> Replica:
   """A replica's responses (lengths `lens`, prompts `ps`, FIFO) on continuous batching.
 
-  Admitted while fewer than `max_live` are live and the pool holds the prompt: live KV
-  X + (n + 1) · reserve + prompt ≤ cap (or none is live). A step with n live slots costs
-  max(a_ + b_ (X + n · pad), compute) + lat + rows · row_ar, compute = rows · per_row, rows
-  = max_live (the engine's fixed-shape step) or n. reserve (the engine as built, else None:
-  no eviction): tokens each live slot holds beyond its KV (the pages reserved ahead and a
-  half page); when X + n · reserve would pass cap the youngest response is evicted (its
-  KV freed, its tokens decoded again from its prompt later: `slots.Scheduler.reserve`),
-  and admission waits for the next response to finish.
+  Admitted while fewer than `max_live` are live and the pool holds the prompt: live KV X + (n
+  + 1) · reserve + prompt ≤ cap (or none is live). A step with n live slots costs max(a_ + b_
+  (X + n · pad), compute) + lat + rows · row_ar, compute = rows · per_row, rows = the
+  smallest of `buckets` ≥ n (the built engine's decode-chunk shapes, largest = max_live;
+  None: (max_live,), its fixed-shape step over every slot), or n (unbuilt: max_live None).
+  The engine picks its bucket from the slots it holds, which lag a response's end by at most
+  two chunks (the overlapped host loop); the model takes the live count, so it undercounts
+  that lag. reserve (the engine as built, else None: no eviction): tokens each live slot
+  holds beyond its KV (the pages reserved ahead and a half page); when X + n · reserve would
+  pass cap the youngest response is evicted (its KV freed, its tokens decoded again from its
+  prompt later: `slots.Scheduler.reserve`), and admission waits for the next response to
+  finish.
   """
   rep = Replica()
+  if buckets is None and max_live is not None:
+    buckets = (max_live,)
   queue = collections.deque(range(len(lens)))
   heap: list = []          # (finish step, seq)
   running: dict = {}       # seq -> (index, start step)
   order: list = []         # seqs by admission (the youngest last; lazily pruned)
   now, x, live, seq, blocked = 0, 0.0, 0, 0, False
-  rows_fixed = max_live
   while queue or running:
     if not blocked:
       while queue and (max_live is None or live < max_live):
@@ -164,7 +177,9 @@ def simulate_replica(lens, ps, *, cap: float, max_live: int | None, a_: float, b
         m, evict = max(0, int(room // live)), True
     if queue and (max_live is None or live < max_live):
       rep.pool_bound += m
-    rows = rows_fixed if rows_fixed is not None else live
+    rows = bucket_rows(live, buckets) if buckets else live
+    if buckets and len(buckets) > 1:
+      rep.rows_steps[rows] = rep.rows_steps.get(rows, 0) + m
     rep.cost += (_interval_cost(m, x + live * pad, live, a_, b_, rows * per_row)
                  + m * lat + m * rows * row_ar)
     rep.allreduce += m * rows * row_ar
@@ -262,7 +277,8 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
       continue
     rep = simulate_replica(lens, ps, cap=cap, max_live=max_live if built else None,
                            a_=a_, b_=b_, per_row=per_tok, lat=lat, row_ar=row_ar, pad=pad,
-                           prefill_tok=prefill_tok, reserve=reserve)
+                           prefill_tok=prefill_tok, reserve=reserve,
+                           buckets=engine.row_buckets() if built else None)
     evictions += rep.evictions
     redone += rep.redone
     total = rep.cost + rep.prefill
@@ -307,6 +323,10 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
     prog.note = (f"as built: {reps} replicas × TP{tp} of {max_live} slots, a pool of "
                  f"{cap:.0f} tokens each ({cap * kvb / tp / GB:.1f} GB/chip), slowest "
                  f"replica {steps_max} steps")
+    if worst_rep is not None and len(engine.row_buckets()) > 1:
+      by = ", ".join(f"{r} rows {worst_rep.rows_steps.get(r, 0) / max(1, steps_max):.0%}"
+                     for r in engine.row_buckets())
+      prog.note += f"; its decode steps by bucket: {by}"
   else:
     prog.note = (f"{reps} replicas × TP{tp}, KV budget {kv_budget(st, tp) / GB:.1f} GB/chip "
                  f"(≈{cap:.0f} live tokens), slowest replica {steps_max} steps")

@@ -191,11 +191,20 @@ class EngineShape:
   kernel: str = "jax"         # decode attention: "tpu" (jax's Pallas kernel) or "jax"
   pages_per_block: int = 8    # EngineConfig.pages_per_block
   overlap: bool = True        # EngineConfig.overlap: the host works while a chunk runs
+  decode_buckets: int = 1     # EngineConfig.decode_buckets: decode-chunk shapes (1: S rows)
 
   @classmethod
   def of(cls, ecfg) -> "EngineShape":
     return cls(ecfg.slots, ecfg.page_size, ecfg.num_pages * ecfg.page_size, ecfg.chunk_steps,
-               ecfg.replicas, ecfg.kernel, ecfg.pages_per_block, ecfg.overlap)
+               ecfg.replicas, ecfg.kernel, ecfg.pages_per_block, ecfg.overlap,
+               ecfg.decode_buckets)
+
+  def row_buckets(self) -> tuple[int, ...]:
+    """Rows per replica of each decode-chunk shape, largest first: (S/R) / 2^i for
+    i < decode_buckets, those that are whole and ≥ 1 (`sampler.continuous.row_buckets`)."""
+    per = self.slots // self.replicas
+    return tuple(per >> i for i in range(self.decode_buckets)
+                 if per % (1 << i) == 0 and per >> i >= 1)
 
 
 def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
@@ -235,7 +244,7 @@ def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
     out[key] = EngineShape(slots, sm.page_size, pool.tokens, sm.chunk_steps, reps,
                            _kernel(sm.attention_kernel, mcfg, shards, sm.page_size,
                                    (slots // reps, pages)),
-                           overlap=sm.overlap)
+                           overlap=sm.overlap, decode_buckets=sm.decode_buckets)
   return out
 
 
