@@ -135,10 +135,14 @@ class EngineConfig:
 
   @property
   def bucket_rows(self) -> tuple[int, ...]:
-    """Rows of the decode chunk's buckets, largest (S) first: S / 2^i for i < decode_buckets
-    where (S/R) / 2^i is a whole number of rows per replica."""
-    per = self.slots // self.replicas
-    return tuple(self.slots >> i for i in range(self.decode_buckets) if per % (1 << i) == 0)
+    return bucket_rows(self.slots, self.replicas, self.decode_buckets)
+
+
+def bucket_rows(slots: int, replicas: int, buckets: int) -> tuple[int, ...]:
+  """Rows of the decode chunk's buckets, largest (S) first: S / 2^i for i < buckets where
+  (S/R) / 2^i is a whole number of rows per replica (the step model's too)."""
+  per = slots // replicas
+  return tuple(slots >> i for i in range(buckets) if per % (1 << i) == 0)
 
 
 def check(cfg: ops.SamplingConfig, ecfg: EngineConfig) -> None:

@@ -201,10 +201,10 @@ class EngineShape:
 
   def row_buckets(self) -> tuple[int, ...]:
     """Rows per replica of each decode-chunk shape, largest first: (S/R) / 2^i for
-    i < decode_buckets, those that are whole and ≥ 1 (`sampler.continuous.row_buckets`)."""
-    per = self.slots // self.replicas
-    return tuple(per >> i for i in range(self.decode_buckets)
-                 if per % (1 << i) == 0 and per >> i >= 1)
+    i < decode_buckets, those that are whole (`sampler.continuous.bucket_rows`)."""
+    from vapo_jax.sampler import continuous  # pylint: disable=import-outside-toplevel
+    return tuple(r // self.replicas for r in continuous.bucket_rows(
+        self.slots, self.replicas, self.decode_buckets))
 
 
 def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
