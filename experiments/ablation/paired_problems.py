@@ -7,7 +7,10 @@ Here every row is the [seeds, problems] matrix of its final evaluation, and
 `vapo_jax.tools.compare` resamples problems once for both rows (the pairing) and seeds per
 row (`vapo_jax.bootstrap`):
 
-  VAPO − row   Δ = m(vapo_final) − m(row_final) at the same (final) RL step;
+  VAPO − row   Δ = m(vapo_final) − m(row_final) at the same (final) RL step, on the seeds
+               both rows finished (seed s of a row is evaluated on the problems of seed s:
+               the held-out split may be drawn per seed, and then problems pair only within
+               a seed, `compare` aligning each seed's own problems);
   gain         Δ = m(row_final) − m(row_step0), each seed's own start.
 
 A row enters only when every finished seed has records at the same final step (and at step 0
@@ -79,10 +82,18 @@ def paired(records: Sequence[dict], rows: Sequence[str], base: str = "vapo",
       if base_final != final:
         rec["note"] = f"{base} ended at RL step {base_final}, this row at {final}"
       else:
-        vs = compare_lib.compare([end, _read([base_steps[s][final] for s in sorted(base_steps)])],
-                                 metrics=METRICS, num_samples=num_samples, seed=seed)
-        rec[f"{base}_minus_row"] = {m: e["diff"] for m, e in vs["metrics"].items()}
-        rec["base_seeds"] = sorted(base_steps)
+        both = sorted(set(seeds) & set(base_steps))   # seed s of one row is paired with s
+        if not both:
+          rec["note"] = f"no seed finished in both {base} and this row"
+        else:
+          vs = compare_lib.compare(
+              [_read([steps[s][final] for s in both]),
+               _read([base_steps[s][final] for s in both])],
+              metrics=METRICS, num_samples=num_samples, seed=seed)
+          rec[f"{base}_minus_row"] = {m: e["diff"] for m, e in vs["metrics"].items()}
+          rec["base_seeds"] = both
+          if both != seeds or both != sorted(base_steps):
+            rec["note"] = f"{base} − row on the seeds both finished: {both}"
     out.append(rec)
   return out
 

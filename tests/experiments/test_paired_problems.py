@@ -12,21 +12,26 @@ from vapo_jax.run import eval_records
 N, K = 40, 4
 
 
-def _examples():
-  return [sources.Example(problem=f"Ana has {i + 2} cards. She buys 3 more cards. How many?",
-                          answer=str(i + 5), solution=f"{i + 2} + 3 = {i + 5}",
-                          uid=f"p{i}") for i in range(N)]
+def _examples(seed=None):
+  """N problems; with a seed, problems of that seed's own (uids p<seed>/<i>, other texts), as
+  a held-out split drawn per seed is."""
+  tag, extra = ("", 0) if seed is None else (f"{seed}/", 100 * (seed + 1))
+  return [sources.Example(problem=f"Ana has {i + 2 + extra} cards. She buys 3 more cards. "
+                          "How many?", answer=str(i + 5 + extra),
+                          solution=f"{i + 2 + extra} + 3 = {i + 5 + extra}",
+                          uid=f"p{tag}{i}") for i in range(N)]
 
 
-def _write(directory, step, correct_NxK):
+def _write(directory, step, correct_NxK, seed=None):
   eval_records.write(eval_records.run_path(str(directory), step),
-                     eval_records.build(_examples(), correct_Nxk=correct_NxK,
+                     eval_records.build(_examples(seed), correct_Nxk=correct_NxK,
                                         greedy_N=correct_NxK[:, 0]))
 
 
 def _runs(tmp_path, rng, rows=(("vapo", 0.55), ("grpo", 0.35)), seeds=(0, 1, 2),
-          final=20):
-  """Run records as ablation_report makes them; every seed starts at 0.2 correct."""
+          final=20, own_problems=False):
+  """Run records as ablation_report makes them; every seed starts at 0.2 correct; with
+  own_problems each seed is evaluated on problems of its own."""
   records, truth = [], {}
   difficulty = rng.uniform(0, 1, N)          # shared by every row: what pairing cancels
   for name, level in rows:
@@ -34,8 +39,8 @@ def _runs(tmp_path, rng, rows=(("vapo", 0.55), ("grpo", 0.35)), seeds=(0, 1, 2),
       d = tmp_path / f"seed{s}" / name
       start = (rng.uniform(0, 1, (N, K)) < 0.2 * difficulty[:, None] * 2).astype(int)
       end = (rng.uniform(0, 1, (N, K)) < level * difficulty[:, None] * 2).astype(int)
-      _write(d, 0, start)
-      _write(d, final, end)
+      _write(d, 0, start, s if own_problems else None)
+      _write(d, final, end, s if own_problems else None)
       truth[(name, s)] = (start, end)
       records.append({"kind": "run", "row": name, "seed": s, "directory": str(d),
                       "state": "finished"})
@@ -93,3 +98,27 @@ def test_a_row_without_records_at_the_shared_final_step_is_named_not_compared(tm
                   "state": "crashed"})
   out = {r["row"]: r for r in pp.paired(records, ["vapo", "ppo"], num_samples=200)}
   assert out["ppo"]["note"] == "no finished seed"
+
+
+def test_seeds_with_problems_of_their_own_pair_seed_by_seed_on_the_seeds_both_finished(
+    tmp_path):
+  """The registered runs' layout (the synthetic held-out split is drawn per seed): the gain
+  and VAPO − row still equal the hand means, seed s of each row on seed s's problems; while a
+  row's seed is unfinished, VAPO − row uses the seeds both rows finished and says so."""
+  records, truth = _runs(tmp_path, np.random.default_rng(3), own_problems=True)
+  out = {r["row"]: r for r in pp.paired(records, ["vapo", "grpo"], num_samples=1000)}
+  vapo = np.mean([truth[("vapo", s)][1].mean() for s in range(3)])
+  grpo = np.mean([truth[("grpo", s)][1].mean() for s in range(3)])
+  assert out["grpo"]["vapo_minus_row"]["avg"]["estimate"] == pytest.approx(vapo - grpo)
+  assert out["grpo"]["base_seeds"] == [0, 1, 2] and "note" not in out["grpo"]
+  start = np.mean([truth[("vapo", s)][0].mean() for s in range(3)])
+  assert out["vapo"]["gain"]["avg"]["estimate"] == pytest.approx(vapo - start)
+  # GRPO's seeds 1 and 2 still running: VAPO − GRPO on seed 0 alone.
+  for r in records:
+    if r["row"] == "grpo" and r["seed"] > 0:
+      r["state"] = "running"
+  out = {r["row"]: r for r in pp.paired(records, ["vapo", "grpo"], num_samples=1000)}
+  want = truth[("vapo", 0)][1].mean() - truth[("grpo", 0)][1].mean()
+  assert out["grpo"]["vapo_minus_row"]["avg"]["estimate"] == pytest.approx(want)
+  assert out["grpo"]["base_seeds"] == [0] and "seeds both finished: [0]" in out["grpo"]["note"]
+  assert out["vapo"]["seeds"] == [0, 1, 2]

@@ -74,6 +74,41 @@ def test_rows_of_several_seeds_and_missing_greedy():
   assert "vapo − grpo" in table and "shortcuts on these problems" in table
 
 
+def test_seeds_with_problems_of_their_own_pair_seed_by_seed():
+  """A held-out split drawn per seed (uids word/<seed>/test/i): seed s of one row is paired with
+  seed s of the other on seed s's problems; the interval is `bootstrap` on the [seeds,
+  problems] matrices aligned that way (problems once for both rows, seeds per row)."""
+  def seed_records(seed, shift):
+    exs = wp.word_problems(40, "test", seed, wp.WordSpec(max_ops=2))
+    assert exs[0].uid.startswith(f"word/{seed}/")
+    correct = RNG.uniform(size=(40, 4)) < np.clip(P[:, None] + shift, 0, 1)
+    return eval_records.build(exs, correct, np.full((40, 4), 30), np.zeros((40, 4), bool),
+                              correct[:, 0])
+
+  row_a = [seed_records(s, 0.0) for s in (0, 1, 2)]
+  row_b = [list(reversed(seed_records(s, 0.2))) for s in (0, 1, 2)]   # another order
+  out = compare.compare([row_a, row_b], metrics=("avg",), num_samples=2000)
+  assert out["problems"] == 40 and out["seeds"] == [3, 3] and out["problems_per_seed"] == "own"
+  order = [[r["uid"] for r in recs] for recs in row_a]
+  b_by = [{r["uid"]: r for r in recs} for recs in row_b]
+  mat_a = np.stack([avg(r) for r in row_a])
+  mat_b = np.stack([avg([b_by[s][u] for u in order[s]]) for s in range(3)])
+  want = bootstrap.interval(mat_b, mat_a, num_samples=2000)
+  assert out["metrics"]["avg"]["diff"] == want.as_dict()
+  assert out["metrics"]["avg"]["diff"]["estimate"] == pytest.approx(mat_b.mean() - mat_a.mean())
+  # The shortcuts of every seed's problems; a row alone, seed by seed too.
+  assert 0 <= out["shortcuts"]["best"] <= 1
+  alone = compare.compare([row_a], metrics=("avg",), num_samples=500)
+  assert alone["metrics"]["avg"]["rows"][0]["estimate"] == pytest.approx(mat_a.mean())
+  # Seeds that cannot pair: unequal seed counts, or a seed whose problems differ.
+  with pytest.raises(sources.DataError, match="different numbers of seeds"):
+    compare.compare([row_a, row_b[:2]])
+  with pytest.raises(sources.DataError, match="seed by seed they share 40, 0, 40"):
+    compare.compare([row_a, [row_b[0], row_b[2], row_b[2]]])
+  with pytest.raises(sources.DataError, match="by_ops"):
+    compare.compare([row_a, row_b], by_ops=True)
+
+
 def test_the_command(tmp_path):
   a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
   eval_records.write(a, records())

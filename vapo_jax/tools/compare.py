@@ -11,7 +11,10 @@ intervals over problems, beside the shortcut baselines of those problems.
 
 Each file is the per-problem records of one evaluation (`run.eval_records`: written by every
 run in `workdir/eval/rl_step_<N>.jsonl` and by `tools.evaluate`). Problems are matched by
-uid (and must have the same text); only problems in every file are compared. Per problem:
+uid (and must have the same text); only problems in every file are compared. When the
+seeds drew problems of their own (a held-out split generated per seed) and the rows have as
+many seeds, seed s of every row is compared on seed s's problems (file s of each row), and
+the [seeds, problems] matrices are aligned that way. Per problem:
 avg = correct samples / k, pass = any correct, greedy = the greedy answer correct. The
 difference B − A of the rows' mean scores gets a paired percentile bootstrap interval
 (`vapo_jax.bootstrap`: problems resampled once for both rows, seeds per row), deterministic
@@ -38,25 +41,47 @@ METRICS = {
 }
 
 
-def _paired(rows: list[list[list[dict]]]) -> tuple[list[str], list[list[dict[str, dict]]]]:
-  """The uids in every file (in the first file's order) and each file's records by uid."""
+def _paired(rows: list[list[list[dict]]]
+            ) -> tuple[list[str] | None, list[list[str]], list[list[dict[str, dict]]]]:
+  """(shared uids or None, the uids of each seed position, each file's records by uid).
+
+  Shared: the problems every file holds (in the first file's order), the same for every seed
+  position. Otherwise, when each seed drew problems of its own (a split generated per seed)
+  and every row has the same number of files: per position s the problems of file s of
+  every row, the same number at every position (row r's file s is paired with file s of
+  every other row)."""
   by_uid = [[{r["uid"]: r for r in recs} for recs in row] for row in rows]
   first = by_uid[0][0]
   common = [u for u in first if all(u in f for row in by_uid for f in row)]
-  if not common:
-    raise sources.DataError("the evaluations share no problem (uid)")
+  if common:
+    shared, cols = common, [common] * len(by_uid[0])
+  else:
+    seeds = {len(row) for row in by_uid}
+    if len(seeds) != 1:
+      raise sources.DataError("the evaluations share no problem (uid), and the rows have "
+                              "different numbers of seeds to pair seed by seed")
+    shared = None
+    cols = [[u for u in by_uid[0][s] if all(u in row[s] for row in by_uid)]
+            for s in range(seeds.pop())]
+    if not all(cols) or len({len(c) for c in cols}) != 1:
+      raise sources.DataError(
+          "the evaluations share no problem (uid); seed by seed they share "
+          + ", ".join(str(len(c)) for c in cols) + " problems (pairing needs one number > 0)")
   for row in by_uid:
-    for f in row:
-      for u in common:
-        if "problem" in f[u] and "problem" in first[u] and f[u]["problem"] != first[u]["problem"]:
+    for s, f in enumerate(row):
+      ref = first if shared else by_uid[0][s]
+      for u in (shared or cols[s]):
+        if "problem" in f[u] and "problem" in ref[u] and f[u]["problem"] != ref[u]["problem"]:
           raise sources.DataError(f"problem {u} has different texts in two evaluations: "
                                   "not the same problems (was the generator changed?)")
-  return common, by_uid
+  return shared, cols, by_uid
 
 
-def _matrix(row: list[dict[str, dict]], uids: list[str], metric: str) -> np.ndarray | None:
-  """[seeds, problems] per-problem scores of one row, or None if a record lacks the metric."""
-  vals = [[METRICS[metric](f[u]) for u in uids] for f in row]
+def _matrix(row: list[dict[str, dict]], cols: list[list[str]], metric: str
+            ) -> np.ndarray | None:
+  """[seeds, problems] per-problem scores of one row (file s on problems `cols[s]`), or None
+  if a record lacks the metric."""
+  vals = [[METRICS[metric](f[u]) for u in cols[s]] for s, f in enumerate(row)]
   if any(v is None for seed in vals for v in seed):
     return None
   return np.asarray(vals, np.float64)
@@ -74,31 +99,42 @@ def compare(rows: list[list[list[dict]]], *, metrics=("avg", "pass", "greedy"),
   shortcut baselines. Returns a JSON-able dict (see `format_table`)."""
   if not 1 <= len(rows) <= 2 or not all(rows):
     raise ValueError("give one or two rows, each of one or more evaluations")
-  uids, by_uid = _paired(rows)
+  shared, cols, by_uid = _paired(rows)
+
+  def cols_of(row, uids=None):
+    return [uids or shared] * len(row) if shared else cols
+
   first = by_uid[0][0]
-  out = {"problems": len(uids), "seeds": [len(r) for r in rows],
+  out = {"problems": len(cols[0]), "seeds": [len(r) for r in rows],
          "problems_per_file": [[len(f) for f in row] for row in by_uid], "metrics": {}}
   kw = dict(num_samples=num_samples, seed=seed, level=level)
+  if not shared:
+    out["problems_per_seed"] = "own"   # seed s of every row on seed s's problems
   for m in metrics:
-    mats = [_matrix(row, uids, m) for row in by_uid]
+    mats = [_matrix(row, cols_of(row), m) for row in by_uid]
     if any(x is None for x in mats):
       continue
     entry = {"rows": [bootstrap.interval(x, **kw).as_dict() for x in mats]}
     if len(mats) == 2:
       entry["diff"] = bootstrap.interval(mats[1], mats[0], **kw).as_dict()
     out["metrics"][m] = entry
+  if by_ops and not shared:
+    raise sources.DataError("--by_ops needs the same problems in every file (here each seed "
+                            "has problems of its own)")
   if by_ops:
     groups: dict[str, list[int]] = {}
-    for i, u in enumerate(uids):
+    for i, u in enumerate(shared):
       groups.setdefault(_structure(first[u]), []).append(i)
     out["by_ops"] = {}
     for g, idx in sorted(groups.items()):
-      mats = [_matrix(row, [uids[i] for i in idx], "avg") for row in by_uid]
+      mats = [_matrix(row, cols_of(row, [shared[i] for i in idx]), "avg") for row in by_uid]
       entry = {"problems": len(idx), "rows": [float(x.mean()) for x in mats]}
       if len(mats) == 2:
         entry["diff"] = bootstrap.interval(mats[1], mats[0], **kw).as_dict()
       out["by_ops"][g] = entry
-  recs = [first[u] for u in uids]
+  # The shortcuts on the problems compared: every seed's, when the seeds have their own.
+  recs = ([first[u] for u in shared] if shared else
+          [by_uid[0][s][u] for s, c in enumerate(cols) for u in c])
   if all("shortcuts" in r for r in recs):
     out["shortcuts"] = {k: float(np.mean([r["shortcuts"][k] for r in recs]))
                         for k in recs[0]["shortcuts"]}
@@ -124,7 +160,9 @@ def _pts(iv: dict) -> str:
 def format_table(result: dict, labels=("A", "B"), level: float = 0.95) -> str:
   """The comparison as text: one line per metric, then the shortcuts."""
   seeds = result["seeds"]
-  lines = [f"{result['problems']} problems in every evaluation; "
+  where = ("per seed, each seed's own (seed s of each row paired)"
+           if result.get("problems_per_seed") == "own" else "in every evaluation")
+  lines = [f"{result['problems']} problems {where}; "
            + ", ".join(f"{lab}: {s} evaluation(s)" for lab, s in zip(labels, seeds))]
   head = "  ".join(f"{lab + ' [' + str(round(100 * level)) + '%]':>26}" for lab in labels)
   diff = f"{labels[1]} − {labels[0]}, points [{round(100 * level)}% interval]" \
