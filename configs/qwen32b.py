@@ -26,9 +26,14 @@ def get_config(preset: str = "vapo"):
   c.model.param_dtype = "float32"     # master weights; matmuls in bfloat16
   c.model.dtype = "bfloat16"
   c.model.remat = True
-  # 48 of 64 blocks rematerialised, 16 keep their activations: `pod.compile_check
-  # --remat_search` (benchmarks/results/compile-check-2026-12-04-remat/; docs/step_model.md).
-  c.model.remat_layers = 48
+  # Every block rematerialised, the last 32 selectively (they keep their matmul outputs and
+  # the splash residuals and recompute only elementwise work): `pod.compile_check
+  # --selective_search` (policy step 89.65 GB, critic step 67.58 GB of 96.9 per chip; 64
+  # selective blocks would need ~121 GB). Was 48 of 64 fully rematerialised and 16 kept
+  # (`--remat_search`); the step model puts the selective mix 0.04x nearer the floor
+  # (docs/step_model.md).
+  c.model.remat_layers = -1
+  c.model.remat_selective = 32
   # The blocks as a Python loop, not under scan: with the layers under scan the compile check
   # (--probe_layers=4,8, 2026-12-05) put the critic step at 154.5 GB of 96.9 per chip; as a
   # loop it needs 37.4 GB and the policy step 65.7 GB (both fit). Why scan grows this much
@@ -55,16 +60,17 @@ def get_config(preset: str = "vapo"):
   # 16 prompts × 16 responses per sampler call: one call's KV cache is 256 rows × 21.5k slots
   # × 262 kB/token = 1.4 TB, 23 GB per chip on v5p-128 (rows over fsdp, kv heads over tensor).
   c.sampling.prompts_per_call = 16   # the static sampler's (the engine samples a step at once)
-  # The rollout engine (default): 2,048 decode slots over 16 decode replicas (the data x
-  # fsdp groups, heads over mesh.tensor), 128 each, sharing each replica's KV pool, sized
-  # from the HBM the train state leaves (~961k tokens, ~63 GB per v5p chip). At 64 slots per
-  # replica (1,024) the pool sat mostly idle late in a run and each decode step read the
-  # weights for 64 tokens. 4,096 (256 per replica, the Pallas kernel in 2 slot groups) also
-  # FITS, but the decode step's matmuls run over every slot, live or idle: past ~120 rows
-  # per replica a step is compute-bound (at 50% of peak), so the step model puts 4,096 at
-  # 1.81x / 1.53x / 1.50x the floor against 2,048's 1.57x / 1.50x / 1.48x (--mfu=0.5;
-  # benchmarks/results/step-model-2026-12-06-engine/).
-  c.sampling.slots = 2048
+  # The rollout engine (default): 4,096 decode slots over 16 decode replicas (the data x
+  # fsdp groups, heads over mesh.tensor), 256 each (the Pallas kernel in 2 slot groups),
+  # sharing each replica's KV pool, sized from the HBM the train state leaves (~961k tokens,
+  # ~63 GB per v5p chip; the decode chunk FITS at 93.2 GB). Each chunk runs the smallest of
+  # 4 row buckets (256, 128, 64, 32 per replica) that holds the occupied slots
+  # (sampling.decode_buckets, the default): with one bucket every step's matmuls ran over all
+  # 256 slots, live or idle, and 4,096 lost to 2,048 (1.81x / 1.53x / 1.50x against 1.57x /
+  # 1.50x / 1.48x, --mfu=0.5); with buckets more slots admit more responses early and the
+  # tail runs on small buckets (benchmarks/results/step-model-2026-12-06-buckets/).
+  c.sampling.slots = 4096
+  c.sampling.decode_buckets = 4
 
   c.reward.num_workers = 32
   c.reward.timeout_s = 10.0
