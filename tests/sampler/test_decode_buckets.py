@@ -7,6 +7,8 @@ and, since every live slot is in its chunk's rows, the same decode steps and chu
 bucket that dropped an occupied slot would stall it a chunk and add steps.
 """
 
+import re
+
 from flax import nnx
 import jax
 import numpy as np
@@ -132,6 +134,61 @@ def test_buckets_per_replica_on_a_mesh_sample_what_one_bucket_samples(ckpt):
   assert st["evictions"] > 0
   assert st["decode_chunks_rows_4"] + st["decode_chunks_rows_8"] > 0, st
   del graphdef, mcfg
+
+
+_COLLECTIVE = re.compile(r"^\s*(%\S+) = .*? (all-reduce|all-gather|collective-permute|all-to-all"
+                         r"|reduce-scatter)(?:-start)?\(")
+
+
+def _entry_graph(hlo: str) -> dict[str, set[str]]:
+  """The compiled program's entry computation: instruction -> the instructions it reads."""
+  body = hlo[hlo.index("\nENTRY"):]
+  body = body[:body.index("\n}")]
+  graph = {}
+  for line in body.splitlines()[1:]:
+    m = re.match(r"\s*(?:ROOT )?(%\S+) = (.*)", line)
+    if m:
+      graph[m.group(1)] = set(re.findall(r"%[\w.\-]+", m.group(2))) - {m.group(1)}
+  return graph
+
+
+def _reach(graph, start, forward):
+  edges = graph if not forward else {
+      n: {m for m, ins in graph.items() if n in ins} for n in graph}
+  seen, todo = set(), [start]
+  while todo:
+    for nxt in edges.get(todo.pop(), ()):
+      if nxt not in seen:
+        seen.add(nxt)
+        todo.append(nxt)
+  return seen
+
+
+def test_the_chunks_collectives_are_all_ordered_by_its_loop(ckpt):
+  """In the compiled decode chunk on a mesh with replicas, every collective outside the
+  decode loop is an input of the loop or reads its output. XLA's CPU runtime may run a
+  collective that is neither before the loop's own collectives on one device and after
+  them on another; across processes (gloo) that deadlocks. The row scatter once gathered
+  its indices and the keys over the replicas apart from the loop, and 2-process runs hung
+  (tests/cli/test_multihost.py)."""
+  graphdef, state, mcfg = ckpt
+  mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2, devices=jax.devices()[:4])
+  train = jax.device_put(state, sharding.state_shardings(state, mesh))
+  eng = continuous.Engine(graphdef, mcfg, CFG, ecfg(slots=8, replicas=2, decode_buckets=2),
+                          mesh=mesh)
+  low = eng.lowerable(train)
+  hlo = low["decode_chunk"].lower(*low["decode_chunk_args"]).compile().as_text()
+  graph = _entry_graph(hlo)
+  loops = [n for n in graph if re.search(rf"^\s*(?:ROOT )?{re.escape(n)} = .*? while\(",
+                                         hlo, re.M)]
+  assert len(loops) == 1, loops
+  ordered = _reach(graph, loops[0], False) | _reach(graph, loops[0], True)
+  entry = hlo[hlo.index("\nENTRY"):]
+  entry = entry[:entry.index("\n}")]
+  collectives = [m.group(1) for m in map(_COLLECTIVE.match, entry.splitlines()) if m]
+  assert collectives, "no collective outside the loop: the mesh split nothing"
+  loose = [c for c in collectives if c not in ordered]
+  assert not loose, f"collectives apart from the decode loop: {loose}"
 
 
 def test_every_bucket_is_compiled_before_the_first_chunk(ckpt):

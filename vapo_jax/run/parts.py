@@ -224,9 +224,7 @@ def build_sampler(cfg, graphdef, mcfg, mesh, rules, text: Text, *, n: int,
     engine = continuous.Engine(graphdef, mcfg, scfg, continuous.EngineConfig(
         slots=slots, page_size=s.page_size, chunk_steps=s.chunk_steps, kv_tokens=pool.tokens,
         decode_dtype=s.decode_dtype, replicas=replicas, overlap=s.overlap,
-        # One bucket across processes: several buckets hung a 2-process run at the first
-        # chunk (tests/cli/test_multihost.py, 2026-12-06), not yet understood.
-        decode_buckets=s.decode_buckets if jax.process_count() == 1 else 1,
+        decode_buckets=s.decode_buckets,
         kernel=continuous.attention_kernel(
             s.attention_kernel, mcfg, mesh, rules, s.page_size,
             table=(slots // replicas, paged.pages_for(

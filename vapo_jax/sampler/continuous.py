@@ -266,7 +266,16 @@ def decode_chunk(graphdef, cfg: ops.SamplingConfig, ecfg: EngineConfig, impl,
   init = (jnp.int32(0), pages, rows_state, jnp.full((sb, k), cfg.pad_id, jnp.int32),
           jnp.zeros((sb, k), jnp.float32))
   steps, pages, rows_state, toks, lps = jax.lax.while_loop(cond, body, init)
-  state = {name: x.at[rows_Sb].set(rows_state[name]) for name, x in state.items()}
+  # Back into the S slots from the loop's output only: its rows replicated first (an
+  # all-gather after the loop) and scattered with the replicated rows_Sb, keys (unchanged)
+  # not at all. Otherwise the partitioner gathers rows_Sb and the keys over the replicas
+  # apart from the loop, and XLA's CPU runtime may run such a collective before the
+  # loop's own on one device and after them on another: across processes that deadlocked
+  # (`tests/sampler/test_decode_buckets.py` checks the order in the compiled program).
+  if mesh is not None:
+    rows_state = jax.lax.with_sharding_constraint(rows_state, NamedSharding(mesh, P()))
+  state = {name: x if name == "keys_S" else x.at[rows_Sb].set(rows_state[name])
+           for name, x in state.items()}
   seen = jnp.stack([state["t_S"], state["active_S"].astype(jnp.int32)])
   return pages, state, toks, lps, steps, seen
 
