@@ -228,7 +228,7 @@ def run_settings(args, cfg, jax, torch, trainer) -> dict:
           "packing_row_tokens": cfg.rl.packing_row_tokens,
           "packing_row_steps": cfg.rl.packing_row_steps,
           "steps": args.steps, "rollout_rounds": args.rollout_rounds,
-          "deadline": args.deadline}
+          "deadline": args.deadline, "malloc": getattr(args, "malloc", None)}
 
 
 def measure(args, load, write) -> tuple[list[str], dict]:
@@ -390,6 +390,12 @@ def main(argv=None):
     # JAX's default precision rounds float32 matmul inputs to TF32 on GPUs; torch's does not.
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+  # As `python -m vapo_jax.main` does, before JAX starts its CPU client: our side runs with
+  # the malloc settings users get (both sides share this process, so TRL's too).
+  from vapo_jax.run import host_memory  # pylint: disable=import-outside-toplevel
+  args.malloc = host_memory.configure(host_memory.expected_platform())
+  print(f"malloc: {args.malloc or 'glibc defaults'} (run/host_memory.py; "
+        f"{host_memory.ENV}=0: off)", flush=True)
   facts = quiet.machine_facts(PEERS)
   load = quiet.Load()
 

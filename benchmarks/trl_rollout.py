@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 import quiet
+import rollout_floor
 
 
 def response_tokens(ids_BxR: np.ndarray, eos_ids) -> np.ndarray:
@@ -47,6 +48,8 @@ def rollout_alone(args, cfg, t, trainer, tok, examples, rendered, load, results,
   times, toks = {"engine": [], "static": [], "generate": []}, {"engine": [], "static": [],
                                                                 "generate": []}
   key = jax.random.key(args.seed + 11)
+  prompt_lens = [len(text.prompt_ids(e.problem)) for e in examples]
+  engine_lengths: list[list[int]] = []  # per round: each response's tokens (EOS included)
 
   def ours_rollout(sampler, name, i):
     def go():
@@ -55,6 +58,8 @@ def rollout_alone(args, cfg, t, trainer, tok, examples, rendered, load, results,
                                 jax.random.fold_in(key, i))
       lengths = np.asarray(jax.block_until_ready(roll.lengths_B))
       sampler.clear_cache()
+      if name == "engine":
+        engine_lengths.append([int(x) for x in lengths])
       return float(lengths.sum())
     return _timed_into(go, name, times, toks)
 
@@ -96,9 +101,41 @@ def rollout_alone(args, cfg, t, trainer, tok, examples, rendered, load, results,
                                      "(tokens/s; the issue: must be >= 1)"))
     results["rollout"].update({"tokens_per_s": tps, **roll.to_json(
         [("engine", "generate"), ("engine", "static")])})
+    floor = engine_floor(p.samplers.rollout, p.model_cfg, prompt_lens, args.group,
+                         engine_lengths[1:], warm["engine"], results.get("machine_peaks"))
+    if floor:
+      lines.append(floor["line"])
+      results["rollout"]["floor"] = floor
   results["stage"] = "rollout"
   write(results)
   return lines
+
+
+def engine_floor(engine, mcfg, prompt_lens, group, lengths, seconds, peaks) -> dict | None:
+  """The engine's rounds against their floor (benchmarks/rollout_floor.py), both dtypes."""
+  if not peaks or not lengths:
+    return None
+  dbytes = int(np.dtype(engine.decode_dtype).itemsize)
+  out = {"decode_dtype": str(np.dtype(engine.decode_dtype)), "rounds": []}
+  for lens in lengths:  # response b belongs to prompt b // group (the rollout's order)
+    rp = [prompt_lens[b // group] for b in range(len(lens))]
+    out["rounds"].append({
+        wb: rollout_floor.floor_seconds(rollout_floor.model_terms(mcfg, wb), prompt_lens, rp,
+                                        lens, peaks["flops_peak"] if wb == 4
+                                        else peaks.get("bf16_flops_peak", peaks["flops_peak"]),
+                                        peaks["bw_peak"]) for wb in sorted({dbytes, 4})})
+  floors = [r[dbytes] for r in out["rounds"]]
+  out["seconds"] = list(seconds)
+  out["share"] = [f["floor_s"] / s for f, s in zip(floors, seconds)]
+  out["line"] = rollout_floor.describe(seconds, floors, f"engine ({out['decode_dtype']} "
+                                       "decode copy) against its floor")
+  if dbytes != 4:
+    f32 = [r[4] for r in out["rounds"]]
+    out["share_of_float32_floor"] = [f["floor_s"] / s for f, s in zip(f32, seconds)]
+    out["line"] += (f"; {100 * np.mean(out['share_of_float32_floor']):.0f}% of the float32 "
+                    "decode copy's floor")
+  out["rounds"] = [{str(k): v for k, v in r.items()} for r in out["rounds"]]
+  return out
 
 
 def _timed_into(fn, name, times, toks):

@@ -143,7 +143,7 @@ def test_smoke_run_writes_the_new_fields(tmp_path):
          "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
   subprocess.run([sys.executable, _PATH, f"--model={model}", "--prompts=2", "--group=2",
                   "--max-prompt=512", "--max-new=8", "--steps=2", "--rollout-rounds=1",
-                  "--old-logprobs=exact", "--no-peaks", f"--json={out}",
+                  "--old-logprobs=exact", f"--json={out}",
                   f"--trl-dir={tmp_path / 'trl'}"], env=env, check=True, timeout=600,
                  capture_output=True, text=True)
   got = json.loads(out.read_text())
@@ -165,3 +165,6 @@ def test_smoke_run_writes_the_new_fields(tmp_path):
   assert all(len(c["shape"]) == 3 for c in r1["packed"])
   assert "completions/mean_length" in rl["trl"]["per_round"][0]["logged"]
   assert res["rollout"]["tokens_per_s"]["engine"] > 0
+  floor = res["rollout"]["floor"]  # the engine's rounds against their floor (rollout_floor)
+  assert len(floor["seconds"]) == len(floor["share"]) == 1 and 0 < floor["share"][0] < 1
+  assert "of the floor" in floor["line"]
