@@ -52,8 +52,8 @@ def records(path: str) -> np.ndarray:
 
 def table(runs_dir: str, steps) -> list[str]:
   """Markdown rows: step, row, and per seed the mean reward and the between-problem share."""
-  lines = ["| RL step | row | per seed: reward mean, between-problem share (problems solved at least once) |",
-           "|---|---|---|"]
+  lines = ["| RL step | row | per seed: reward mean, between-problem share (problems solved "
+           "at least once) |", "|---|---|---|"]
   rows = sorted({os.path.basename(os.path.dirname(os.path.dirname(p))) for p in
                  glob.glob(os.path.join(runs_dir, "seed*", "*", "eval", "*.jsonl"))})
   for step in steps:
