@@ -154,3 +154,38 @@ def test_main_applies_it_before_jax_starts():
   assert got["seen"] == [{"platform": "cpu", "backend_started": False}], got
   assert set(got["applied"]) == set(host_memory.SETTINGS)
   assert _run(_MAIN, "0")["applied"] == {}
+
+
+# A hole in the middle of the heap: a 256 MiB buffer freed below a small live one, so the
+# top of the heap cannot shrink; trim() hands its pages back (RSS from /proc/self/statm).
+_TRIM = """
+import ctypes, json, os
+from vapo_jax.run import host_memory
+applied = host_memory.configure("cpu")
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = (ctypes.c_size_t,)
+libc.memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
+libc.free.argtypes = (ctypes.c_void_p,)
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+  return int(open("/proc/self/statm").read().split()[1]) * page
+big = libc.malloc(256 << 20)
+libc.memset(big, 1, 256 << 20)
+small = libc.malloc(1 << 20)  # above the hole: the heap's top stays
+libc.memset(small, 1, 1 << 20)
+libc.free(big)
+r0 = rss()
+ran = host_memory.trim()
+r1 = rss()
+print(json.dumps({"applied": applied, "ran": ran, "freed": r0 - r1}))
+"""
+
+
+@needs_glibc
+def test_trim_returns_a_freed_hole_in_the_heap():
+  on = _run(_TRIM, "1")
+  assert on["applied"] and on["ran"]
+  assert on["freed"] > 200 << 20  # the hole's 256 MiB, less what malloc keeps for itself
+  off = _run(_TRIM, "0")  # the settings off: nothing applied, trim does nothing
+  assert not off["applied"] and not off["ran"]

@@ -35,6 +35,7 @@ from vapo_jax.data import PromptIterator
 from vapo_jax.run import learners as run_learners
 from vapo_jax.run import checkpoint as run_checkpoint
 from vapo_jax.run import compiles
+from vapo_jax.run import host_memory
 from vapo_jax.run import control as run_control
 from vapo_jax.run import critic_diagnostics
 from vapo_jax.run import critic_stage
@@ -367,6 +368,7 @@ class Trainer:
       c0 = compiles.snapshot()
       t0 = time.perf_counter()
       batch, em = self.experience(next(s.prompts))
+      host_memory.trim()  # the rollout's KV pool and decode copy are free (run/host_memory.py)
       if cfg.uses_critic:
         em.update(self.critic_diagnostics(batch))
         batch = self.critic_targets(batch)
@@ -462,6 +464,7 @@ class Trainer:
   # -------------------------------------------------------------------- checkpoints
   def _step_end(self, stage: str, done: int, *, last: bool, score: float | None = None):
     """Step boundary: periodic / best / preemption saves; raises Preempted on SIGTERM."""
+    host_memory.trim()
     self.ctl.advance(stage, done)
     stop = self.ctl.stop_requested()
     if stop or (not last and self.ctl.periodic_save_due()) or (
