@@ -28,15 +28,15 @@ The resident size then stays near its high-water mark instead of breathing with 
 which is what a training process wants. What it costs is memory held free: a step's phases
 (the rollout's KV pool and decode copy, the updates' activations, an evaluation's engine)
 leave holes in the one heap that the next phase does not always fill, and nothing went back
-to the kernel. On the real model's VAPO config the live RSS was 11.7 GB against 6.2 GB with
-glibc's defaults after the same 2 value-pretraining steps (2026-12-06). So `trim()` hands the
+to the kernel. On the real model's VAPO config the peak RSS after 3 RL steps was 14.4 GB, 11.3
+with glibc's defaults and 10.4 with `trim` (docs/speed.md, 2026-12-06). So `trim()` hands the
 heap's free pages back (`malloc_trim(0)`: `MADV_DONTNEED` on every free page, the middle of
 the heap included) at the trainer's phase boundaries: after a step's experience and at the
 end of every step. The pages a later call touches again fault once per step, not per call.
 
 Only the CPU backend's buffers live in malloc'ed host memory: on TPU and GPU the device
-allocators hold them, and `configure` leaves glibc alone. It is a no-op off Linux glibc (macOS, musl), and VAPO_HOST_MALLOC=0 (or "off",
-"false", "no") turns it off.
+allocators hold them, and `configure` leaves glibc alone. It is a no-op off Linux glibc
+(macOS, musl), and VAPO_HOST_MALLOC=0 (or "off", "false", "no") turns it off.
 """
 
 from __future__ import annotations
