@@ -133,14 +133,40 @@ def applied() -> dict[str, int]:
   return dict(_applied or {})
 
 
-def trim() -> bool:
+class _Mallinfo2(ctypes.Structure):
+  """glibc's `struct mallinfo2` (2.33+): size_t fields; fordblks = free bytes in the heap."""
+  _fields_ = [(name, ctypes.c_size_t) for name in (
+      "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+      "fordblks", "keepcost")]
+
+
+def free_bytes() -> int | None:
+  """Bytes free in malloc's main heap (`mallinfo2().fordblks`), or None where glibc has no
+  mallinfo2 (before 2.33) or this is not glibc."""
+  libc = glibc()
+  if libc is None or not hasattr(libc, "mallinfo2"):
+    return None
+  libc.mallinfo2.restype = _Mallinfo2
+  return int(libc.mallinfo2().fordblks)
+
+
+# Below this much free heap trim() does nothing: the pages it would free fault again at the
+# next step, which costs more than they hold (the tiny default's whole heap is ~1 GB).
+TRIM_MIN_FREE = 256 << 20
+
+
+def trim(min_free: int = TRIM_MIN_FREE) -> bool:
   """Returns the heap's free pages to the kernel (glibc `malloc_trim(0)`) where `configure`
-  applied its settings; True if it ran. Call it between phases, not inside them: each page
-  it frees faults again at its next use."""
+  applied its settings and at least `min_free` bytes are free (where glibc can say); True if
+  it ran. Call it between phases, not inside them: each page it frees faults again at its
+  next use."""
   if not _applied:
     return False
   libc = glibc()
   if libc is None:
+    return False
+  free = free_bytes()
+  if free is not None and free < min_free:
     return False
   libc.malloc_trim.argtypes = (ctypes.c_size_t,)
   libc.malloc_trim.restype = ctypes.c_int
