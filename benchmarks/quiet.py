@@ -47,6 +47,9 @@ from typing import Callable, Iterable, Sequence
 
 QUIET_LOAD = 1.0
 FOREIGN_CORES = 0.25
+# Other processes' cores are judged over intervals of at least this many seconds (shorter ones
+# merge into the next): /proc/stat's 10 ms ticks over a 1 ms interval read as ~10 cores.
+MIN_INTERVAL_S = 1.0
 # BENCH_SETTLE_S=0: no idle wait at the end (the smoke tests in
 # tests/benchmarks/test_bench_quiet.py, which check that a script runs, not its figures).
 SETTLE_S = float(os.environ.get("BENCH_SETTLE_S", "90"))
@@ -131,7 +134,7 @@ class Load:
     self.start: float | None = None
     self.end: float | None = None
     self.settled_s = 0.0
-    self._cpu0 = self._cpu_last = None
+    self._cpu0 = self._cpu_last = self._cpu_end = None
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
     self._lock = threading.Lock()
@@ -147,16 +150,23 @@ class Load:
     cpu = self.cpu_fn()
     with self._lock:
       self.samples.append(value)
-      cores = self._cores(self._cpu_last, cpu)
-      if cores is not None:
-        self.foreign.append(cores)
-      if cpu is not None:
+      # /proc/stat counts in ticks (10 ms): over a few ms one tick reads as several cores, so
+      # an interval shorter than MIN_INTERVAL_S is merged into the next one.
+      last = self._cpu_last
+      if cpu is not None and last is not None and cpu[2] - last[2] >= MIN_INTERVAL_S:
+        cores = self._cores(last, cpu)
+        if cores is not None:
+          self.foreign.append(cores)
         self._cpu_last = cpu
+      elif last is None:
+        self._cpu_last = cpu
+      if cpu is not None:
+        self._cpu_end = cpu
     return value
 
   def __enter__(self) -> "Load":
     self.start = float(self.load_fn())
-    self._cpu0 = self._cpu_last = self.cpu_fn()
+    self._cpu0 = self._cpu_last = self._cpu_end = self.cpu_fn()
     self.samples.append(self.start)
     if self.interval_s:
       self._thread = threading.Thread(target=self._run, daemon=True, name="load-sampler")
@@ -172,7 +182,7 @@ class Load:
     if self._thread is not None:
       self._thread.join()
     self.sample()
-    self.foreign_mean = self._cores(self._cpu0, self._cpu_last)
+    self.foreign_mean = self._cores(self._cpu0, self._cpu_end)
     # Our own threads lifted the load average; wait idle for it to fall back.
     end, waited = float(self.load_fn()), 0.0
     while end > self.limit and waited < self.settle_s:

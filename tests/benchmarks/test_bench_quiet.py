@@ -72,6 +72,16 @@ def test_own_threads_lifting_the_load_do_not_count_other_processes_do():
   assert load.foreign_mean == pytest.approx(0.3) and not load.quiet
 
 
+def test_a_few_ms_interval_is_merged_not_read_as_many_cores():
+  # One 10 ms tick of another process within 1 ms of wall clock (a sample taken right after
+  # the previous one) read as 10 cores before: it merges into the next interval instead.
+  cpu = [(0, 0, 0), (10, 9.9, 5), (10.01, 9.9, 5.001), (20, 19.8, 10)]
+  load = run_load([0.3, 0.9, 0.9, 0.9, 0.4], samples_between=2, cpu=cpu)
+  assert load.quiet, load.verdict()
+  assert load.peak_foreign == pytest.approx(0.02, abs=0.01)
+  assert load.foreign_mean == pytest.approx(0.02)
+
+
 def test_end_waits_for_the_load_to_settle():
   cpu = [(0, 0, 0), (10, 10, 5)]
   # Load from our own threads decays while we wait idle: quiet, and the wait is reported.
