@@ -15,11 +15,14 @@ the forward nor the backward pass holds a float32 [B, R, V] array (Qwen's V is
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from vapo_jax.models.matmul import matmul
-from vapo_jax.sharding import constrain
+from vapo_jax.sharding import activation_mesh, constrain, logical_to_spec
 from vapo_jax.models.transformer import Transformer, positions_from_mask
 
 
@@ -63,31 +66,88 @@ def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
   # context an FSDP-sharded head (D over fsdp) would otherwise be all-gathered in every
   # chunk, forward and backward (XLA does not hoist it: `hlo_stats.invariant_gathers`).
   w = constrain(head_DxV.astype(dtype), (None, "vocab"))
-  inv_t = 1.0 / temperature
   v = head_DxV.shape[1]
-  real_V = None if vocab_size is None or vocab_size >= v else (
-      jnp.arange(v) < vocab_size)
+  if vocab_size is not None and vocab_size >= v:
+    vocab_size = None
+  active = None if count is None else (jnp.asarray(count, jnp.int32) + c - 1) // c
+  loop = functools.partial(_chunk_loop, temperature=temperature, dtype=dtype,
+                           vocab_size=vocab_size, remat=remat)
+  ctx = activation_mesh()
+  if ctx is None:
+    logp, ent = loop(h_NxBxCxD, y_NxBxC, w, active)
+  else:
+    # Per shard, under shard_map: the loop's head gradient then sums locally over the
+    # chunks and is reduced over the batch axes once, after the loop (shard_map's transpose
+    # of the replicated head). Left to the partitioner, it was all-reduced in every chunk of
+    # the backward (with the chunk skip's cond in the loop, 168 all-reduces of the whole
+    # head per qwen32b micro-batch on v5p).
+    mesh, rules = ctx
+    b_ax, v_ax = logical_to_spec(("batch", "vocab"), rules, mesh, (b, v))
+    spec = P(None, b_ax, None)
+    loop = jax.shard_map(
+        functools.partial(loop, vocab_axes=_axes(v_ax), batch_axes=_axes(b_ax)), mesh=mesh,
+        in_specs=(P(None, b_ax, None, None), spec, P(None, v_ax),
+                  None if active is None else P()),
+        out_specs=(spec, spec))
+    logp, ent = loop(h_NxBxCxD, y_NxBxC, w, active)
+  logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :r]
+  ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :r]
+  return logp, ent
+
+
+def _axes(entry) -> tuple[str, ...]:
+  """A PartitionSpec entry as a tuple of mesh axis names."""
+  return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
+def _varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+  """x marked as varying over the manual mesh `axes` (jax.lax.pcast; pvary before it)."""
+  if hasattr(jax.lax, "pcast"):
+    return jax.lax.pcast(x, axes, to="varying")
+  return jax.lax.pvary(x, axes)
+
+
+def _chunk_loop(h_NxBxCxD, y_NxBxC, w_DxV, active, *, temperature, dtype, vocab_size,
+                remat, vocab_axes=(), batch_axes=()):
+  """`chunked_logprobs`' scan over N chunks: (logp, entropy) [N, B, C] float32.
+
+  w_DxV holds this shard's vocab columns when `vocab_axes` (mesh axes) split them: the
+  log-sum-exp, the target's logit and the entropy's sum are then reduced over those axes
+  (z = h w / T, lse = m + log psum(sum exp(z - m)) with m = pmax(max z), logp = z_y - lse,
+  entropy = lse - psum(sum p z)). active: None, or the (traced) number of chunks to compute.
+  """
+  def psum(x):
+    return jax.lax.psum(x, vocab_axes) if vocab_axes else x
+
+  v = w_DxV.shape[1]
+  offset = jax.lax.axis_index(vocab_axes) * v if vocab_axes else 0
+  cols = offset + jnp.arange(v)
+  real_V = None if vocab_size is None else cols < vocab_size
+  inv_t = 1.0 / temperature
 
   def one(h_BxCxD, y_BxC):
-    z = matmul(h_BxCxD.astype(dtype), w, 1, jnp.float32) * inv_t
+    z = matmul(h_BxCxD.astype(dtype), w_DxV, 1, jnp.float32) * inv_t
     if real_V is not None:
       # A finite floor, not -inf: exp gives exactly 0 and p * z stays 0 in the
       # backward pass (0 * -inf would be NaN).
       z = jnp.where(real_V, z, -1e30)
-    lse = jax.nn.logsumexp(z, axis=-1)
-    z_y = jnp.take_along_axis(z, y_BxC[..., None].astype(jnp.int32),
-                              axis=-1)[..., 0]
+    m = jax.lax.stop_gradient(jnp.max(z, axis=-1))   # d lse / dz is softmax(z), any shift
+    if vocab_axes:
+      m = jax.lax.pmax(m, vocab_axes)
+    lse = m + jnp.log(psum(jnp.sum(jnp.exp(z - m[..., None]), axis=-1)))
+    y_local = y_BxC.astype(jnp.int32) - offset
+    here = (y_local >= 0) & (y_local < v)
+    z_y = jnp.take_along_axis(z, jnp.clip(y_local, 0, v - 1)[..., None], axis=-1)[..., 0]
+    z_y = psum(jnp.where(here, z_y, 0.0))
     p = jnp.exp(z - lse[..., None])
-    ent = lse - jnp.sum(p * z, axis=-1)
+    ent = lse - psum(jnp.sum(p * z, axis=-1))
     return z_y - lse, ent
 
-  if count is None:
+  if active is None:
     chunk_fn = lambda i, h_c, y_c: one(h_c, y_c)  # noqa: E731
   else:
-    active = (jnp.asarray(count, jnp.int32) + c - 1) // c
-
     def chunk_fn(i, h_c, y_c):
-      zero = jnp.zeros(y_c.shape, jnp.float32)
+      zero = y_c.astype(jnp.float32) * 0.0    # y_c's sharding (under shard_map, its axes)
       return jax.lax.cond(i < active, one, lambda h_, y_: (zero, zero), h_c, y_c)
   # The checkpoint around the whole chunk, the cond inside it: the backward keeps only the
   # chunk's inputs (a checkpoint inside the cond kept the logits: +95 GB per v5p chip).
@@ -97,9 +157,15 @@ def chunked_logprobs(hidden_BxRxD: jax.Array, targets_BxR: jax.Array,
   def body(carry, xs):
     return carry, chunk_fn(*xs)
 
+  # Under shard_map, both marked as varying before the loop, so that their gradients sum
+  # over the other operand's shards once, after it (the transposes of these casts): the
+  # hidden states' over the vocab shards, the head's over the batch shards.
+  if vocab_axes:
+    h_NxBxCxD = _varying(h_NxBxCxD, vocab_axes)
+  if batch_axes:
+    w_DxV = _varying(w_DxV, batch_axes)
+  n = h_NxBxCxD.shape[0]
   _, (logp, ent) = jax.lax.scan(body, None, (jnp.arange(n), h_NxBxCxD, y_NxBxC))
-  logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :r]
-  ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :r]
   return logp, ent
 
 
