@@ -101,10 +101,8 @@ def _axes(entry) -> tuple[str, ...]:
 
 
 def _varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-  """x marked as varying over the manual mesh `axes` (jax.lax.pcast; pvary before it)."""
-  if hasattr(jax.lax, "pcast"):
-    return jax.lax.pcast(x, axes, to="varying")
-  return jax.lax.pvary(x, axes)
+  """x marked as varying over the manual mesh `axes` (its gradient is summed over them)."""
+  return jax.lax.pcast(x, axes, to="varying")
 
 
 def _chunk_loop(h_NxBxCxD, y_NxBxC, w_DxV, active, *, temperature, dtype, vocab_size,
