@@ -18,7 +18,10 @@ the config's where it divides P·G, else 0; `--micro-batch=N` sets it), and `--d
 (epoch seconds, default $GPU_CHECK_DEADLINE) stops adding rounds when the next one would end
 past it, keeping `--reserve-s` for the rollout part.
 
-Both sides, in one process, on the same converted model, the same P prompts (word problems of
+Each side in its own process, as its users run it (benchmarks/trl_ours.py): TRL in this one
+with glibc's malloc defaults, ours in a spawned child with the malloc settings of `python -m
+vapo_jax.main` (run/host_memory.py); one side runs while the other waits. Both on the same
+converted model, the same P prompts (word problems of
 `configs/smollm2_135m.py` through the chat template, the same token ids), group size G, the
 same maximum prompt and response lengths, temperature 1.0 with no top-k / top-p, the same
 reward (`vapo_jax.rewards.math:score`), KL coefficient β = 0.04 against a frozen reference,
@@ -79,11 +82,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import itertools
 import os
 import sys
-
-import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)  # quiet.py, rl_step_bench.py, step_record.py, trl_side.py
@@ -93,12 +93,13 @@ if importlib.util.find_spec("vapo_jax") is None:  # a checkout that is not insta
 # pylint: disable=wrong-import-position
 import quiet  # noqa: E402
 import step_record as sr  # noqa: E402
+from trl_ours import ALONE, OursProcess  # noqa: E402
 from trl_rollout import response_tokens, rollout_alone, rollout_rounds  # noqa: E402,F401
 from trl_side import TRLTimer, build_trl, make_callback  # noqa: E402,F401  (tests use TRLTimer)
 
 PEERS = ("trl", "torch", "transformers", "accelerate")
+HOST_MALLOC_ENV = "VAPO_HOST_MALLOC"  # run/host_memory.ENV, named here so TRL's side imports no jax
 KL = 0.04  # the grpo preset's rl.kl_coef; TRL's beta is set to the value the config has
-ALONE = "timed again alone"  # the phase of our forwards re-run outside the step
 # Thread settings recorded with the run (XLA CPU's pool: PJRT_NPROC; torch: OMP / MKL).
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PJRT_NPROC", "XLA_FLAGS", "JAX_PLATFORMS",
               "JAX_DEFAULT_MATMUL_PRECISION", "JAX_COMPILATION_CACHE_DIR")
@@ -171,51 +172,11 @@ def model_dir_of(args) -> str:
 
 
 # ------------------------------------------------------------------------------- measure
-class _Ours:
-  """Runs our RL step i and keeps what it generated, compiled and packed (see the doc)."""
-
-  def __init__(self, rl_step_bench, t, events: sr.CompileEvents, shapes: sr.PackedShapes):
-    self.bench, self.t, self.events, self.shapes = rl_step_bench, t, events, shapes
-    self.runs: list[dict] = []
-    self._seen: dict = {}
-    shapes.phase = ALONE
-
-    def phased(fn, phase, keep=None):  # packed passes by phase; the step's batch, metrics
-      def run(*a, **k):
-        shapes.phase = phase
-        try:
-          out = fn(*a, **k)
-        finally:
-          shapes.phase = ALONE
-        if keep is not None:
-          keep(out)
-        return out
-      return run
-    t.experience = phased(t.experience, "experience",
-                          lambda out: self._seen.update(batch=out[0], em=out[1]))
-    t.update = phased(t.update, "update")
-
-  def __call__(self) -> None:
-    self.events.take()
-    self.shapes.take()
-    out = self.bench.one_step(self.t, len(self.runs))
-    out["step"] = out["rollout"] + out["overlapped"] + out["updates"]
-    out["step_nocompile"] = out["step"] - out["compile"]
-    out["jax_compile"] = self.events.take()
-    out["packed"] = self.shapes.take()
-    batch, em = self._seen.pop("batch", None), self._seen.pop("em", {})
-    if batch is not None:
-      out["generated_lengths"] = [int(x) for x in
-                                  np.asarray(batch.response_mask_BxR).sum(axis=1)]
-    out["token_efficiency"] = {k: float(v) for k, v in em.items()
-                               if k.startswith("perf/") and k.endswith("token_efficiency")}
-    self.runs.append(out)
-
-
-def run_settings(args, cfg, jax, torch, trainer) -> dict:
-  """The settings of both sides and the thread counts, as the JSON records them."""
-  return {"device": args.device, "jax_platform": jax.devices()[0].platform,
-          "jax_device_kind": jax.devices()[0].device_kind,
+def run_settings(args, cfg, info, torch, trainer) -> dict:
+  """The settings of both sides and the thread counts, as the JSON records them (`info`: our
+  process's "ready" answer, trl_ours.py)."""
+  return {"device": args.device, "jax_platform": info["jax_platform"],
+          "jax_device_kind": info["jax_device_kind"],
           "torch_device": str(trainer.model.device),
           "torch_threads": torch.get_num_threads(),
           "torch_interop_threads": torch.get_num_interop_threads(),
@@ -228,17 +189,14 @@ def run_settings(args, cfg, jax, torch, trainer) -> dict:
           "packing_row_tokens": cfg.rl.packing_row_tokens,
           "packing_row_steps": cfg.rl.packing_row_steps,
           "steps": args.steps, "rollout_rounds": args.rollout_rounds,
-          "deadline": args.deadline, "malloc": getattr(args, "malloc", None)}
+          "deadline": args.deadline,
+          "processes": {"trl": os.getpid(), "ours": info.get("pid")},  # trl_ours.py
+          "malloc": {"ours": info.get("malloc"), "trl": None}}
 
 
 def measure(args, load, write) -> tuple[list[str], dict]:
   """Both stages; `write(results)` saves the JSON so far (after every round and stage)."""
-  import jax  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
-  from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
-  # After vapo_jax: rl_step_bench puts this checkout first on sys.path, and the vapo_jax
-  # already imported (PYTHONPATH's, if set) must stay the one used.
-  import rl_step_bench  # pylint: disable=import-outside-toplevel
 
   results: dict = {"stage": "setup"}
   if not args.no_peaks:
@@ -247,64 +205,58 @@ def measure(args, load, write) -> tuple[list[str], dict]:
         results["machine_peaks"]["flops_peak"], results["machine_peaks"]["bw_peak"],
         results["machine_peaks"]["bf16_flops_peak"])), flush=True)
   model_dir = model_dir_of(args)
-  cfg = our_config(args.config, args.preset, model_dir, args)
-  events = sr.CompileEvents().start()
-  shapes = sr.PackedShapes()
-  if not shapes.install():
-    print("note: vapo_jax.rl.layout.Packed has no plan/step/forward to record: packed "
-          "shapes are not recorded", flush=True)
-  t = trainer_lib.Trainer(cfg, progress=False)
-  examples = t.parts.train_examples[:args.prompts]
-  t.state.prompts = itertools.repeat(examples)   # the same P prompts every step, as TRL's
-  text = t.parts.text
-  rendered = [text.template.apply(ex.problem) for ex in examples]
-  answers = [ex.answer for ex in examples]
-  t.setup("reference")
-  t.setup("policy")
-  ours = _Ours(rl_step_bench, t, events, shapes)
-  state = {"round": 0, "load": load, "ours": ours, "deadline": args.deadline,
-           "reserve_s": args.reserve_s if args.rollout_rounds else 5.0}
-  trainer, tok = build_trl(model_dir, rendered, answers, cfg, args, make_callback(state))
-  for r, ex in zip(rendered, examples):  # the same token ids on both sides
-    theirs = tok(text=r)["input_ids"]  # as GRPOTrainer._tokenize_prompts does
-    if theirs != text.prompt_ids(ex.problem):
-      raise SystemExit("error: TRL's prompt ids differ from ours; not the same prompts")
-  timer = state["timer"] = TRLTimer(trainer)
-  results.update({"model": model_dir, "config": args.config, "preset": args.preset,
-                  "settings": run_settings(args, cfg, jax, torch, trainer)})
+  cfg = our_config(args.config, args.preset, model_dir, args)  # TRL's settings follow it
+  ours = OursProcess(args, model_dir)
+  try:
+    info = ours.info
+    print(f"malloc: ours {info['malloc'] or 'glibc defaults'} (run/host_memory.py, in our "
+          f"process; {HOST_MALLOC_ENV}=0: off), TRL glibc defaults", flush=True)
+    if not info["shapes_installed"]:
+      print("note: vapo_jax.rl.layout.Packed has no plan/step/forward to record: packed "
+            "shapes are not recorded", flush=True)
+    rendered, answers = info["rendered"], info["answers"]
+    state = {"round": 0, "load": load, "ours": ours, "deadline": args.deadline,
+             "reserve_s": args.reserve_s if args.rollout_rounds else 5.0}
+    trainer, tok = build_trl(model_dir, rendered, answers, cfg, args, make_callback(state))
+    for r, ids in zip(rendered, info["prompt_ids"]):  # the same token ids on both sides
+      theirs = tok(text=r)["input_ids"]  # as GRPOTrainer._tokenize_prompts does
+      if theirs != ids:
+        raise SystemExit("error: TRL's prompt ids differ from ours; not the same prompts")
+    timer = state["timer"] = TRLTimer(trainer)
+    results.update({"model": model_dir, "config": args.config, "preset": args.preset,
+                    "settings": run_settings(args, cfg, info, torch, trainer)})
 
-  def rl_part() -> dict:
-    for i, logged in enumerate(state.get("logs", [])[:len(timer.runs)]):
-      timer.runs[i]["logged"] = logged
-    return sr.step_results(ours.runs, timer.runs)
+    def rl_part() -> dict:
+      for i, logged in enumerate(state.get("logs", [])[:len(timer.runs)]):
+        timer.runs[i]["logged"] = logged
+      return sr.step_results(ours.runs, timer.runs)
 
-  def after_round():
-    write({**results, "stage": f"rl_step round {state['round'] - 1}", "rl_step": rl_part()})
-  state["after_round"] = after_round
-  trainer.train()
-  events.stop()
-  results.update({"stage": "rl_step", "rl_step": rl_part()})
-  write(results)
-  n = results["rl_step"]["rounds_timed"]
-  lines = [f"devices: ours {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), "
-           f"TRL {trainer.model.device} ({_torch_kind(torch, trainer.model.device)}); "
-           f"float32 matmuls: {_matmul_note(args.device)}; torch threads "
-           f"{torch.get_num_threads()}",
-           f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} responses, "
-           f"max prompt {args.max_prompt}, max new tokens {args.max_new}, temperature 1.0, "
-           f"beta {cfg.rl.kl_coef}, lr {args.lr}, our old log-probs {cfg.old_logprobs}, "
-           f"full fine-tuning, float32, remat {cfg.model.remat}, our micro-batch "
-           f"{cfg.rl.micro_batch_size or 'none (one pass)'}, packed rows of "
-           f"{cfg.rl.packing_row_tokens or 'P + R'} slots ({cfg.rl.packing_row_steps} "
-           f"length(s)); means and medians of {n} timed RL step(s) after 1 warm-up"]
-  lines += sr.step_lines(results["rl_step"], skip_phase=ALONE)
-  for line in lines:  # now, in case the rollout part below does not finish (again at the end)
-    print(load.tag(line), flush=True)
-  if args.rollout_rounds:
-    lines += rollout_alone(args, cfg, t, trainer, tok, examples, rendered, load, results,
-                           write)
-  shapes.uninstall()
-  t.close()
+    def after_round():
+      write({**results, "stage": f"rl_step round {state['round'] - 1}", "rl_step": rl_part()})
+    state["after_round"] = after_round
+    trainer.train()
+    results.update({"stage": "rl_step", "rl_step": rl_part()})
+    write(results)
+    n = results["rl_step"]["rounds_timed"]
+    lines = [f"devices: ours {info['jax_platform']} ({info['jax_device_kind']}), "
+             f"TRL {trainer.model.device} ({_torch_kind(torch, trainer.model.device)}); "
+             f"float32 matmuls: {_matmul_note(args.device)}; torch threads "
+             f"{torch.get_num_threads()}; each side in its own process",
+             f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} responses, "
+             f"max prompt {args.max_prompt}, max new tokens {args.max_new}, temperature 1.0, "
+             f"beta {cfg.rl.kl_coef}, lr {args.lr}, our old log-probs {cfg.old_logprobs}, "
+             f"full fine-tuning, float32, remat {cfg.model.remat}, our micro-batch "
+             f"{cfg.rl.micro_batch_size or 'none (one pass)'}, packed rows of "
+             f"{cfg.rl.packing_row_tokens or 'P + R'} slots ({cfg.rl.packing_row_steps} "
+             f"length(s)); means and medians of {n} timed RL step(s) after 1 warm-up"]
+    lines += sr.step_lines(results["rl_step"], skip_phase=ALONE)
+    for line in lines:  # now, in case the rollout part below does not finish (again at the end)
+      print(load.tag(line), flush=True)
+    if args.rollout_rounds:
+      lines += rollout_alone(args, ours, trainer, tok, rendered, info["eos_ids"], load,
+                             results, write)
+  finally:
+    ours.close()
   results["stage"] = "done"
   return lines, results
 
@@ -390,12 +342,6 @@ def main(argv=None):
     # JAX's default precision rounds float32 matmul inputs to TF32 on GPUs; torch's does not.
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-  # As `python -m vapo_jax.main` does, before JAX starts its CPU client: our side runs with
-  # the malloc settings users get (both sides share this process, so TRL's too).
-  from vapo_jax.run import host_memory  # pylint: disable=import-outside-toplevel
-  args.malloc = host_memory.configure(host_memory.expected_platform())
-  print(f"malloc: {args.malloc or 'glibc defaults'} (run/host_memory.py; "
-        f"{host_memory.ENV}=0: off)", flush=True)
   facts = quiet.machine_facts(PEERS)
   load = quiet.Load()
 

@@ -1,6 +1,7 @@
 """The rollout alone, the last part of benchmarks/trl_bench.py: our engine, our static
 sampler and transformers `generate` on TRL's model, on the same P prompts × G samples, in
 response tokens/s (response tokens up to and including EOS) and their ratios per round.
+Ours run in our side's process (`OurRollouts`, served by trl_ours.py), `generate` here.
 """
 
 from __future__ import annotations
@@ -29,39 +30,70 @@ def rollout_rounds(times_s: dict[str, list[float]], tokens: dict[str, list[float
                        for k in times_s}, [])
 
 
-def rollout_alone(args, cfg, t, trainer, tok, examples, rendered, load, results, write
+class OurRollouts:
+  """Our side of the rollout alone, in our process (benchmarks/trl_ours.py): `(name, i)`
+  runs one rollout of the P prompts × G on the trainer's engine ("engine") or on the static
+  sampler ("static", built on first use) and returns its seconds, response tokens and each
+  response's tokens (EOS included); `floor` sets the engine's rounds against their floor."""
+
+  def __init__(self, args, cfg, t, examples):
+    import jax  # pylint: disable=import-outside-toplevel
+    self.args, self.cfg, self.t, self.examples = args, cfg, t, examples
+    self.key = jax.random.key(args.seed + 11)
+    self._static = None
+
+  def sampler(self, name: str):
+    from vapo_jax.run import parts  # pylint: disable=import-outside-toplevel
+    p = self.t.parts
+    if name == "engine":
+      return p.samplers.rollout
+    if name != "static":
+      raise ValueError(f"no sampler {name!r} (engine, static)")
+    if self._static is None:
+      static_cfg = dataclasses.replace(self.cfg, sampling=dataclasses.replace(
+          self.cfg.sampling, engine="static"))
+      self._static = parts.build_sampler(static_cfg, p.graphdef, p.model_cfg, p.mesh, p.rules,
+                                         p.text, n=self.args.group,
+                                         rows=self.args.prompts * self.args.group)
+    return self._static
+
+  def __call__(self, name: str, i: int) -> tuple[float, float, list[int]]:
+    import jax  # pylint: disable=import-outside-toplevel
+    from vapo_jax.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
+    sampler, text, ex = self.sampler(name), self.t.parts.text, self.examples
+    t0 = time.perf_counter()
+    roll = rollout_lib.sample(sampler, self.t.state.policy_params,
+                              lambda j: text.prompt_ids(ex[j].problem), len(ex),
+                              jax.random.fold_in(self.key, i))
+    lengths = np.asarray(jax.block_until_ready(roll.lengths_B))
+    sampler.clear_cache()
+    return time.perf_counter() - t0, float(lengths.sum()), [int(x) for x in lengths]
+
+  def floor(self, lengths, seconds, peaks) -> dict | None:
+    p, text = self.t.parts, self.t.parts.text
+    prompt_lens = [len(text.prompt_ids(e.problem)) for e in self.examples]
+    return engine_floor(p.samplers.rollout, p.model_cfg, prompt_lens, self.args.group,
+                        lengths, seconds, peaks)
+
+
+def rollout_alone(args, ours, trainer, tok, rendered, eos_ids, load, results, write
                   ) -> list[str]:
-  """The rollout alone: engine, static sampler, transformers generate (see the doc)."""
-  import jax  # pylint: disable=import-outside-toplevel
+  """The rollout alone: engine, static sampler (both in our process, `ours`: a
+  trl_ours.OursProcess), transformers generate (here); see the doc."""
   import torch  # pylint: disable=import-outside-toplevel
-  from vapo_jax.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
-  from vapo_jax.run import parts  # pylint: disable=import-outside-toplevel
-  text = t.parts.text
-  static_cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling,
-                                                                     engine="static"))
-  p = t.parts
-  static = parts.build_sampler(static_cfg, p.graphdef, p.model_cfg, p.mesh, p.rules, text,
-                               n=args.group, rows=args.prompts * args.group)
   hf_model = trainer.model.eval()
   enc = tok(rendered, add_special_tokens=False, padding=True, padding_side="left",
             return_tensors="pt").to(hf_model.device)
   times, toks = {"engine": [], "static": [], "generate": []}, {"engine": [], "static": [],
                                                                 "generate": []}
-  key = jax.random.key(args.seed + 11)
-  prompt_lens = [len(text.prompt_ids(e.problem)) for e in examples]
   engine_lengths: list[list[int]] = []  # per round: each response's tokens (EOS included)
 
-  def ours_rollout(sampler, name, i):
-    def go():
-      roll = rollout_lib.sample(sampler, t.state.policy_params,
-                                lambda j: text.prompt_ids(examples[j].problem), len(examples),
-                                jax.random.fold_in(key, i))
-      lengths = np.asarray(jax.block_until_ready(roll.lengths_B))
-      sampler.clear_cache()
-      if name == "engine":
-        engine_lengths.append([int(x) for x in lengths])
-      return float(lengths.sum())
-    return _timed_into(go, name, times, toks)
+  def ours_rollout(name, i):
+    seconds, n, lengths = ours.rollout(name, i)
+    times[name].append(seconds)
+    toks[name].append(n)
+    if name == "engine":
+      engine_lengths.append(lengths)
 
   def hf_generate(i):
     def go():
@@ -69,9 +101,9 @@ def rollout_alone(args, cfg, t, trainer, tok, examples, rendered, load, results,
       with torch.no_grad():
         out = hf_model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                                 max_new_tokens=args.max_new, num_return_sequences=args.group,
-                                pad_token_id=tok.pad_token_id, eos_token_id=list(text.eos_ids))
+                                pad_token_id=tok.pad_token_id, eos_token_id=list(eos_ids))
       return float(response_tokens(out[:, enc["input_ids"].shape[1]:].cpu().numpy(),
-                                   text.eos_ids).sum())
+                                   eos_ids).sum())
     return _timed_into(go, "generate", times, toks)
 
   round_s: list[float] = []
@@ -80,8 +112,8 @@ def rollout_alone(args, cfg, t, trainer, tok, examples, rendered, load, results,
       print(f"note: rollout alone stopped after {i - 1} timed round(s) (deadline)")
       break
     t0 = time.perf_counter()
-    sides = [lambda i=i: ours_rollout(p.samplers.rollout, "engine", i),
-             lambda i=i: ours_rollout(static, "static", i), lambda i=i: hf_generate(i)]
+    sides = [lambda i=i: ours_rollout("engine", i), lambda i=i: ours_rollout("static", i),
+             lambda i=i: hf_generate(i)]
     for side in (reversed(sides) if i % 2 else sides):
       side()
     load.sample()
@@ -101,8 +133,7 @@ def rollout_alone(args, cfg, t, trainer, tok, examples, rendered, load, results,
                                      "(tokens/s; the issue: must be >= 1)"))
     results["rollout"].update({"tokens_per_s": tps, **roll.to_json(
         [("engine", "generate"), ("engine", "static")])})
-    floor = engine_floor(p.samplers.rollout, p.model_cfg, prompt_lens, args.group,
-                         engine_lengths[1:], warm["engine"], results.get("machine_peaks"))
+    floor = ours.floor(engine_lengths[1:], warm["engine"], results.get("machine_peaks"))
     if floor:
       lines.append(floor["line"])
       results["rollout"]["floor"] = floor

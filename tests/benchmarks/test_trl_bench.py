@@ -98,6 +98,11 @@ def test_trl_stops_adding_rounds_before_the_deadline(bench):
   assert not trl_side.should_stop(1000.0, 1000.0, [], 60.0)
 
 
+def test_the_malloc_switch_is_named_as_host_memory_names_it(bench):
+  from vapo_jax.run import host_memory  # pylint: disable=import-outside-toplevel
+  assert bench.HOST_MALLOC_ENV == host_memory.ENV
+
+
 def test_our_config_takes_trl_settings_and_packing_overrides(bench):
   """our_config: the bench's settings on our side (full fine-tuning, one update per batch,
   TRL's lengths and group), and --row-tokens / --row-steps reach rl.packing_* and are
@@ -151,6 +156,13 @@ def test_smoke_run_writes_the_new_fields(tmp_path):
   res = got["results"]
   assert res["stage"] == "done"
   assert res["settings"]["torch_threads"] >= 1 and res["settings"]["micro_batch_size"] == 0
+  procs = res["settings"]["processes"]  # each side in its own process (trl_ours.py)
+  assert procs["ours"] and procs["trl"] and procs["ours"] != procs["trl"]
+  from vapo_jax.run import host_memory  # pylint: disable=import-outside-toplevel
+  # ours with the settings of python -m vapo_jax.main
+  if host_memory.glibc() is not None and host_memory.enabled():
+    assert res["settings"]["malloc"]["ours"] == {k: v for k, (_, v) in
+                                                 host_memory.SETTINGS.items()}
   rl = res["rl_step"]
   assert rl["rounds_timed"] == 2 and len(rl["ours"]["per_round"]) == 2
   assert rl["comparison"]["ratio_of_means"] > 0
