@@ -154,3 +154,23 @@ def test_from_saved_takes_the_two_largest_probes(tmp_path):
   # Equal probes: flat in the layers.
   assert got["policy_step"].per_trip.exposed == train_hlo.split(HLO).per_trip.exposed
   assert got["policy_step"].kinds["reduce-scatter"] == 1
+
+
+@pytest.mark.parametrize("remat_layers, selective, want", [
+    (48, 0, {4: (3, 0), 8: (6, 0)}),      # 3 of 4 and 6 of 8 rematerialised, as 48 of 64
+    (-1, 32, {4: (4, 2), 8: (8, 4)}),     # every block, half of them selective
+])
+def test_probes_hold_the_models_remat_mix(monkeypatch, remat_layers, selective, want):
+  """Each probe compiles the model's mix of kept, rematerialised and selective blocks in
+  proportion (`fitting.probe_model`). `replace(num_layers=n)` alone rematerialised every
+  block of a 4-layer probe of remat_layers=48 and raised on remat_selective=32."""
+  mcfg = archs.model_config(_tiny_config()).replace(
+      num_layers=64, remat=True, remat_layers=remat_layers, remat_selective=selective)
+  seen = {}
+
+  def fake(cfg, m, mesh, names, lengths=None, log=print):
+    seen[m.num_layers] = (m.num_remat, m.remat_selective)
+    return {}
+  monkeypatch.setattr(train_hlo, "compile_texts", fake)
+  assert train_hlo.probe(None, mcfg, None, (4, 8), ("policy_step",)) == {}
+  assert seen == want

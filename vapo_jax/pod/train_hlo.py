@@ -278,12 +278,16 @@ def probe(cfg, mcfg, mesh, layers: tuple[int, int], names=PROGRAMS, lengths=None
           save_hlo: str | None = None, log=print) -> dict:
   """{program: Split at mcfg.num_layers}, extrapolated from compiles at `layers` (one
   program at both layer counts before the next; each text saved as soon as compiled)."""
+  from vapo_jax.pod import fitting  # pylint: disable=import-outside-toplevel
   la, lb = layers
   out = {}
   for name in names:
     texts = {}
     for n in (la, lb):
-      texts[n] = compile_texts(cfg, mcfg.replace(num_layers=n), mesh, (name,), lengths,
+      # The model's mix of kept, rematerialised and selective blocks, in proportion (as
+      # compile_check's probes): `replace(num_layers=n)` alone rematerialised every block of
+      # a probe below remat_layers and refused a selective config.
+      texts[n] = compile_texts(cfg, fitting.probe_model(mcfg, n), mesh, (name,), lengths,
                                log).get(name)
       if save_hlo and texts[n]:
         import gzip  # pylint: disable=import-outside-toplevel
@@ -336,6 +340,10 @@ def main(argv):
     if not slices.libtpu_available():
       sys.exit('libtpu is not installed: pip install "jax[tpu]==<jax version>" (no TPU '
                "needed)")
+    from vapo_jax.pod import fitting  # pylint: disable=import-outside-toplevel
+    refusal = fitting.probe_refusal(mcfg, layers)
+    if refusal:
+      sys.exit(f"error: {refusal}")
     mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor,
                          devices=slices.devices(s))
     res = probe(cfg, mcfg, mesh, layers, tuple(f.programs), save_hlo=f.save_hlo)
