@@ -50,6 +50,9 @@ setuptools.setup(
             "accelerate>=1.0",
             # tests/run/test_metrics.py runs the W&B writer in offline mode.
             "wandb>=0.19",
+            # tests/benchmarks/test_trl_bench.py runs benchmarks/trl_bench.py end to end on a
+            # tiny model (each side in its own process); skipped without it.
+            "trl>=1.16,<2",
         ],
         # workdir/curves.png and `python -m vapo_jax.tools.plot`.
         "plot": ["matplotlib>=3.8"],
