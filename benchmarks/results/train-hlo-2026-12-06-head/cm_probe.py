@@ -4,7 +4,8 @@ The 4-layer toy of chunk_probe.py (qwen32b's widths, the 16 x 4 mesh, a token-mi
 block), written per shard under `jax.shard_map`: the residual stream split over `tensor` on
 positions (sequence parallelism), each column-parallel projection an all-gather matmul and
 each row-parallel one a matmul reduce-scatter, both as ring loops of `ppermute` (one block
-of positions moves while the previous one multiplies). The FSDP weights are gathered with
+of positions moves while the previous one multiplies): `vapo_jax.models.collective_matmul`,
+whose functions began as this script's own copies. The FSDP weights are gathered with
 `all_gather` inside, as the partitioner would. Prints the gradient program's exposed and
 overlapped collectives (`pod.train_hlo.split`) beside the plain-TP toy's.
 Run: PYTHONPATH=. python benchmarks/results/train-hlo-2026-12-06-head/cm_probe.py [0 1]
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from vapo_jax.models.collective_matmul import all_gather_matmul, matmul_reduce_scatter
 from vapo_jax.pod import slices, train_hlo
 
 DEVICES = np.array(slices.devices(slices.parse("v5p-128")))
@@ -38,36 +40,6 @@ def mix(q):  # the join: every position reads all before it
   return (jnp.cumsum(q.astype(jnp.float32), axis=1) / n).astype(q.dtype)
 
 
-LEFT = [(i, (i - 1) % TP) for i in range(TP)]  # shard i sends to i - 1
-
-
-def ag_matmul(x, w):
-  """all_gather(x over positions) @ w: x [b, t, K] (this shard's positions), w [K, N]."""
-  idx = lax.axis_index("tensor")
-  t = x.shape[1]
-  out = jnp.zeros((x.shape[0], t * TP, w.shape[1]), x.dtype)
-  cur = x
-  for s in range(TP):
-    nxt = lax.ppermute(cur, "tensor", LEFT) if s < TP - 1 else None  # in flight meanwhile
-    out = lax.dynamic_update_slice_in_dim(out, cur @ w, ((idx + s) % TP) * t, axis=1)
-    cur = nxt
-  return out
-
-
-def matmul_rs(a, w):
-  """reduce_scatter(a @ w over positions): a [b, T, K] (K this shard's part), w [K, N]."""
-  idx = lax.axis_index("tensor")
-  t = a.shape[1] // TP
-  acc = None
-  for s in range(TP):
-    j = (idx + s + 1) % TP
-    part = lax.dynamic_slice_in_dim(a, j * t, t, axis=1) @ w
-    acc = part if acc is None else acc + part
-    if s < TP - 1:
-      acc = lax.ppermute(acc, "tensor", LEFT)
-  return acc
-
-
 def run(cm):
   def block(x, w):
     wqkv, wo, wg, wd = w
@@ -77,10 +49,12 @@ def run(cm):
     wg = g0(wg.astype(jnp.bfloat16), axis=0)         # [D, F/4]
     wd = g0(wd.astype(jnp.bfloat16), axis=1)         # [F/4, D]
     if cm:
-      q = ag_matmul(norm(x), wqkv)
-      x = x + matmul_rs(mix(q[..., :D // TP]), wo)
-      g = ag_matmul(norm(x), wg)
-      return x + matmul_rs(jax.nn.silu(g), wd)
+      ag = functools.partial(all_gather_matmul, axis_name="tensor", n=TP)
+      rs = functools.partial(matmul_reduce_scatter, axis_name="tensor", n=TP)
+      q = ag(norm(x), wqkv)
+      x = x + rs(mix(q[..., :D // TP]), wo)
+      g = ag(norm(x), wg)
+      return x + rs(jax.nn.silu(g), wd)
     # the same per shard with the collectives whole (all_gather, psum_scatter)
     ag = functools.partial(lax.all_gather, axis_name="tensor", axis=1, tiled=True)
     rs = functools.partial(lax.psum_scatter, axis_name="tensor", scatter_dimension=1,
