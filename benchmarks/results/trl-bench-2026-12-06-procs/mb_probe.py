@@ -1,0 +1,51 @@
+"""Our GRPO policy update on the TRL bench's batch, by micro-batch size (one process per
+setting): python mb_probe.py ROW_TOKENS ROW_STEPS TOKENS_PER_DEVICE [REPS]"""
+import itertools
+import json
+import sys
+import time
+import types
+
+sys.path.insert(0, "benchmarks")  # run from the repository root
+from vapo_jax.run import host_memory  # noqa: E402
+
+host_memory.configure(host_memory.expected_platform())
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import trl_bench  # noqa: E402
+from vapo_jax.run import trainer as trainer_lib  # noqa: E402
+import step_record as sr  # noqa: E402
+
+row, steps, budget = (int(x) for x in sys.argv[1:4])
+reps = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+args = types.SimpleNamespace(prompts=4, group=4, max_prompt=128, max_new=64, micro_batch=None,
+                             device="cpu", lr=1e-6, old_logprobs="exact",
+                             row_tokens=row or None, row_steps=steps)
+model_dir = trl_bench.model_dir_of(types.SimpleNamespace(
+    model=None, config="configs/smollm2_135m.py", preset="grpo"))
+cfg = trl_bench.our_config("configs/smollm2_135m.py", "grpo", model_dir, args)
+if budget:
+  import dataclasses
+  cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, packing_tokens_per_device=budget))
+shapes = sr.PackedShapes()
+shapes.install()
+t = trainer_lib.Trainer(cfg, progress=False)
+examples = t.parts.train_examples[:4]
+t.state.prompts = itertools.repeat(examples)
+t.setup("reference")
+t.setup("policy")
+batch, em = t.experience(next(t.state.prompts))
+jax.block_until_ready(batch)
+times = []
+for i in range(reps + 1):
+  shapes.take()
+  t0 = time.perf_counter()
+  t.update(batch, stage="rl", step=i, policy=True)
+  jax.block_until_ready(t.state.train_state("policy").params)
+  times.append(time.perf_counter() - t0)
+  got = shapes.take()
+print(json.dumps({"row": row, "steps": steps, "budget": budget, "first": times[0],
+                  "times": times[1:], "median": float(np.median(times[1:])),
+                  "shapes": [c["shape"] for c in got],
+                  "tokens": int(np.asarray(batch.mask_BxL).sum())}), flush=True)
+t.close()
