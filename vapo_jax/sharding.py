@@ -245,6 +245,18 @@ def activation_mesh() -> tuple[Mesh, Rules] | None:
   return _ACTIVATION_MESH[-1] if _ACTIVATION_MESH else None
 
 
+@contextlib.contextmanager
+def per_shard():
+  """Within this context no activation mesh is set (`constrain` is a no-op): for code
+  traced per shard inside a `jax.shard_map`, where the whole mesh's shardings do not apply."""
+  saved = _ACTIVATION_MESH[:]
+  _ACTIVATION_MESH.clear()
+  try:
+    yield
+  finally:
+    _ACTIVATION_MESH[:] = saved
+
+
 def traced_under(fn: Callable, mesh: Mesh | None,
                  rules: Rules = DEFAULT_RULES) -> Callable:
   """fn, run (so traced, under jit) inside `activation_sharding(mesh, rules)`.

@@ -82,6 +82,11 @@ class ModelSection:
   # takes the shapes, one line says why not; the pure-JAX path on CPU and GPU), "jax", or
   # "tpu" (an error where the kernel cannot run).
   attention_kernel: str = "auto"
+  # With a mesh.tensor axis > 1: the train passes run each block per shard, the residual
+  # split over `tensor` on positions and the projections as ring collective matmuls whose
+  # transfers overlap the products (models/sequence_parallel.py); the same values. Where a
+  # micro-batch does not divide over the mesh, the partitioned block, with one line.
+  collective_matmul: bool = False
   lora: LoraSection = LoraSection()
 
   def check(self) -> None:

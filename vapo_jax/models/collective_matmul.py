@@ -17,14 +17,21 @@ overlapped, exposed bytes per call 2.99 -> 2.02 GB, through these two functions;
 `benchmarks/results/train-hlo-2026-12-06-head/cm_probe.py`). Gradients come from JAX's transpose of
 the loop (ppermute's transpose is the reverse ring), so the backward is a ring too.
 
-Not yet used by the model: the blocks' projections run under the partitioner today.
+Used by the model's blocks with `ModelConfig.collective_matmul` (`models.sequence_parallel`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+
+def _dot(a: jax.Array, w: jax.Array) -> jax.Array:
+  return a @ w
 
 
 def _left(n: int) -> list[tuple[int, int]]:
@@ -46,17 +53,29 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, axis_name: str, n: int) -> jax
 
   At ring step s the shard holds block (i + s) mod n and sends it on while it multiplies.
   """
+  return all_gather_matmuls(x, [w], axis_name, n)[0]
+
+
+def all_gather_matmuls(x: jax.Array, ws: Sequence[jax.Array], axis_name: str, n: int,
+                       dot: Callable = _dot) -> list[jax.Array]:
+  """[all_gather(x) @ w for w in ws] with one ring: each block of x is sent once and
+  multiplied by every w (q, k and v, or gate and up, and their LoRA A's, share a ring).
+
+  dot(block [..., t, K], w [K, N]) -> [..., t, N] is the product (`a @ w` by default).
+  """
   if n == 1:
-    return x @ w
+    return [dot(x, w) for w in ws]
   i = lax.axis_index(axis_name)
   t = x.shape[-2]
-  out = jnp.zeros((*x.shape[:-2], n * t, w.shape[-1]), jnp.result_type(x, w))
+  outs = [jnp.zeros((*x.shape[:-2], n * t, w.shape[-1]), jnp.result_type(x, w)) for w in ws]
   cur = x
   for s in range(n):
     nxt = lax.ppermute(cur, axis_name, _left(n)) if s < n - 1 else None
-    out = lax.dynamic_update_slice_in_dim(out, cur @ w, ((i + s) % n) * t, axis=out.ndim - 2)
+    at = ((i + s) % n) * t
+    outs = [lax.dynamic_update_slice_in_dim(o, dot(cur, w).astype(o.dtype), at,
+                                            axis=o.ndim - 2) for o, w in zip(outs, ws)]
     cur = nxt
-  return out
+  return outs
 
 
 def matmul_reduce_scatter(a: jax.Array, w: jax.Array, axis_name: str, n: int) -> jax.Array:
@@ -73,17 +92,28 @@ def matmul_reduce_scatter(a: jax.Array, w: jax.Array, axis_name: str, n: int) ->
   At ring step s shard i adds its partial for block (i + s + 1) mod n to the sum it
   received from shard i + 1 and passes it on; the last step is its own block.
   """
+  return matmul_reduce_scatters([(a, w)], axis_name, n)
+
+
+def matmul_reduce_scatters(pairs: Sequence[tuple[jax.Array, jax.Array]], axis_name: str,
+                           n: int, dot: Callable = _dot) -> jax.Array:
+  """reduce_scatter(Σ_j a_j @ w_j) with one ring: the partial products of every pair are
+  added before they travel (a row-parallel projection and its LoRA path, (a A) B, share a
+  ring: Σ_shards (a_i W_i + u_i B) = Σ a_i W_i + (Σ u_i) B with u_i = a_i A_i)."""
   if n == 1:
-    return a @ w
+    return functools.reduce(lambda p, q: p + q, [dot(a, w) for a, w in pairs])
   i = lax.axis_index(axis_name)
-  big = a.shape[-2]
+  big = pairs[0][0].shape[-2]
   if big % n:
     raise ValueError(f"matmul_reduce_scatter: {big} positions do not split into {n} blocks")
   t = big // n
   acc = None
   for s in range(n):
-    block = lax.dynamic_slice_in_dim(a, ((i + s + 1) % n) * t, t, axis=a.ndim - 2)
-    part = block @ w
+    at = ((i + s + 1) % n) * t
+    part = None
+    for a, w in pairs:
+      p = dot(lax.dynamic_slice_in_dim(a, at, t, axis=a.ndim - 2), w)
+      part = p if part is None else part + p
     acc = part if acc is None else acc + part
     if s < n - 1:
       acc = lax.ppermute(acc, axis_name, _left(n))

@@ -312,30 +312,41 @@ class Attention(nnx.Module):
       # A prefill (T > 1): the attention kernels take [B, S, K, Dh].
       k = jnp.swapaxes(k_all, 1, 2).astype(dt)
       v = jnp.swapaxes(v_all, 1, 2).astype(dt)
-    seg = segment_ids
-    splash = kv is None and causal and q.shape[1] > 1 and cfg.attention_kernel != "jax"
-    if splash:  # a train pass's self-attention: jax's splash kernel where it runs (TPU)
-      rules = shd.activation_mesh()
-      splash = splash_attention.choose(
-          cfg.attention_kernel, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dt,
-          q.shape[0], q.shape[1], cfg.attention_block, rules) == "tpu"
-    if splash:
-      out = attention.splash_causal_attention(q, k, v, mask_Bx1xTxS, seg,
-                                              cfg.attention_block, rules)
-    elif mask_Bx1xTxS.ndim == 2 and causal:
-      out = attention.causal_blocked_attention(q, k, v, mask_Bx1xTxS,
-                                               cfg.attention_block, seg)
-    elif mask_Bx1xTxS.ndim == 2:
-      out = attention.blocked_attention(q, k, v, mask_Bx1xTxS, cache_index,
-                                        cfg.attention_block, seg)
-    elif causal:
-      out = attention.causal_dense_attention(q, k, v, mask_Bx1xTxS, seg)
-    else:
-      out = attention.dense_attention(q, k, v, mask_Bx1xTxS, seg)
+    out = self.attend(q, k, v, mask_Bx1xTxS, cache_index, causal and kv is None,
+                      causal, segment_ids)
     y = lora.project(self, "o", out, 2, dt)
     if cfg.o_bias:
       y = _bias(y, self.o_bias[...])
     return checkpoint_name(y, "o"), kv
+
+  def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+             cache_index: jax.Array | int = 0, cache_free: bool = True, causal: bool = True,
+             seg: jax.Array | None = None) -> jax.Array:
+    """Multi-token attention of q [B, T, H, Dh] over k, v [B, S, K, Dh]: [B, T, H, Dh].
+
+    A cache-free causal call (a train pass) runs jax's splash kernel where
+    `cfg.attention_kernel` selects it (laid out over the activation mesh, if any); else the
+    pure-JAX path the mask and `causal` call for (`__call__` says which). Also called per
+    shard by `models.sequence_parallel` (this shard's heads, every position).
+    """
+    cfg = self.cfg
+    splash = cache_free and causal and q.shape[1] > 1 and cfg.attention_kernel != "jax"
+    if splash:  # a train pass's self-attention: jax's splash kernel where it runs (TPU)
+      rules = shd.activation_mesh()
+      splash = splash_attention.choose(
+          cfg.attention_kernel, q.shape[2], k.shape[2], cfg.head_dim, q.dtype,
+          q.shape[0], q.shape[1], cfg.attention_block, rules) == "tpu"
+    if splash:
+      return attention.splash_causal_attention(q, k, v, mask, seg, cfg.attention_block,
+                                               rules)
+    if mask.ndim == 2 and causal:
+      return attention.causal_blocked_attention(q, k, v, mask, cfg.attention_block, seg)
+    if mask.ndim == 2:
+      return attention.blocked_attention(q, k, v, mask, cache_index, cfg.attention_block,
+                                         seg)
+    if causal:
+      return attention.causal_dense_attention(q, k, v, mask, seg)
+    return attention.dense_attention(q, k, v, mask, seg)
 
 
 class MLP(nnx.Module):

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from vapo_jax import sharding as shd
 from vapo_jax.models import layers
 from vapo_jax.models import lora
+from vapo_jax.models import sequence_parallel
 from vapo_jax.models import splash_attention
 from vapo_jax.models import stacked
 from vapo_jax.models.config import ModelConfig
@@ -52,7 +53,11 @@ def attention_mask(kv_mask_BxS: jax.Array, t: int,
 
 
 def _run_block(graphdef, state, x, cos, sin, mask, seg=None):
-  """One cache-free decoder block as a function of its parameters."""
+  """One cache-free decoder block as a function of its parameters. graphdef: the block's
+  GraphDef, or a function (state, x, cos, sin, mask, seg) -> y that runs it (a
+  `sequence_parallel.runner`)."""
+  if not isinstance(graphdef, nnx.GraphDef):
+    return graphdef(state, x, cos, sin, mask, seg)
   return nnx.merge(graphdef, state)(x, cos, sin, mask, None, 0, True, seg)[0]
 
 
@@ -158,6 +163,11 @@ def scan_blocks(blocks: stacked.StackedBlocks, x_BxTxD: jax.Array, cos, sin, mas
   graphdef, state = nnx.split(blocks)
   n = len(blocks)
   num_full = num_remat - num_selective
+  # ModelConfig.collective_matmul: every block per shard, sequence-parallel (or None)
+  sp = sequence_parallel.runner(graphdef, state, blocks.attn.cfg, x_BxTxD.shape[0],
+                                x_BxTxD.shape[1])
+  if sp is not None:
+    graphdef = sp
 
   def remat_step(x, layer):
     return remat_block(graphdef, layer, x, cos, sin, mask, seg), None
@@ -258,10 +268,12 @@ class Transformer(nnx.Module):
     new_cache = []
     for i, block in enumerate(self.blocks):
       kind = cfg.remat_kind(i) if cache is None else None
-      if kind is not None:
-        graphdef, state = nnx.split(block)
-        run = remat_block if kind == "full" else selective_block
-        x = run(graphdef, state, x, cos, sin, mask, seg)
+      graphdef, state = nnx.split(block)
+      sp = None if cache is not None else sequence_parallel.runner(
+          graphdef, state, cfg, x.shape[0], t)
+      if kind is not None or sp is not None:
+        run = {"full": remat_block, "selective": selective_block}.get(kind, _run_block)
+        x = run(sp or graphdef, state, x, cos, sin, mask, seg)
         continue
       x, kv = block(x, cos, sin, mask, None if cache is None else cache[i],
                     cache_index, causal, seg)

@@ -119,7 +119,7 @@ def model_options(cfg) -> dict:
           "remat_selective": m.remat_selective, "scan_layers": m.scan_layers,
           "attention_impl": m.attention_impl,
           "attention_block": m.attention_block, "attention_kernel": m.attention_kernel,
-          "lora_rank": m.lora.rank,
+          "collective_matmul": m.collective_matmul, "lora_rank": m.lora.rank,
           "lora_alpha": m.lora.alpha, "lora_targets": tuple(m.lora.targets)}
 
 
