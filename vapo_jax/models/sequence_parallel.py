@@ -1,30 +1,33 @@
-"""Decoder blocks per shard: a sequence-parallel residual and ring collective matmuls.
+"""Decoder blocks with a sequence-parallel residual and ring collective matmuls.
 
 With `ModelConfig.collective_matmul` and an activation mesh whose `tensor` axis has n > 1
-shards, a cache-free call (the train passes) runs each block inside `jax.shard_map` over the
-whole mesh. Per shard, for b rows (the batch axes' share) and t = T / n positions:
+shards, a cache-free call (the train passes) runs each block's projections inside
+`jax.shard_map`s manual over `tensor` only. Per tensor shard, with t = T / n positions:
 
-  x [b, t, D]                       rows over the batch axes, positions over `tensor`
+  x [B, t, D]                        positions split over `tensor` between blocks
   h = norm(x)
-  q, k, v = all_gather_matmuls(h, [Wq, Wk, Wv])       [b, T, H/n, Dh], [b, T, K/n, Dh]
-  a = attention(rope(q), rope(k), v)                  this shard's heads, every position
-  x = x + matmul_reduce_scatters([(a, Wo)])           [b, t, D]
+  q, k, v = all_gather_matmuls(h, [Wq, Wk, Wv])        [B, T, H/n, Dh], [B, T, K/n, Dh]
+  ---- (out of the shard_map) a = attention(rope(q), rope(k), v), heads over `tensor`
+  x = x + matmul_reduce_scatters([(a, Wo)])            [B, t, D]
   h = norm(x)
-  g, u = all_gather_matmuls(h, [Wg, Wu])              [b, T, F/n]
+  g, u = all_gather_matmuls(h, [Wg, Wu])               [B, T, F/n]
   x = x + matmul_reduce_scatters([(silu(g) u, Wd)])
 
 (`models.collective_matmul`: rings of `ppermute` whose transfers run beside the matmuls.)
-Under the partitioner the same block is Megatron tensor parallelism whose two all-reduces
-per block the v5p compile keeps synchronous; here their bytes travel as collective-permutes
-beside the products. Weights come in as the rules shard them and are gathered over every
-mesh axis but `tensor` (the FSDP all-gather the partitioner would insert; its transpose
-reduce-scatters the gradients); a LoRA A of a column projection rides the same ring as its
-W, and a row projection's (a A) B joins the ring's partial sums. The values equal the
-partitioned block's (tests/models/test_sequence_parallel.py: one device against 8).
+Under the partitioner alone the same block is Megatron tensor parallelism, whose two
+activation all-reduces per block the v5p compile keeps synchronous; here their bytes travel
+as collective-permutes beside the products. The other mesh axes stay the partitioner's
+(automatic inside the shard_maps): the rows' split, the FSDP weight gathers and the weight
+gradients' reductions (on v5p windowed products it overlaps), and the attention runs between
+the two shard_maps as in the partitioned block (the splash kernel over rows and heads: a
+kernel's own shard_map nested in one manual over `tensor` did not compile). A LoRA A of a
+column projection rides the same ring as its W, and a row projection's (a A) B joins the
+ring's partial sums. The values equal the partitioned block's
+(tests/models/test_sequence_parallel.py: one device against 8).
 
 A call that cannot be laid out this way runs the plain partitioned block, with one line
-saying why (`why_not`): a tensor axis of 1, rows or positions that the mesh does not divide,
-a weight whose heads (or MLP width) are not split over `tensor`.
+saying why (`why_not`): a tensor axis of 1, positions that do not split into n blocks, a
+weight whose heads (or MLP width) are not split over `tensor` alone.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from typing import Any, Callable
 
 from flax import nnx
 import jax
-from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
@@ -47,25 +49,11 @@ from vapo_jax.models.matmul import matmul
 AXIS = "tensor"
 SPLIT = ("heads", "kv_heads", "mlp")  # the logical names a block splits over AXIS
 _SAID: set[str] = set()
-CHECK_VMA = False
-
-
-def _varying(x: jax.Array) -> frozenset:
-  """The manual mesh axes x varies over (`jax.typeof(x).manual_axis_type.varying`)."""
-  return jax.typeof(x).manual_axis_type.varying
-
-
-def _vary(x: jax.Array, like: jax.Array) -> jax.Array:
-  """x marked as varying over every manual axis `like` varies over (shard_map's types:
-  a weight the same on every shard times rows that differ; the transpose then sums the
-  weight's gradient over those axes)."""
-  missing = tuple(sorted(_varying(like) - _varying(x)))
-  return lax.pcast(x, missing, to="varying") if missing else x
 
 
 def _dot(a: jax.Array, w: jax.Array) -> jax.Array:
-  """a @ w by `matmul.matmul` (its custom backward), over operands of one shard_map type."""
-  return matmul(_vary(a, w), _vary(w, a), 1)
+  """a @ w by `matmul.matmul` (its backward: two plain products)."""
+  return matmul(a, w, 1)
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -86,17 +74,14 @@ def _layer_specs(state, mesh, rules) -> tuple[list[P], list[tuple]]:
   return specs, names
 
 
-def why_not(cfg, mesh, rules, specs, names, rows: int, t: int) -> str:
-  """Why a cache-free call of `rows` x `t` cannot run sequence-parallel ("" if it can)."""
+def why_not(mesh, rules, specs, names, t: int) -> str:
+  """Why a cache-free call of t positions cannot run sequence-parallel ("" if it can)."""
   n = mesh.shape.get(AXIS, 1)
   if n == 1:
     return f"the mesh's {AXIS} axis has 1 shard"
   batch = shd.batch_axes(mesh, rules)
   if AXIS in batch:
     return f"the rows are split over {AXIS} (an FSDP-only train layout)"
-  shards = math.prod(mesh.shape[a] for a in batch)
-  if rows % shards:
-    return f"{rows} rows do not split over the batch axes' {shards} shards"
   if t % n:
     return f"{t} positions do not split into {n} blocks"
   for spec, nm in zip(specs, names):
@@ -107,15 +92,6 @@ def why_not(cfg, mesh, rules, specs, names, rows: int, t: int) -> str:
       if name not in SPLIT and AXIS in axes:
         return f"a weight's {name} axis is split over {AXIS}"
   return ""
-
-
-def _gather(leaf: jax.Array, spec: P) -> jax.Array:
-  """Per shard: leaf gathered over every mesh axis of its spec but AXIS."""
-  for dim, entry in enumerate(spec):
-    other = tuple(a for a in _axes(entry) if a != AXIS)
-    if other:
-      leaf = lax.all_gather(leaf, other, axis=dim, tiled=True)
-  return leaf
 
 
 def _column(mod: nnx.Module, names: tuple[str, ...], h: jax.Array, n: int,
@@ -160,17 +136,12 @@ def _row(mod: nnx.Module, name: str, a: jax.Array, n_in: int, n: int, dt: Any) -
   return cm.matmul_reduce_scatters(pairs, AXIS, n, _dot)
 
 
-def block(blk: layers.Block, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-          seg: jax.Array | None, n: int) -> jax.Array:
-  """One cache-free decoder block per shard (module docstring); x [b, t, D] -> [b, t, D].
-
-  cos, sin [b, T, Dh/2], mask ([b, T] or [b, 1, T, T]) and seg ([b, T] or None) cover
-  every position of this shard's rows. The `checkpoint_name`s are `layers`' (a selective
-  remat keeps the same outputs, here this shard's share of them).
-  """
-  att, mlp, cfg = blk.attn, blk.mlp, blk.attn.cfg
-  dt = cfg.dtype
-  q, k, v = _column(att, ("q", "k", "v"), blk.attn_norm(x), n, dt)
+def project_qkv(blk: layers.Block, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per shard: q, k, v [b, T, H/n or K/n, Dh] (biased, named, qk-normed, rotated) of
+  x [b, t, D] (this shard's positions), by one all-gather ring."""
+  att, cfg = blk.attn, blk.attn.cfg
+  q, k, v = _column(att, ("q", "k", "v"), blk.attn_norm(x), n, cfg.dtype)
   if cfg.qkv_bias:
     q = layers._bias(q, att.q_bias[...])  # pylint: disable=protected-access
     k = layers._bias(k, att.k_bias[...])  # pylint: disable=protected-access
@@ -178,8 +149,15 @@ def block(blk: layers.Block, x: jax.Array, cos: jax.Array, sin: jax.Array, mask:
   q, k, v = checkpoint_name(q, "q"), checkpoint_name(k, "k"), checkpoint_name(v, "v")
   if cfg.qk_norm:
     q, k = att.q_norm(q), att.k_norm(k)
-  q, k = layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin)
-  y = _row(att, "o", att.attend(q, k, v, mask, seg=seg), 2, n, dt)
+  return layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin), v
+
+
+def finish(blk: layers.Block, x: jax.Array, a: jax.Array, n: int) -> jax.Array:
+  """Per shard: the rest of the block after the attention a [b, T, H/n, Dh]: x + o(a),
+  then the MLP, each projection a ring; x [b, t, D] -> [b, t, D]."""
+  att, mlp, cfg = blk.attn, blk.mlp, blk.attn.cfg
+  dt = cfg.dtype
+  y = _row(att, "o", a, 2, n, dt)
   if cfg.o_bias:
     y = layers._bias(y, att.o_bias[...])  # pylint: disable=protected-access
   x = x + checkpoint_name(y, "o")
@@ -194,41 +172,53 @@ def block(blk: layers.Block, x: jax.Array, cos: jax.Array, sin: jax.Array, mask:
   return x + y
 
 
-def runner(graphdef, state, cfg, rows: int, t: int, log: Callable = print) -> Callable | None:
+def runner(graphdef, state, cfg, t: int, log: Callable = print) -> Callable | None:
   """A function (layer_state, x, cos, sin, mask, seg) -> x that runs one block (of
-  `state`: one layer's, or the stacked layers' of which layer_state is a slice)
-  sequence-parallel over the activation mesh; or None where the call runs partitioned (no
-  `collective_matmul`, no activation mesh, or `why_not`, said once).
+  `state`: one layer's, or the stacked layers' of which layer_state is a slice) with its
+  projections as rings over the activation mesh's `tensor` axis; or None where the call
+  runs partitioned (no `collective_matmul`, no activation mesh, or `why_not`, said once).
 
-  x [B, T, D] (global) comes in and goes out split as P(batch, AXIS, None).
+  x [B, T, D] comes in and goes out with its positions split over `tensor`.
   """
   ctx = shd.activation_mesh()
   if not getattr(cfg, "collective_matmul", False) or ctx is None:
     return None
   mesh, rules = ctx
   specs, names = _layer_specs(state, mesh, rules)
-  why = why_not(cfg, mesh, rules, specs, names, rows, t)
+  why = why_not(mesh, rules, specs, names, t)
   if why:
     if why not in _SAID:
       _SAID.add(why)
       log(f"[model] collective_matmul: the partitioned block instead: {why}", flush=True)
     return None
   n = mesh.shape[AXIS]
-  batch = shd.batch_axes(mesh, rules) or None
-  rows_spec = lambda nd: P(batch, *([None] * (nd - 1)))  # noqa: E731
   treedef = jax.tree.structure(state)
+  # Only `tensor` is named: the other axes of the weights and rows stay automatic.
+  tspecs = [P(*[AXIS if AXIS in _axes(e) else None for e in spec]) for spec in specs]
+  heads, resid = P(None, None, AXIS, None), P(None, AXIS, None)
 
-  def per_shard(leaves, x, cos, sin, mask, *seg):
-    seg = seg[0] if seg else None
-    layer = jax.tree.unflatten(treedef, [_gather(a, s) for a, s in zip(leaves, specs)])
+  def merge(leaves):
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, list(leaves)))
+
+  def qkv(leaves, x, cos, sin):
     with shd.per_shard():
-      return block(nnx.merge(graphdef, layer), x, cos, sin, mask, seg, n)
+      return project_qkv(merge(leaves), x, cos, sin, n)
+
+  def rest(leaves, x, a):
+    with shd.per_shard():
+      return finish(merge(leaves), x, a, n)
+
+  def manual(fn, in_specs, out_specs):
+    # check_vma=False: the pure-JAX attention's and the rings' loops mix values that vary
+    # over `tensor` with ones that do not; the gradients are checked against one device.
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                         axis_names={AXIS}, check_vma=False)
 
   def run(layer, x, cos, sin, mask, seg):
-    args = (x, cos, sin, mask) + (() if seg is None else (seg,))
-    in_specs = (specs, P(batch, AXIS, None)) + tuple(rows_spec(a.ndim) for a in args[1:])
-    fn = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs,
-                       out_specs=P(batch, AXIS, None), check_vma=CHECK_VMA)
-    return fn(jax.tree.leaves(layer), *args)
+    leaves = jax.tree.leaves(layer)
+    q, k, v = manual(qkv, (tspecs, resid, P(), P()), (heads, heads, heads))(leaves, x, cos,
+                                                                           sin)
+    a = merge(leaves).attn.attend(q, k, v, mask, seg=seg)
+    return manual(rest, (tspecs, resid, heads), resid)(leaves, x, a)
 
   return run

@@ -164,8 +164,7 @@ def scan_blocks(blocks: stacked.StackedBlocks, x_BxTxD: jax.Array, cos, sin, mas
   n = len(blocks)
   num_full = num_remat - num_selective
   # ModelConfig.collective_matmul: every block per shard, sequence-parallel (or None)
-  sp = sequence_parallel.runner(graphdef, state, blocks.attn.cfg, x_BxTxD.shape[0],
-                                x_BxTxD.shape[1])
+  sp = sequence_parallel.runner(graphdef, state, blocks.attn.cfg, x_BxTxD.shape[1])
   if sp is not None:
     graphdef = sp
 
@@ -269,8 +268,7 @@ class Transformer(nnx.Module):
     for i, block in enumerate(self.blocks):
       kind = cfg.remat_kind(i) if cache is None else None
       graphdef, state = nnx.split(block)
-      sp = None if cache is not None else sequence_parallel.runner(
-          graphdef, state, cfg, x.shape[0], t)
+      sp = None if cache is not None else sequence_parallel.runner(graphdef, state, cfg, t)
       if kind is not None or sp is not None:
         run = {"full": remat_block, "selective": selective_block}.get(kind, _run_block)
         x = run(sp or graphdef, state, x, cos, sin, mask, seg)
