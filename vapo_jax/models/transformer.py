@@ -263,7 +263,9 @@ class Transformer(nnx.Module):
     if cache is None and cfg.scan_layers:
       x = scan_blocks(self.blocks, x, cos, sin, mask, seg, cfg.num_remat,
                       cfg.remat_selective)
-      return self.final_norm(x), None
+      # rows over the batch axes, positions whole (after sequence-parallel blocks, whose
+      # residual leaves split over `tensor` on positions, an all-gather of [rows, T, D])
+      return self.final_norm(shd.constrain(x, ("batch", None, None))), None
     new_cache = []
     for i, block in enumerate(self.blocks):
       kind = cfg.remat_kind(i) if cache is None else None
@@ -276,7 +278,7 @@ class Transformer(nnx.Module):
       x, kv = block(x, cos, sin, mask, None if cache is None else cache[i],
                     cache_index, causal, seg)
       new_cache.append(kv)
-    x = self.final_norm(x)
+    x = self.final_norm(shd.constrain(x, ("batch", None, None)))
     return x, (None if cache is None else tuple(new_cache))
 
   def decode_paged(self, tokens_S: jax.Array, pos_S: jax.Array, pages: tuple, *,
