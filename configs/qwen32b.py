@@ -39,6 +39,13 @@ def get_config(preset: str = "vapo"):
   # loop it needs 37.4 GB and the policy step 65.7 GB (both fit). Why scan grows this much
   # is not yet known.
   c.model.scan_layers = False
+  # The blocks' tensor-parallel projections as ring collective matmuls over a residual split
+  # on positions (models/sequence_parallel.py): the v5p compile kept their all-reduces
+  # synchronous; as rings of collective-permutes they overlap the matmuls. Exposed
+  # collectives per policy-step micro-batch 113.1 -> 20.7 GB; the step model at --mfu=0.5
+  # 1.47x / 1.38x / 1.40x -> 1.37x / 1.31x / 1.33x
+  # (benchmarks/results/collective-matmul-2026-12-07/).
+  c.model.collective_matmul = True
   # Blocked (flash-style) attention: O(T × 512) scores per layer instead of T × T, which at
   # 21.5k tokens is what lets the policy step fit a v5p chip (docs/pod.md, "Capacity").
   c.model.attention_impl = "blocked"
