@@ -82,10 +82,10 @@ class ModelSection:
   # takes the shapes, one line says why not; the pure-JAX path on CPU and GPU), "jax", or
   # "tpu" (an error where the kernel cannot run).
   attention_kernel: str = "auto"
-  # With a mesh.tensor axis > 1: the train passes run each block per shard, the residual
-  # split over `tensor` on positions and the projections as ring collective matmuls whose
-  # transfers overlap the products (models/sequence_parallel.py); the same values. Where a
-  # micro-batch does not divide over the mesh, the partitioned block, with one line.
+  # With a mesh.tensor axis > 1: in the train passes the residual is split over `tensor` on
+  # positions between blocks and each block's projections run as ring collective matmuls
+  # whose transfers overlap the products (models/sequence_parallel.py); the same values.
+  # Where a micro-batch does not divide over the mesh, the partitioned block, with one line.
   collective_matmul: bool = False
   lora: LoraSection = LoraSection()
 

@@ -84,12 +84,12 @@ class ModelConfig:
       padded rows): "auto" (jax's Pallas splash kernel where it runs: TPU, with one line
       when it refuses the shapes; the pure-JAX path of `attention_impl` on CPU and GPU),
       "jax" (always the pure-JAX path) or "tpu" (the kernel; an error where it cannot run).
-    collective_matmul: in a cache-free scanned call on an activation mesh with a tensor
-      axis (the train passes), run each block per shard with the residual stream split over
-      `tensor` on positions and its projections as ring collective matmuls, whose
-      transfers overlap the products (`models.sequence_parallel`); the same values as the
-      partitioned block. Where the call does not divide over the mesh, the partitioned
-      block, with one line saying why.
+    collective_matmul: in a cache-free call (the train passes; scanned or looped blocks) on
+      an activation mesh with a tensor axis > 1, the residual stream split over `tensor` on
+      positions between blocks and each block's projections as ring collective matmuls in
+      shard_maps manual over `tensor`, whose transfers overlap the products
+      (`models.sequence_parallel`); the same values as the partitioned block. Where the
+      call does not divide over the mesh, the partitioned block, with one line saying why.
     lora_rank: r of the LoRA adapters (`models.lora`); 0: none.
     lora_alpha: adapters are scaled by lora_alpha / lora_rank.
     lora_targets: the adapted projections, of q, k, v, o, gate, up, down.

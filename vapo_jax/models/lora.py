@@ -81,7 +81,12 @@ def project(module: nnx.Module, name: str, x: jax.Array, n_in: int, dtype: Any) 
   b = getattr(module, name + "_lora_b")[...]
   xa = matmul(x, a[...].astype(dtype), n_in)
   delta = matmul(xa, b.astype(dtype), 1)
-  return y + (module.cfg.lora_alpha / module.cfg.lora_rank) * delta
+  return y + scale(module.cfg) * delta
+
+
+def scale(cfg) -> float:
+  """alpha / r, the factor of an adapter's (x A) B."""
+  return cfg.lora_alpha / cfg.lora_rank
 
 
 # ------------------------------------------------------------------ trainable parameters

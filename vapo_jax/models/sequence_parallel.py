@@ -43,6 +43,7 @@ from jax.sharding import PartitionSpec as P
 from vapo_jax import sharding as shd
 from vapo_jax.models import collective_matmul as cm
 from vapo_jax.models import layers
+from vapo_jax.models import lora
 from vapo_jax.models import stacked
 from vapo_jax.models.matmul import matmul
 
@@ -115,7 +116,7 @@ def _column(mod: nnx.Module, names: tuple[str, ...], h: jax.Array, n: int,
       b = getattr(mod, name + "_lora_b")[...].astype(dt)
       delta = _dot(ys[j], b)
       j += 1
-      y = y + (mod.cfg.lora_alpha / mod.cfg.lora_rank) * delta
+      y = y + lora.scale(mod.cfg) * delta
     out.append(y)
   return out
 
@@ -131,8 +132,7 @@ def _row(mod: nnx.Module, name: str, a: jax.Array, n_in: int, n: int, dt: Any) -
   if lora_a is not None:
     u = _dot(a, lora_a[...].astype(dt).reshape(k, -1))  # this shard's part of a A
     b = getattr(mod, name + "_lora_b")[...].astype(dt)
-    scale = mod.cfg.lora_alpha / mod.cfg.lora_rank
-    pairs.append(((scale * u).astype(dt), b.reshape(b.shape[0], -1)))
+    pairs.append(((lora.scale(mod.cfg) * u).astype(dt), b.reshape(b.shape[0], -1)))
   return cm.matmul_reduce_scatters(pairs, AXIS, n, _dot)
 
 
