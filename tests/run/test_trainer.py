@@ -127,10 +127,11 @@ def test_micro_batches_do_not_change_the_update(packing):
   # Padded: micro-batches of rows. Packed: rl.micro_batch_size sets the token budget, so the
   # plans differ (K = 1 vs 4 micro-batches per mini-batch) and the sums run in another
   # order; Adam's first step turns a float-noise difference of a near-zero gradient into up
-  # to a few 1e-6 (as on 8 devices vs 1 below).
+  # to a few 1e-6 (as on 8 devices vs 1 below). Padded: 1.8e-6 on jax 0.12 once a sharding
+  # constraint before the final norm changed the fusion, so 5e-6 there.
   whole = run_rl_step(tiny(**{"rl.micro_batch_size": 0, "rl.packing": packing}))
   micro = run_rl_step(tiny(**{"rl.micro_batch_size": 2, "rl.packing": packing}))
-  atol = 2e-5 if packing else 1e-6
+  atol = 2e-5 if packing else 5e-6
   assert_trees_close(whole[0], micro[0], atol=atol)
   assert_trees_close(whole[1], micro[1], atol=atol)
   np.testing.assert_allclose(whole[2]["policy_loss"], micro[2]["policy_loss"], rtol=1e-5)
