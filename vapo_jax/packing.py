@@ -122,15 +122,25 @@ class PackSpec:
 # in a micro-batch: with n fixed, the last micro-batch's empty rows are then a few per cent
 # of the pass (benchmarks/packing_fixed_n.py measures it on the real model's lengths).
 DEFAULT_SHARE = 16
+# A forward-only pass (the log-prob and value passes) keeps no activations for a backward,
+# and its micro-step's fixed cost (the layer loop, every weight read once per micro-batch)
+# weighs on small micro-batches: its micro-batch may hold 1 / FORWARD_SHARE of the pass,
+# within the same budget. On this project's 2-core CPU (docs/speed.md, 2026-12-07): the TRL
+# bench's reference pass over 16 sequences took 4.83 s at [1, 14, 192] and 3.76 s at
+# [4, 4, 192]; the real config's policy pass over 48, 12.1 s at [3, 11, 256] and 11.5 s at
+# [8, 4, 256].
+FORWARD_SHARE = 4
 
 
 def spec_for(seq_len: int, rows_per_micro: int, shards: int, row_tokens: int = 0,
-             tokens_per_device: int = 0, row_steps: int = 1, pass_rows: int = 0) -> PackSpec:
+             tokens_per_device: int = 0, row_steps: int = 1, pass_rows: int = 0,
+             share: int = DEFAULT_SHARE) -> PackSpec:
   """The PackSpec of a pass of `pass_rows` sequences whose padded micro-batch has
   `rows_per_micro` rows of seq_len = P + R: rows of `row_tokens` (0: seq_len) and a budget
   of `tokens_per_device`, `row_steps` row lengths to choose from. The default budget (0) is
   the padded micro-batch's tokens per device, at least one row, and at most the rows that
-  hold ceil(pass_rows / (DEFAULT_SHARE D)) sequences of the pass (no cap with pass_rows 0).
+  hold ceil(pass_rows / (share D)) sequences of the pass (no cap with pass_rows 0; `share`:
+  DEFAULT_SHARE for an update, FORWARD_SHARE for a forward-only pass).
   rl.packing_row_tokens, rl.packing_tokens_per_device and rl.packing_row_steps are the
   overrides (`run.learners.pass_spec`)."""
   row = row_tokens or seq_len
@@ -138,7 +148,7 @@ def spec_for(seq_len: int, rows_per_micro: int, shards: int, row_tokens: int = 0
   if not budget:
     budget = max(row, rows_per_micro * seq_len // shards)
     if pass_rows:
-      budget = min(budget, row * max(1, -(-pass_rows // (DEFAULT_SHARE * shards))))
+      budget = min(budget, row * max(1, -(-pass_rows // (share * shards))))
   return PackSpec.from_budget(budget, row, shards, row_steps)
 
 

@@ -5,6 +5,7 @@ step is written once over the row layout (`rl.layout`), and `learners.learner` b
 and packed; one update gives the same parameters and loss both ways.
 """
 
+import dataclasses
 import functools
 import re
 
@@ -108,3 +109,29 @@ def test_a_network_added_to_the_table_alone_trains_packed_and_padded(toy_row, ca
   # gradient moves a parameter by up to a few 1e-6 (as in tests/run/test_trainer.py).
   for a, b in zip(jax.tree.leaves(packed), jax.tree.leaves(padded)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)
+
+
+def test_forward_passes_take_a_larger_share_of_the_pass_within_the_same_budget():
+  """The default token budget caps an update's micro-batch at 1/16 of the pass's sequences
+  and a forward-only pass's at 1/4 (`packing.FORWARD_SHARE`), both within the padded
+  micro-batch's tokens; an explicit rl.packing_tokens_per_device overrides both."""
+  from vapo_jax import packing  # pylint: disable=import-outside-toplevel
+  cfg = config_lib.from_config_dict(config_lib.default_config_dict())  # 256 rows, P + R = 80
+  rows = learners.rows_of(cfg).rollout
+  seq = cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens
+  for shards in (1, 2, 4):
+    fwd = learners.spec_of(cfg, "logprobs", shards)
+    upd = learners.spec_of(cfg, "policy", shards)
+    assert fwd.row_len == upd.row_len == seq
+    assert fwd.rows_per_device == -(-rows // (packing.FORWARD_SHARE * shards))
+    assert upd.rows_per_device == -(-learners.rows_of(cfg).minibatch
+                                   // (packing.DEFAULT_SHARE * shards))
+    assert learners.spec_of(cfg, "values", shards) == fwd
+  # The padded micro-batch bounds the share: 8 rows per micro-batch -> 8 rows, not 64.
+  small = config_lib.from_config_dict(config_lib.default_config_dict())
+  small = dataclasses.replace(small, rl=dataclasses.replace(small.rl, micro_batch_size=8))
+  assert learners.spec_of(small, "logprobs", 1).rows_per_device == 8
+  fixed = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl,
+                                                          packing_tokens_per_device=4 * seq))
+  assert learners.spec_of(fixed, "logprobs", 1).rows_per_device == 4
+  assert learners.spec_of(fixed, "policy", 1).rows_per_device == 4

@@ -186,9 +186,15 @@ def micro_batches(cfg, name: str) -> tuple[int, int]:
 
 
 def pass_spec(cfg, name: str, mesh, rules) -> packing.PackSpec:
-  """The PackSpec of one packed pass (`run.pass_sizes.pack_spec`)."""
-  return pass_sizes.pack_spec(cfg, *micro_batches(cfg, name),
-                              pass_sizes.batch_shards(mesh, rules))
+  """The PackSpec of one packed pass on `mesh` (`spec_of`)."""
+  return spec_of(cfg, name, pass_sizes.batch_shards(mesh, rules))
+
+
+def spec_of(cfg, name: str, shards: int) -> packing.PackSpec:
+  """The PackSpec of one packed pass (a LEARNERS step or one of FORWARDS) over `shards` batch
+  shards (`run.pass_sizes.pack_spec`); the pod tools ask it too."""
+  return pass_sizes.pack_spec(cfg, *micro_batches(cfg, name), shards,
+                              forward=name in FORWARDS)
 
 
 def pass_layout(cfg, name: str, mesh, rules) -> layout_lib.Layout:

@@ -133,8 +133,7 @@ class Setup:
     train = mesh_shape(cfg, s.chips, train=True)
     train_tp = 1 if cfg.mesh.train_layout == "fsdp" else train.shape["tensor"]
     shards = pass_sizes.batch_shards(train, parts.train_rules_of(cfg))
-    spec = lambda name: pass_sizes.pack_spec(  # noqa: E731
-        cfg, *learners.micro_batches(cfg, name), shards)
+    spec = lambda name: learners.spec_of(cfg, name, shards)  # noqa: E731
     upd_rows, upd_micro = learners.micro_batches(cfg, "policy")
     knobs = dataclasses.replace(
         knobs, train=knobs.train or ("packed" if cfg.rl.packing else "padded"),
