@@ -118,8 +118,8 @@ class PackSpec:
     return [(k, self.max_rows) for k in range(1, self.micro_cap(max_sequences) + 1)]
 
 
-# The default token budget holds at most 1 / DEFAULT_SHARE of a pass's sequences per device
-# in a micro-batch: with n fixed, the last micro-batch's empty rows are then a few per cent
+# The default token budget holds at most 1 / DEFAULT_SHARE of a pass's tokens (its sequences
+# at P + R each) per device in a micro-batch: with n fixed, the last micro-batch's empty rows are then a few per cent
 # of the pass (benchmarks/packing_fixed_n.py measures it on the real model's lengths).
 DEFAULT_SHARE = 16
 # A forward-only pass (the log-prob and value passes) keeps no activations for a backward,
@@ -128,7 +128,9 @@ DEFAULT_SHARE = 16
 # within the same budget. On this project's 2-core CPU (docs/speed.md, 2026-12-07): the TRL
 # bench's reference pass over 16 sequences took 4.83 s at [1, 14, 192] and 3.76 s at
 # [4, 4, 192]; the real config's policy pass over 48, 12.1 s at [3, 11, 256] and 11.5 s at
-# [8, 4, 256].
+# [8, 4, 256]. The share counts tokens, not sequences: on rows of 512 (four of the bench's
+# sequences each) a share of sequences gave [3, 2, 512], half its slots empty (4.16 s in the
+# bench against 3.22 s at [1, 4, 512]).
 FORWARD_SHARE = 4
 
 
@@ -139,8 +141,8 @@ def spec_for(seq_len: int, rows_per_micro: int, shards: int, row_tokens: int = 0
   `rows_per_micro` rows of seq_len = P + R: rows of `row_tokens` (0: seq_len) and a budget
   of `tokens_per_device`, `row_steps` row lengths to choose from. The default budget (0) is
   the padded micro-batch's tokens per device, at least one row, and at most the rows that
-  hold ceil(pass_rows / (share D)) sequences of the pass (no cap with pass_rows 0; `share`:
-  DEFAULT_SHARE for an update, FORWARD_SHARE for a forward-only pass).
+  hold 1 / (share D) of the pass's pass_rows · seq_len tokens (no cap with pass_rows 0;
+  `share`: DEFAULT_SHARE for an update, FORWARD_SHARE for a forward-only pass).
   rl.packing_row_tokens, rl.packing_tokens_per_device and rl.packing_row_steps are the
   overrides (`run.learners.pass_spec`)."""
   row = row_tokens or seq_len
@@ -148,7 +150,9 @@ def spec_for(seq_len: int, rows_per_micro: int, shards: int, row_tokens: int = 0
   if not budget:
     budget = max(row, rows_per_micro * seq_len // shards)
     if pass_rows:
-      budget = min(budget, row * max(1, -(-pass_rows // (share * shards))))
+      # the rows that hold 1/share of the pass's tokens at their full length P + R (one
+      # sequence per row when rows are P + R long; fewer rows when rows are longer)
+      budget = min(budget, row * max(1, -(-pass_rows * seq_len // (share * shards * row))))
   return PackSpec.from_budget(budget, row, shards, row_steps)
 
 

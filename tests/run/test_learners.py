@@ -135,3 +135,9 @@ def test_forward_passes_take_a_larger_share_of_the_pass_within_the_same_budget()
                                                           packing_tokens_per_device=4 * seq))
   assert learners.spec_of(fixed, "logprobs", 1).rows_per_device == 4
   assert learners.spec_of(fixed, "policy", 1).rows_per_device == 4
+  # Rows longer than P + R hold several sequences: the share counts the pass's tokens, so
+  # rows of 4 (P + R) hold a quarter of them in one row, not in a row per sequence.
+  long = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, packing_row_tokens=4 * seq))
+  assert learners.spec_of(long, "logprobs", 1).rows_per_device == -(-rows // (4 * 4))
+  assert learners.spec_of(long, "policy", 1).rows_per_device == -(-learners.rows_of(
+      cfg).minibatch // (16 * 4))
