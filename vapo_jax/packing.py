@@ -119,8 +119,9 @@ class PackSpec:
 
 
 # The default token budget holds at most 1 / DEFAULT_SHARE of a pass's tokens (its sequences
-# at P + R each) per device in a micro-batch: with n fixed, the last micro-batch's empty rows are then a few per cent
-# of the pass (benchmarks/packing_fixed_n.py measures it on the real model's lengths).
+# at P + R each) per device in a micro-batch: with n fixed, the last micro-batch's empty rows
+# are then a few per cent of the pass (benchmarks/packing_fixed_n.py measures it on the real
+# model's lengths).
 DEFAULT_SHARE = 16
 # A forward-only pass (the log-prob and value passes) keeps no activations for a backward,
 # and its micro-step's fixed cost (the layer loop, every weight read once per micro-batch)
