@@ -112,9 +112,9 @@ def test_a_network_added_to_the_table_alone_trains_packed_and_padded(toy_row, ca
 
 
 def test_forward_passes_take_a_larger_share_of_the_pass_within_the_same_budget():
-  """The default token budget caps an update's micro-batch at 1/16 of the pass's sequences
-  and a forward-only pass's at 1/4 (`packing.FORWARD_SHARE`), both within the padded
-  micro-batch's tokens; an explicit rl.packing_tokens_per_device overrides both."""
+  """The default token budget caps an update's micro-batch at 1/16 of the pass's tokens (at
+  P + R each) and a forward-only pass's at 1/4 (`packing.FORWARD_SHARE`), both within the
+  padded micro-batch's tokens; an explicit rl.packing_tokens_per_device overrides both."""
   from vapo_jax import packing  # pylint: disable=import-outside-toplevel
   cfg = config_lib.from_config_dict(config_lib.default_config_dict())  # 256 rows, P + R = 80
   rows = learners.rows_of(cfg).rollout
