@@ -3,7 +3,9 @@ setting): python mb_probe.py ROW_TOKENS ROW_STEPS TOKENS_PER_DEVICE [REPS]
 
 Since 2026-12-07, ATTN=IMPL:BLOCK sets model.attention_impl and attention_block (e.g.
 ATTN=dense:512), SCAN=0 runs the blocks as a Python loop (model.scan_layers=False) and
-PASS=forward times the reference's log-prob pass over the batch instead of the update."""
+PASS=forward times the reference's log-prob pass over the batch instead of the update;
+PROF=DIR wraps the last timed call in jax.profiler (a trace under DIR, summed by
+benchmarks/results/cpu-passes-2026-12-07/trace_sum.py)."""
 import itertools
 import json
 import sys
@@ -51,8 +53,11 @@ jax.block_until_ready(batch)
 forward = os.environ.get("PASS") == "forward"
 p = batch.tokens_BxL.shape[1] - batch.response_mask_BxR.shape[1]
 times = []
+prof = os.environ.get("PROF")
 for i in range(reps + 1):
   shapes.take()
+  if prof and i == reps:
+    jax.profiler.start_trace(prof)
   t0 = time.perf_counter()
   if forward:
     jax.block_until_ready(t.parts.experience.logprobs(
@@ -62,6 +67,8 @@ for i in range(reps + 1):
     t.update(batch, stage="rl", step=i, policy=True)
     jax.block_until_ready(t.state.train_state("policy").params)
   times.append(time.perf_counter() - t0)
+  if prof and i == reps:
+    jax.profiler.stop_trace()
   got = shapes.take()
 print(json.dumps({"pass": "forward" if forward else "update", "row": row, "steps": steps,
                   "budget": budget, "first": times[0],
