@@ -29,10 +29,11 @@ def test_packing_rows_prints_each_row_length(capsys):
   assert len(lines) == 2 and "padded" in out
   # Sequences of <= 40 tokens fill rows of 80 and 160 far better than one per padded row
   # (0.29). The rows per micro-batch are fixed (one compiled shape), so the last micro-batch
-  # is part empty. The updates hold the default budget's 1/16 share of the pass (16 rows of
-  # 80, 8 of 160): 0.92 of their slots are real. The forward passes hold a quarter
-  # (packing.FORWARD_SHARE: 64 rows of 80): ~74 rows of real tokens take two micro-batches
-  # of 64, 0.58 real, fewer and larger calls for more padding.
+  # is part empty. An update holds the default budget's 1/16 share of its mini-batch's
+  # tokens (v5p-8's 4 shards: 8 rows of 80, 4 of 160): 0.92 of their slots are real. A
+  # forward pass holds a quarter of the pass (packing.FORWARD_SHARE: 64 rows of 80, 32 of
+  # 160): ~74 rows of real tokens take two micro-batches of 64, 0.58 real, fewer and larger
+  # calls for more padding.
   cols = [line.split() for line in lines]
   forward, steps = [float(c[-4]) for c in cols], [float(c[-3]) for c in cols]
   assert min(steps) > 0.85, out
