@@ -131,7 +131,9 @@ DEFAULT_SHARE = 16
 # [4, 4, 192]; the real config's policy pass over 48, 12.1 s at [3, 11, 256] and 11.5 s at
 # [8, 4, 256]. The share counts tokens, not sequences: on rows of 512 (four of the bench's
 # sequences each) a share of sequences gave [3, 2, 512], half its slots empty (4.16 s in the
-# bench against 3.22 s at [1, 4, 512]).
+# bench against 3.22 s at [1, 4, 512]). The cost: with n fixed, the last micro-batch may
+# leave up to a quarter of the pass's slots empty (0.58 real on the tiny mix of
+# tests/benchmarks/test_packing_bench.py, 0.92 at 1/16).
 FORWARD_SHARE = 4
 
 
