@@ -126,7 +126,7 @@ def annotate(t, raw) -> batch_lib.RolloutBatch:
   tokens, mask, resp = raw.tokens_BxL, raw.mask_BxL, raw.response_mask_BxR
   p = tokens.shape[1] - resp.shape[1]
   stats = t.return_stats() if t.cfg.rl.value_norm != "none" else None
-  values = trainer_lib._bound_values(t.critic_values, critic.state.params, stats, tokens,
+  values = critic_stage.bound_values(t.critic_values, critic.state.params, stats, tokens,
                                      mask, p)
   lengths = jnp.sum(resp, axis=1).astype(jnp.int32)
   groups = jnp.arange(resp.shape[0], dtype=jnp.int32) // t.cfg.responses_per_prompt

@@ -184,7 +184,7 @@ def test_standardised_values_are_unstandardised_for_gae_float64():
   p = 4
   tokens = jnp.zeros((b, p + r), jnp.int32)
   mask_l = jnp.concatenate([jnp.ones((b, p)), jnp.asarray(mask)], axis=1)
-  values = trainer_lib._bound_values(values_fn, None, stats, tokens, mask_l, p)
+  values = critic_stage.bound_values(values_fn, None, stats, tokens, mask_l, p)
   v64 = (sigma * raw.astype(np.float64) + mu) * mask
   np.testing.assert_allclose(np.asarray(values), v64, atol=1e-5)
   ac = parts.advantage_config(tiny(**{"rl.whiten_advantages": False}))
@@ -348,7 +348,7 @@ def test_value_pretraining_reuses_rollouts_and_stops_on_heldout_ev(monkeypatch):
             "critic/prompt_value_spearman"):
     assert k in records[-1]
   stats = t.return_stats()
-  assert stats.weight > 0 and "critic_return_stats" in t.state.summary
+  assert stats.weight > 0 and not any("critic" in k for k in t.state.summary)  # its own record
 
 
 def test_full_critic_trains_base_weights_and_lora_critic_does_not(monkeypatch):
@@ -415,7 +415,8 @@ def test_main_runs_end_to_end_with_every_lever_on(tmp_path):
          "--config.rl.value_norm=running", "--config.rl.reward_scale=2.0",
          "--config.rl.reward_shift=-1.0", "--config.value_pretrain.replay_batches=2",
          "--config.value_pretrain.epochs=2", "--config.value_pretrain.heldout_batches=2",
-         "--config.rl.alpha=0", "--config.metrics.critic_diagnostics=True"]
+         "--config.rl.alpha=0", "--config.metrics.critic_diagnostics=True",
+         "--config.metrics.critic_heldout_batches=1"]
   out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "XLA_FLAGS": ""})
   assert out.returncode == 0, out.stderr[-3000:]
@@ -425,7 +426,41 @@ def test_main_runs_end_to_end_with_every_lever_on(tmp_path):
   assert len(vp) == 2 and len(rl) == 1
   assert all("critic/heldout_ev" in r and "critic/ev_second_half" in r for r in vp)
   assert "critic/ev_first_half" in rl[0]
+  for k in ("critic/group_ev", "critic/auroc_last", "critic/ev_pos_d9", "critic/bias"):
+    assert k in vp[-1] and k in rl[0]
+  # The critic on fresh held-out rollouts at each evaluation (before and after RL), with the
+  # within-group EV's interval over groups.
+  evals = [r for r in records if r["stage"] == "eval"]
+  assert len(evals) == 2
+  for r in evals:
+    assert r["critic_heldout/group_ev_lo"] <= r["critic_heldout/group_ev"] <= r[
+        "critic_heldout/group_ev_hi"] or r["critic_heldout/group_ev"] == 0.0
+  # The summary `main` prints holds no PRNG key words or iterator states of the critic's.
+  summary = json.loads(out.stdout[out.stdout.index("{"):])
+  assert not any("critic" in k for k in summary)
   assert os.path.exists(tmp_path / "critic" / "config.json")
+
+
+def test_critic_state_round_trips_and_reads_old_checkpoints():
+  """The critic's typed record survives the checkpoint meta's JSON; a checkpoint saved when
+  it lived in the summary (before 2026-12-07) gives the same record, and leaves the summary."""
+  import json  # pylint: disable=import-outside-toplevel
+  from vapo_jax import critic as critic_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import checkpoint  # pylint: disable=import-outside-toplevel
+  cs = critic_stage.CriticState(
+      return_stats=critic_lib.ReturnStats(0.19, 0.05, 0.07),
+      draws=[critic_stage.Draw({"epoch": 1, "pos": 6}, (3, 4))],
+      heldout=[np.array([10.0, 1.0, 1.0, 0.5, 0.4])])
+  back = critic_stage.CriticState.from_meta(json.loads(json.dumps(cs.to_meta())))
+  assert back.return_stats == cs.return_stats and back.draws == cs.draws
+  np.testing.assert_array_equal(back.heldout[0], cs.heldout[0])
+  summary = {"data": {}, "critic_return_stats": [0.19, 0.05, 0.07],
+             "critic_replay": {"draws": [{"iterator": {"epoch": 1, "pos": 6}, "key": [3, 4]}],
+                               "heldout": [[10.0, 1.0, 1.0, 0.5, 0.4]]}}
+  old = critic_stage.CriticState.from_meta(checkpoint._legacy_critic(summary))  # pylint: disable=protected-access
+  assert old.return_stats == cs.return_stats and old.draws == cs.draws
+  assert summary == {"data": {}}
+  assert critic_stage.CriticState.from_meta(None) == critic_stage.CriticState()
 
 
 def test_resumed_value_pretraining_with_replay_equals_uninterrupted(tmp_path):

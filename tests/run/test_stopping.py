@@ -35,7 +35,15 @@ def test_which_rule_ends_the_stage():
   assert _reason(steady) == "cap" and _reason(steady[:9]) is None
   # The cap counts steps done, also on a resumed stage that saw only its last losses.
   assert stopping.stop_reason([0.5], 0.0, step=10, max_steps=10) == "cap"
-  assert set(stopping.RULES) == {"value_loss", "explained_variance", "plateau"}
+  assert set(stopping.RULES) == {"value_loss", "explained_variance", "group_ev", "plateau"}
+  # The within-group EV rule: off at 1, holds at its threshold, never before min_steps.
+  assert stopping.stop_reason([1.0], 0.0, step=1, max_steps=5, group_ev=0.9) is None
+  assert stopping.stop_reason([1.0], 0.0, step=1, max_steps=5, group_ev=0.1,
+                              stop_group_ev=0.1) == "group_ev"
+  assert stopping.stop_reason([1.0], 0.0, step=1, max_steps=5, min_steps=2, group_ev=0.5,
+                              stop_group_ev=0.1) is None
+  assert stopping.stop_reason([1.0], 0.0, step=1, max_steps=5, group_ev=None,
+                              stop_group_ev=0.1) is None
 
 
 @pytest.mark.parametrize("ev_threshold", [1.0, 0.6])

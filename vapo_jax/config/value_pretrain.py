@@ -14,6 +14,10 @@ class ValuePretrainSection:
   min_steps: int = 1
   stop_value_loss: float = 0.0          # stop once the value loss is below this (0: off)
   stop_explained_variance: float = 1.0  # stop once explained variance reaches this (1: off)
+  # stop once the within-group EV of a fresh batch (critic/group_ev, scored before the critic
+  # trained on it: the part of the reward a group mean cannot explain) reaches this (1: off;
+  # needs metrics.critic_diagnostics)
+  stop_group_ev: float = 1.0
   # Plateau rule (run/stopping.py): stop once the `plateau_smooth`-step moving average of the
   # value loss fell by less than `plateau_tol` (relative) over the last `plateau_window`
   # steps; 0: off. max_steps is the cap; the log says which ended the stage.
@@ -38,6 +42,8 @@ class ValuePretrainSection:
   def check(self) -> None:
     need(self.max_steps >= self.min_steps >= 0, "value_pretrain.min_steps", self.min_steps,
          f"in [0, value_pretrain.max_steps={self.max_steps}]")
+    need(self.stop_group_ev <= 1, "value_pretrain.stop_group_ev", self.stop_group_ev,
+         "<= 1 (1: off)")
     need(self.epochs >= 0, "value_pretrain.epochs", self.epochs, ">= 0 (0: rl.ppo_epochs)")
     need(self.replay_batches >= 1, "value_pretrain.replay_batches", self.replay_batches,
          ">= 1 (1: the step's own batch)")

@@ -11,9 +11,10 @@ At a position (stage, step) a checkpoint holds the arrays that exist there —
 — and in its JSON meta everything else the run's randomness and bookkeeping depend on: the
 position and fault counters (`RunControl`), both prompt iterators' epoch and position, the
 PRNG key the rollouts split from, the number of metric records written, the summary so far,
-and the config. Mini-batch shuffles are seeded by (seed, stage, step, epoch) and need no
-state. Restoring all of it makes the resumed run take the same steps, on the same prompts,
-with the same random numbers, as a run that never stopped.
+the critic's typed record (`critic_stage.CriticState`) and the config. Mini-batch shuffles
+are seeded by (seed, stage, step, epoch) and need no state. Restoring all of it makes the
+resumed run take the same steps, on the same prompts, with the same random numbers, as a run
+that never stopped.
 
 All of it is a `RunState`, which the trainer owns and hands over: save reads it, restore
 writes it. The restore targets are freshly built states (the trainer's `build` callback), so
@@ -34,6 +35,7 @@ from vapo_jax.data import PromptIterator
 from vapo_jax.run import learners
 from vapo_jax.run import checkpoint_store
 from vapo_jax.run import control as run_control
+from vapo_jax.run import critic_stage
 from vapo_jax.run import metrics as metrics_lib
 
 CHECKPOINTS = "checkpoints"
@@ -59,6 +61,8 @@ class RunState:
   learners: dict[str, Any] = dataclasses.field(default_factory=dict)
   ref_params: Any = None                     # the KL penalty's reference policy, once set up
   summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # The critic's return statistics, replayed draws and held-out sums (`run.critic_stage`).
+  critic: critic_stage.CriticState = dataclasses.field(default_factory=critic_stage.CriticState)
 
   def next_key(self) -> jax.Array:
     self.key, sub = jax.random.split(self.key)
@@ -125,6 +129,7 @@ def save(state: RunState, score: float | None = None) -> None:
   meta = {"position": state.ctl.state(), "iterators": iterators,
           "key": [int(x) for x in np.asarray(jax.random.key_data(state.key)).ravel()],
           "metrics_lines": state.log.lines, "summary": state.summary,
+          "critic": state.critic.to_meta(),
           "config": dataclasses.asdict(state.cfg)}
   ckpt.save(state.ctl.global_step, groups(state), meta, score=score)
 
@@ -167,6 +172,7 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
     state.prompts.set_state(initial[2])
     state.sft_prompts = state.ref_params = None
     state.learners.clear()
+    state.critic = critic_stage.CriticState()
 
   def attempt(s, meta):
     reset()
@@ -232,6 +238,8 @@ def restore(state: RunState, build: Callable[[str], Any], step: int | None = Non
   pos = state.ctl
   pos.load(meta["position"])
   state.summary = meta["summary"]
+  state.critic = critic_stage.CriticState.from_meta(meta.get("critic")
+                                                    or _legacy_critic(state.summary))
   # Records written after this checkpoint will be written again: drop them.
   purge = {s: 0 for s in run_control.STAGES}
   purge[pos.stage] = pos.step + 1
@@ -282,6 +290,15 @@ def initial_policy(run: str, like: Any, step: int | None = None) -> tuple[Any, s
   finally:
     source.close()
   return params, f"the policy of {directory} step {steps[-1]} ({name})"
+
+
+def _legacy_critic(summary: dict) -> dict:
+  """The critic's record from a checkpoint saved before it had its own (2026-12-07): the
+  summary's "critic_return_stats" and "critic_replay" entries, taken out of the summary."""
+  stats = summary.pop("critic_return_stats", None)
+  replay = summary.pop("critic_replay", None) or {}
+  out = {"draws": replay.get("draws", []), "heldout": replay.get("heldout", [])}
+  return {**out, "return_stats": stats} if stats else out
 
 
 def _weights_path(group: str) -> str:

@@ -5,6 +5,8 @@ after at least `min_steps`, at the first step where one rule holds:
 
   "value_loss"          value loss < stop_value_loss                      (0: off)
   "explained_variance"  explained variance ≥ stop_explained_variance      (1: off)
+  "group_ev"            within-group EV of the step's fresh batch ≥ stop_group_ev (1: off;
+                        `run.critic_diagnostics.within_group_ev`, metrics.critic_diagnostics)
   "plateau"             with m_i = mean(loss_{i−s+1..i}) (s = plateau_smooth):
                         m_{i−w} − m_i < tol · m_{i−w}   (w = plateau_window; 0: off)
 
@@ -17,7 +19,7 @@ held, or "cap" at the last allowed step, or None to go on; the trainer logs it a
 
 from typing import Sequence
 
-RULES = ("value_loss", "explained_variance", "plateau")
+RULES = ("value_loss", "explained_variance", "group_ev", "plateau")
 
 
 def moving_average(values: Sequence[float], window: int) -> list[float]:
@@ -45,7 +47,8 @@ def plateaued(losses: Sequence[float], window: int, smooth: int, tol: float) -> 
 def stop_reason(losses: Sequence[float], explained_variance: float, *, step: int,
                 max_steps: int, min_steps: int = 0, stop_value_loss: float = 0.0,
                 stop_explained_variance: float = 1.0, plateau_window: int = 0,
-                plateau_smooth: int = 3, plateau_tol: float = 0.02) -> str | None:
+                plateau_smooth: int = 3, plateau_tol: float = 0.02,
+                group_ev: float | None = None, stop_group_ev: float = 1.0) -> str | None:
   """Why the stage ends after the step whose loss is `losses[-1]`, or None to go on.
 
   Args:
@@ -53,7 +56,8 @@ def stop_reason(losses: Sequence[float], explained_variance: float, *, step: int
       sees only the steps since it resumed, so its plateau rule starts afresh).
     explained_variance: of the last step's values against its targets.
     step: the number of steps done (1 after the first).
-    max_steps .. plateau_tol: the `value_pretrain` settings.
+    max_steps .. plateau_tol, stop_group_ev: the `value_pretrain` settings.
+    group_ev: the within-group EV of the last step's fresh batch (None: not measured).
 
   Returns:
     one of RULES, "cap" (the step is the max_steps-th and no rule held), or None.
@@ -63,6 +67,8 @@ def stop_reason(losses: Sequence[float], explained_variance: float, *, step: int
       return "value_loss"
     if explained_variance >= stop_explained_variance:
       return "explained_variance"
+    if group_ev is not None and group_ev >= stop_group_ev:
+      return "group_ev"
     if plateaued(losses, plateau_window, plateau_smooth, plateau_tol):
       return "plateau"
   return "cap" if step >= max_steps else None

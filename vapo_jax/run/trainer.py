@@ -30,25 +30,22 @@ from flax import nnx
 from vapo_jax import config as config_lib
 from vapo_jax import critic as critic_lib
 from vapo_jax import data as data_lib
-from vapo_jax import distributed
 from vapo_jax.data import PromptIterator
 from vapo_jax.run import learners as run_learners
 from vapo_jax.run import checkpoint as run_checkpoint
 from vapo_jax.run import compiles
 from vapo_jax.run import host_memory
 from vapo_jax.run import control as run_control
-from vapo_jax.run import critic_diagnostics
 from vapo_jax.run import critic_stage
 from vapo_jax.run import eval_records
 from vapo_jax.run import evaluation
 from vapo_jax.run import inputs
 from vapo_jax.run import metrics as metrics_lib
 from vapo_jax.run import parts
-from vapo_jax.run import stopping
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import update
 
-CRITIC_DIR = "critic"          # workdir/critic: HF-format critic after value pretraining
+CRITIC_DIR = critic_stage.CRITIC_DIR  # workdir/critic: HF-format critic after value pretraining
 REWARD_MODEL_DIR = "reward_model"  # workdir/reward_model: HF-format RM after its stage
 CURVES_PNG = "curves.png"
 
@@ -221,7 +218,8 @@ class Trainer:
     critic = s.learners.get("critic")
     values = None
     if critic is not None:
-      values = functools.partial(_bound_values, self.critic_values, critic.state.params,
+      values = functools.partial(critic_stage.bound_values, self.critic_values,
+                                 critic.state.params,
                                  self.return_stats() if self.cfg.rl.value_norm != "none"
                                  else None)
     return self.parts.experience(
@@ -244,96 +242,17 @@ class Trainer:
     out.update({f"lr/{learner.name}": learner.learning_rate() for learner in learners})
     return out
 
-  # ------------------------------------------------------------- the critic's targets
+  # ---------------------------------------------------------- the critic (run.critic_stage)
   def return_stats(self) -> critic_lib.ReturnStats:
-    """The running statistics of the critic's targets (rl.value_norm="running"), kept in
-    the summary so that a checkpoint holds them."""
-    return critic_stage.return_stats(self.state.summary)
+    """The running statistics of the critic's targets (rl.value_norm="running")."""
+    return self.state.critic.return_stats
 
   def critic_targets(self, batch: batch_lib.RolloutBatch,
                      replayed: list[batch_lib.RolloutBatch] = ()) -> batch_lib.RolloutBatch:
-    """A fresh batch (after `replayed` older ones, joined) as the critic step takes it: with
-    rl.value_norm="running" the statistics are updated with the fresh batch's returns and
-    every return standardised by them, the fresh batch's old values standardised by the
-    statistics they were read with (the critic's own outputs); else as they are."""
-    if self.cfg.rl.value_norm == "none":
-      return critic_stage.joined([*replayed, batch])
-    before = self.return_stats()
-    after = critic_lib.update_stats(before, batch.returns_BxR, batch.response_mask_BxR,
-                                    self.cfg.rl.value_norm_decay)
-    critic_stage.set_return_stats(self.state.summary, after)
-    return critic_stage.joined([critic_stage.in_critic_units(b, after, after) for b in replayed]
-                               + [critic_stage.in_critic_units(batch, before, after)])
-
-  def critic_diagnostics(self, batch: batch_lib.RolloutBatch) -> dict[str, float]:
-    """critic/* metrics of a batch the critic scored before training on it
-    (`run.critic_diagnostics`), with metrics.critic_diagnostics; else none."""
-    if not self.cfg.metrics.critic_diagnostics:
-      return {}
-    values, returns, mask = _to_host_values(batch)
-    return critic_diagnostics.metrics(values, returns, mask,
-                                      distributed.to_host(batch.scores_B),
-                                      self.cfg.responses_per_prompt)
+    return critic_stage.targets(self, batch, replayed)
 
   def value_pretrain(self) -> dict[str, float]:
-    """Trains the critic on Monte Carlo returns of the frozen policy until the rule holds."""
-    vp = self.cfg.value_pretrain
-    self.setup("critic")
-    start = self.ctl.enter("value_pretrain")
-    bar = self._bar(vp.max_steps, "value pretraining", start)
-    metrics, losses = {}, []
-    # The batches replayed and the held-out EV's sums: a resumed stage draws the same
-    # batches again (prompts and keys from the summary; the policy is frozen) and takes the
-    # sums as they were, so it goes on as if it never stopped (its plateau rule restarts).
-    draws, heldout = critic_stage.replay_state(self.state.summary, start)
-    replay = [self.experience(critic_stage.examples_of(self, d), for_value_pretraining=True,
-                              key=critic_stage.key_of(d))[0] for d in draws]
-    for i in range(start, vp.max_steps):
-      c0 = compiles.snapshot()
-      draw = critic_stage.draw_record(self.state) if vp.replay_batches > 1 else None
-      batch, em = self.experience(next(self.state.prompts), for_value_pretraining=True,
-                                  key=self.state.next_key())
-      # Held-out: the critic scored this fresh batch before training on any of it (its EV
-      # is the experience's value/explained_variance; pooled over the last few here).
-      ev = em["value/explained_variance"]
-      if vp.heldout_batches > 1 or self.cfg.metrics.critic_diagnostics:
-        heldout = (heldout + [critic_diagnostics.ev_sums(*_to_host_values(batch))]
-                   )[-vp.heldout_batches:]
-        if vp.heldout_batches > 1:
-          ev = critic_diagnostics.pooled_ev(heldout)
-        em["critic/heldout_ev"] = ev
-        em.update(self.critic_diagnostics(batch))
-      # The policy is frozen: older batches' Monte Carlo returns are still exact targets.
-      keep = vp.replay_batches - 1
-      replay, draws = critic_stage.last(replay, keep), critic_stage.last(draws, keep)
-      um = self.update(self.critic_targets(batch, replay), stage="value_pretrain", step=i,
-                       policy=False, loop=critic_stage.pretrain_loop(self.cfg, len(replay) + 1))
-      replay.append(batch)
-      draws.append(draw)
-      if vp.replay_batches > 1 or vp.heldout_batches > 1:
-        critic_stage.set_replay_state(self.state.summary, critic_stage.last(draws, keep),
-                                      heldout)
-      metrics = {**em, **um, **compiles.since(c0)}
-      losses.append(um["value_loss"])
-      why = stopping.stop_reason(
-          losses, ev, step=i + 1, max_steps=vp.max_steps,
-          min_steps=vp.min_steps, stop_value_loss=vp.stop_value_loss,
-          stop_explained_variance=vp.stop_explained_variance,
-          plateau_window=vp.plateau_window, plateau_smooth=vp.plateau_smooth,
-          plateau_tol=vp.plateau_tol)
-      if why is not None:
-        metrics["value_pretrain/stopped_by"] = why
-        print(f"value pretraining ended after step {i + 1} by "
-              + (f"its cap (max_steps={vp.max_steps}): no stopping rule held" if why == "cap"
-                 else f"the {why} rule"), flush=True)
-      self.state.log.write("value_pretrain", i + 1, metrics)
-      bar.update(1)
-      bar.set_postfix(vloss=f"{um['value_loss']:.4f}", ev=f"{ev:.3f}")
-      self._step_end("value_pretrain", i + 1, last=why is not None)
-      if why is not None:
-        break
-    bar.close()
-    return metrics
+    return critic_stage.value_pretrain(self)
 
   def evaluate(self, examples=None, rl_step: int | None = None,
                records_path: str | None = None) -> dict[str, float]:
@@ -343,7 +262,7 @@ class Trainer:
     examples = (examples or p.eval_examples)[:cfg.eval.num_examples]
     if records_path is None and rl_step is not None and self.state.log.workdir:
       records_path = eval_records.run_path(self.state.log.workdir, rl_step)
-    return evaluation.evaluate(p.samplers.eval, p.samplers.greedy, self.state.policy_params,
+    out = evaluation.evaluate(p.samplers.eval, p.samplers.greedy, self.state.policy_params,
                                examples, p.text, p.eval_scorer, jax.random.key(cfg.seed + 7),
                                batch_prompts=cfg.eval.batch_prompts,
                                threshold=cfg.eval.correct_threshold,
@@ -352,6 +271,9 @@ class Trainer:
                                         if cfg.data.synthetic_task == "chain_or_guess"
                                         and cfg.data.source == "synthetic" else None),
                                records_path=records_path)
+    if rl_step is not None:  # the critic on fresh held-out rollouts (metrics.critic_heldout_*)
+      out.update(critic_stage.heldout_readout(self, rl_step))
+    return out
 
   def rl(self) -> dict[str, Any]:
     """VAPO RL (or the preset's variant) for rl.steps steps (continuing a resumed run)."""
@@ -370,7 +292,7 @@ class Trainer:
       batch, em = self.experience(next(s.prompts))
       host_memory.trim()  # the rollout's KV pool and decode copy are free (run/host_memory.py)
       if cfg.uses_critic:
-        em.update(self.critic_diagnostics(batch))
+        em.update(critic_stage.diagnostics(self, batch))
         batch = self.critic_targets(batch)
       t1 = time.perf_counter()
       um = self.update(batch, stage="rl", step=i, policy=True)
@@ -426,7 +348,7 @@ class Trainer:
         self._finish_stage("reward_model")
       if self.ctl.stage == "value_pretrain":
         summary["value_pretrain"] = self.value_pretrain()
-        self._save_critic()
+        critic_stage.save(self, self.workdir)
         self._finish_stage("value_pretrain")
       if self.ctl.stage == "rl":
         if self.ctl.step == 0:
@@ -494,16 +416,6 @@ class Trainer:
     with self.ctl.guard("checkpoint restore"):
       return run_checkpoint.restore(self.state, self.setup, step)
 
-  def _save_critic(self):
-    """The value-pretrained critic as an HF directory other runs load via model.critic_path."""
-    if not (self.workdir and self.cfg.checkpoint.save_critic
-            and "critic" in self.state.learners):
-      return
-    model = self.critic_model()
-    if self.cfg.rl.value_norm != "none":  # its head rescaled to give values in return units
-      model = critic_lib.in_return_units(model, self.return_stats())
-    critic_lib.save_pretrained(model, os.path.join(self.workdir, CRITIC_DIR))
-
   def _plot(self):
     if not (self.workdir and self.cfg.metrics.plot and self.state.log.path):
       return
@@ -526,19 +438,3 @@ def _wandb_args(cfg) -> dict[str, Any] | None:
   wandb_log.require()
   return {"project": m.wandb_project, "name": m.wandb_name,
           "config": config_lib.to_dict(cfg)}
-
-
-def _bound_values(values_fn, critic_params, stats, tokens_BxL, mask_BxL, prompt_len: int):
-  """The critic's V(s_t) [B, R] of a rollout, its parameters bound (`Experience`'s values);
-  with return statistics (rl.value_norm), un-standardised: V = σ·v + μ."""
-  values = values_fn(critic_params, tokens_BxL, mask_BxL, prompt_len=prompt_len)
-  if stats is None:
-    return values
-  return critic_lib.unstandardise(values, mask_BxL[:, prompt_len:], stats)
-
-
-def _to_host_values(batch):
-  """(values, returns, response mask) of a batch on the host: the critic's V before it
-  trained on the batch (old_values_BxR, in units of the returns) and its targets."""
-  return distributed.to_host((batch.old_values_BxR, batch.returns_BxR,
-                              batch.response_mask_BxR))
