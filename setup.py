@@ -53,6 +53,9 @@ setuptools.setup(
             # tests/benchmarks/test_trl_bench.py runs benchmarks/trl_bench.py end to end on a
             # tiny model (each side in its own process); skipped without it.
             "trl>=1.16,<2",
+            # tests/data/test_data_reasoning_gym.py draws the data.source="reasoning_gym" tasks
+            # and scores them with the package's own score_answer (the oracle).
+            "reasoning-gym>=0.1.25,<0.2",
         ],
         # workdir/curves.png and `python -m vapo_jax.tools.plot`.
         "plot": ["matplotlib>=3.8"],
@@ -65,6 +68,8 @@ setuptools.setup(
         # data.source="hf": datasets by name from the Hub.
         "hf-data": ["datasets>=4", "huggingface_hub>=1.0"],
         "parquet": ["pyarrow>=15"],
+        # data.source="reasoning_gym": reasoning-gym's generators (Apache-2.0).
+        "reasoning-gym": ["reasoning-gym>=0.1.25,<0.2"],
         "tfds": ["tensorflow-datasets>=4.9"],
         "tpu": ["jax[tpu]>=0.10.2,<0.13"],
         # logging.wandb=True: the Weights & Biases writer.

@@ -1,10 +1,12 @@
 """Prompt data: sources, the synthetic task, templates and the iterator.
 
-Imports no model or trainer code and no jax.
+Imports no model or trainer code and no jax. `reasoning_gym` imports the reasoning-gym package
+only when it draws problems, so this package imports without it.
 """
 
 from vapo_jax.data import chain
 from vapo_jax.data import chain_mix
+from vapo_jax.data import reasoning_gym
 from vapo_jax.data import synthetic
 from vapo_jax.data import word_problems
 from vapo_jax.data.iterator import PromptIterator
@@ -39,6 +41,7 @@ __all__ = [
     "load_tfds",
     "chain",
     "chain_mix",
+    "reasoning_gym",
     "synthetic",
     "word_problems",
 ]

@@ -64,6 +64,9 @@ def build_examples(cfg, text: Text) -> tuple[list, list, dict]:
         max_operand=d.synthetic_max_operand, ops=d.synthetic_ops)
     train = data_lib.word_problems.word_problems(d.num_train, "train", cfg.data_seed, spec)
     test = data_lib.word_problems.word_problems(d.num_eval, "test", cfg.data_seed, spec)
+  elif d.source == "reasoning_gym":
+    spec = data_lib.reasoning_gym.RGSpec.parse(d.rg_arms, d.rg_weights, d.rg_drop_shortcuts)
+    train, test = data_lib.reasoning_gym.splits(d.num_train, d.num_eval, cfg.data_seed, spec)
   elif d.source == "synthetic":
     task = {"arithmetic": (data_lib.synthetic.ArithmeticSpec, data_lib.synthetic.arithmetic),
             "chain": (data_lib.chain.ChainSpec, data_lib.chain.chains)}[d.synthetic_task]

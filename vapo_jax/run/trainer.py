@@ -267,9 +267,7 @@ class Trainer:
                                batch_prompts=cfg.eval.batch_prompts,
                                threshold=cfg.eval.correct_threshold,
                                short_tokens=cfg.eval.short_response_tokens,
-                               kind_of=(data_lib.chain_mix.kind_of
-                                        if cfg.data.synthetic_task == "chain_or_guess"
-                                        and cfg.data.source == "synthetic" else None),
+                               kind_of=_kind_of(cfg.data),
                                records_path=records_path)
     if rl_step is not None:  # the critic on fresh held-out rollouts (metrics.critic_heldout_*)
       out.update(critic_stage.heldout_readout(self, rl_step))
@@ -438,3 +436,13 @@ def _wandb_args(cfg) -> dict[str, Any] | None:
   wandb_log.require()
   return {"project": m.wandb_project, "name": m.wandb_name,
           "config": config_lib.to_dict(cfg)}
+
+
+def _kind_of(d):
+  """The evaluation's per-kind breakdown (avg@k/<kind>): chain_or_guess's kinds, or the arm
+  of a reasoning-gym problem; None for other data."""
+  if d.source == "synthetic" and d.synthetic_task == "chain_or_guess":
+    return data_lib.chain_mix.kind_of
+  if d.source == "reasoning_gym":
+    return data_lib.reasoning_gym.arm_of
+  return None
