@@ -22,11 +22,17 @@ def _case():
 
 def test_gap_metrics_by_hand():
   old, beh, mask, ratio = _case()
-  got = {k: float(v) for k, v in behaviour.gap_metrics(old, beh, mask).items()}
+  got = {k: float(v) for k, v in behaviour.gap_metrics(old, beh, mask, (0.5, 2.0)).items()}
   r = ratio[mask > 0]
   assert got["rollout/logp_gap_abs"] == pytest.approx(np.mean(np.abs(np.log(r))), rel=1e-5)
   assert got["rollout/logp_gap_k3"] == pytest.approx(np.mean(r - 1 - np.log(r)), rel=1e-5)
   assert got["rollout/ratio_outside_frac"] == pytest.approx(2 / 6)  # 0.25 and 3
+  # The band is the config's (rl.behaviour_band), the one the masked correction keeps.
+  wide = behaviour.gap_metrics(old, beh, mask, (0.2, 4.0))
+  assert float(wide["rollout/ratio_outside_frac"]) == pytest.approx(0.0)
+  masked = np.asarray(behaviour.correction_weights(old, beh, mask, _c("mask", band=(0.2, 4.0))))
+  assert float(wide["rollout/ratio_outside_frac"]) == pytest.approx(
+      1 - masked[mask > 0].mean())
 
 
 def test_corrections_by_hand():
@@ -45,7 +51,7 @@ def test_no_gap_is_a_no_op(mode):
   mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], jnp.float32)
   np.testing.assert_array_equal(
       np.asarray(behaviour.correction_weights(old, old, mask, _c(mode))), np.asarray(mask))
-  gap = behaviour.gap_metrics(old, old, mask)
+  gap = behaviour.gap_metrics(old, old, mask, (0.5, 2.0))
   assert all(float(v) == 0.0 for v in gap.values())
 
 

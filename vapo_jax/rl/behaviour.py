@@ -51,9 +51,11 @@ def log_ratio(old_logp_BxR, behaviour_logp_BxR, mask_BxR):
   return (old_logp_BxR.astype(jnp.float32) - behaviour_logp_BxR.astype(jnp.float32)) * m
 
 
-def gap_metrics(old_logp_BxR, behaviour_logp_BxR, mask_BxR, band=(0.5, 2.0)) -> dict:
+def gap_metrics(old_logp_BxR, behaviour_logp_BxR, mask_BxR, band: tuple[float, float]
+                ) -> dict:
   """`rollout/logp_gap_abs`, `rollout/logp_gap_k3`, `rollout/ratio_outside_frac` (device
-  scalars) over the real response tokens."""
+  scalars) over the real response tokens; "outside" is outside `band` (rl.behaviour_band,
+  `Correction.band`), the one the masked correction keeps."""
   m = mask_BxR.astype(jnp.float32)
   n = jnp.maximum(jnp.sum(m), 1.0)
   lr = log_ratio(old_logp_BxR, behaviour_logp_BxR, m)

@@ -141,7 +141,8 @@ class Experience:
     # The sampler's log-probs against the recomputed ones (rl/behaviour.py), every step
     # where they are recomputed ("exact": the update logs them).
     rewards_B = scores_B
-    on_device = (behaviour.gap_metrics(old_logp, rollout.logp_BxR, resp_mask) if recompute
+    on_device = (behaviour.gap_metrics(old_logp, rollout.logp_BxR, resp_mask,
+                                      self.correction.band) if recompute
                  else {})
     if self.overlong is not None:
       penalty_B = dapo.overlong_penalty(rollout.lengths_B, self.overlong.max_len,

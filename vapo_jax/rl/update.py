@@ -125,7 +125,8 @@ def old_policy(hp: PolicyHParams, ratio_logp, batch_logp, advantages, m, *, toke
   if hp.old_logprobs == "exact":
     old = jax.lax.stop_gradient(ratio_logp)
     share = jnp.sum(m) / jnp.maximum(tokens, 1.0)
-    metrics = {k: v * share for k, v in behaviour.gap_metrics(old, batch_logp, m).items()}
+    metrics = {k: v * share for k, v in behaviour.gap_metrics(old, batch_logp, m,
+                                                                      hp.correction.band).items()}
   else:
     old = batch_logp
   if hp.correction.mode != "none":
