@@ -2,26 +2,28 @@
 
 For Bp prompts and n responses each (B = Bp n responses; response b answers prompt b // n):
 
-  host loop, until every response is done:
-    1. admit: each free slot takes the next pending response whose first chunk of pages fits
-       (`slots.Scheduler`); its prompt is prefilled once (`prefill`, dense, right-padded to
-       its bucket) and kept until all n of its responses are inserted; `insert` writes the
-       prompt's KV into the slot's pages and draws token 0 from the prefill logits;
-    2. reserve pages for one chunk in every running slot (evicting the youngest when short);
-    3. `decode_chunk`: up to K decode steps in one `lax.while_loop` on device (early exit
-       when enough slots are idle and responses wait), over the rows of the smallest
-       bucket (S, S/2, ..., `EngineConfig.decode_buckets` sizes) that holds every slot the
-       host holds as occupied, padded with idle slots (`slots.chunk_rows`): their state
-       and page-table rows are gathered, decoded and scattered back; the KV pool stays in
-       place. Each step feeds a slot's last token, writes its KV into its pages, attends
-       over the slot's live length (`models.paged_attention`; with jax's Pallas kernel in
-       slot groups whose page table fits its scalar memory, the matmuls over all the
-       bucket's rows at once) and draws the next token;
-    4. one device_get of the chunk's tokens, log-probs and slot states; a slot whose response
-       ended (a stop token, or max_new_tokens) is freed with its pages.
+  host loop (`_HostLoop`), until every response is done:
+    1. `admit`: each free slot takes the next pending response whose first chunk of pages
+       fits (`slots.Scheduler`); its prompt is prefilled once (`prefill`, dense,
+       right-padded to its bucket) and kept until all n of its responses are inserted;
+       `insert` writes the prompt's KV into the slot's pages and draws token 0 from the
+       prefill logits;
+    2. `reserve` pages for one chunk in every running slot (evicting the youngest if short);
+    3. `dispatch` `decode_chunk`: up to K decode steps in one `lax.while_loop` on device
+       (early exit when enough slots are idle and responses wait), over the rows of the
+       smallest bucket (S, S/2, ..., `EngineConfig.decode_buckets` sizes) that holds every
+       slot the host holds as occupied, padded with idle slots (`slots.chunk_rows`): their
+       state and page-table rows are gathered, decoded and scattered back; the KV pool
+       stays in place. Each step feeds a slot's last token, writes its KV into its pages,
+       attends over the slot's live length (`models.paged_attention`; with jax's Pallas
+       kernel in slot groups whose page table fits its scalar memory, the matmuls over all
+       the bucket's rows at once) and draws the next token;
+    4. `read`: one device_get of the chunk's tokens, log-probs and slot states; a slot
+       whose response ended (a stop token, or max_new_tokens) is freed with its pages.
   With `EngineConfig.overlap` (default) step 4 reads the previous chunk after step 3 has
   dispatched this one: one chunk is always in flight while the host works, the host sees
-  the slots one chunk late, and step 2 reserves pages two chunks ahead.
+  the slots one chunk late (a chunk's result goes only to the slots that still hold the
+  response they held at its dispatch), and step 2 reserves pages two chunks ahead.
 
   Host work is O(S) per chunk, never per token; the programs compile once per prompt bucket
   (prefill, insert) and once per row bucket (decode chunk, all of them before the first
@@ -595,155 +597,41 @@ class Engine:
                ) -> types.Rollout:
     """n responses per prompt; the Rollout's prompts are left-padded to `prompt_len`
     (default: the bucket of the longest prompt). `order` permutes the admission order of
-    the B responses (tests; the output does not depend on it)."""
-    cfg, ecfg = self.cfg, self.ecfg
+    the B responses (tests; the output does not depend on it). A round of the loop: admit,
+    reserve, dispatch a chunk, read the one dispatched before it (`_HostLoop`)."""
+    cfg = self.cfg
     if not prompts:
       raise ValueError("no prompts given")
     for i, pr in enumerate(prompts):
       if not 0 < len(pr) <= cfg.max_prompt_len:
         raise ValueError(f"prompt {i} has {len(pr)} tokens; need 1..SamplingConfig."
                          f"max_prompt_len={cfg.max_prompt_len}")
-    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-      key = jax.random.wrap_key_data(key)
-    impl = jax.random.key_impl(key)
-    t0 = time.perf_counter()
-    n, r, s = cfg.n_per_prompt, cfg.max_new_tokens, ecfg.slots
-    b_total = len(prompts) * n
-    self._place_like(params)
-    graphdef, dparams = self.decode_copy(params)
-    pre, ins, dec = self.programs(graphdef, impl)
-    pages = self._pool(jnp.dtype(self.model_cfg.dtype))
-    key_dev = self._replicated(key)
-    kd = jax.random.key_data(key)
-    state = {"tok_S": np.zeros(s, np.int32), "pos_S": np.zeros(s, np.int32),
-             "t_S": np.zeros(s, np.int32), "active_S": np.zeros(s, bool),
-             "keys_S": np.zeros((s,) + kd.shape, kd.dtype)}
-    state = jax.tree.map(self._replicated, state)
-    pool = paged.PagePool(ecfg.num_pages, ecfg.page_size, s, self.max_pages,
-                          groups=ecfg.replicas)
+    b_total = len(prompts) * cfg.n_per_prompt
     order = list(range(b_total)) if order is None else list(order)
     if sorted(order) != list(range(b_total)):
       raise ValueError(f"order must be a permutation of range({b_total})")
-    sched = slots_lib.Scheduler(pool, order)
-    table = self._replicated(pool.table())  # every entry NO_PAGE; then only changed entries
-    pool.changes()
-    out_tok = [None] * b_total
-    out_lp = [None] * b_total
-    cur_tok: dict[int, list] = {}
-    cur_lp: dict[int, list] = {}
-    prefills: dict[int, Any] = {}
-    left = {p: n for p in range(len(prompts))}  # responses of p not yet inserted
-    n_prefill = steps_total = busy_steps = chunks = row_steps = 0
-    sizes = ecfg.bucket_rows
-    per_bucket = dict.fromkeys(sizes, 0)  # chunks run at each bucket
-    kv_used = 0.0
-    # Overlap: chunk i+1 is dispatched before chunk i is read back, so the device decodes
-    # while the host reads, admits and reserves. The host then knows every slot's length
-    # one chunk late: pages are reserved two chunks ahead, and a chunk's result is applied
-    # only to the slots that still hold the response they held when it was dispatched.
-    overlap = self.overlap
-    ahead = (2 if overlap else 1) * ecfg.chunk_steps
-    trace: list[tuple[str, int]] = []
-    self.last_trace = trace
-
-    def read(outs, owners, rows, number):
-      nonlocal chunks, steps_total, busy_steps, row_steps
-      toks, lps, steps, seen, placed = jax.device_get(outs)
-      t_a, act = seen
-      trace.append(("read", number))
-      for b, (slot, t0v, l0v) in placed.items():  # placed holds owners only (dispatch)
-        if sched.running[slot] is not None and sched.running[slot].response == b:
-          cur_tok[b], cur_lp[b] = [int(t0v)], [float(l0v)]
-      chunks += 1
-      steps_total += int(steps)
-      row_steps += int(steps) * len(rows)
-      per_bucket[len(rows)] += 1
-      for j, slot in enumerate(rows):  # every slot owned at dispatch is in the rows
-        run = sched.running[slot]
-        if run is None or run.response != owners[slot]:
-          continue  # freed or evicted since this chunk was dispatched
-        b = run.response
-        got = int(t_a[slot]) - len(cur_tok[b])
-        cur_tok[b] += toks[j, :got].tolist()
-        cur_lp[b] += lps[j, :got].tolist()
-        busy_steps += got
-        finished = not bool(act[slot])
-        sched.advance(slot, got, finished)
-        if finished:
-          out_tok[b], out_lp[b] = cur_tok.pop(b), cur_lp.pop(b)
-
-    inflight = None  # (outputs, owners, rows, number) of the chunk dispatched and not yet read
-    number = 0
-    while not sched.done() or inflight is not None:
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+      key = jax.random.wrap_key_data(key)
+    t0 = time.perf_counter()
+    self._place_like(params)
+    loop = _HostLoop(self, *self.decode_copy(params), prompts, key, order)
+    self.last_trace = loop.trace
+    inflight = None  # the chunk dispatched and not yet read
+    while not loop.sched.done() or inflight is not None:
       launched = None
-      if not sched.done():
-        first = []
-        for slot, b in sched.admit(lambda b: len(prompts[b // n]), r, ecfg.chunk_steps):
-          p = b // n
-          if p not in prefills:
-            plen = len(prompts[p])
-            bucket = ops.prompt_bucket(plen, cfg)
-            toks = np.full((1, bucket), cfg.pad_id, np.int32)
-            toks[0, :plen] = prompts[p]
-            prefills[p] = pre(dparams, self._replicated(toks),
-                              self._replicated(np.int32(plen)))
-            n_prefill += 1
-          cache, logits = prefills[p]
-          row = pool.global_row(slot, pool.row(slot))
-          pages, state, t0_, l0_ = ins(pages, cache, logits, self._replicated(row),
-                                       np.int32(len(prompts[p])), np.int32(slot),
-                                       np.int32(b), key_dev, state)
-          # On a CPU mesh of several devices, one insert in flight at a time. A burst of
-          # admissions otherwise puts dozens of collective programs ahead of their
-          # execution, and XLA's CPU client deadlocks (`distributed.pace`). Resumed tiny
-          # runs hung here on 1 process x 4 devices and on 2 x 2. TPU and GPU queue per
-          # device: no wait.
-          if self._paced:
-            jax.block_until_ready(t0_)
-          first.append((slot, b, t0_, l0_))
-          left[p] -= 1
-          if left[p] == 0:
-            del prefills[p]
-        for slot, b in sched.reserve(ahead):
-          cur_tok.pop(b, None)
-          cur_lp.pop(b, None)
-          left[b // n] += 1
-          state = dict(state, active_S=state["active_S"].at[slot].set(False))
-        owners = [None if run is None else run.response for run in sched.running]
-        placed = {b: (slot, t0_, l0_) for slot, b, t0_, l0_ in first if owners[slot] == b}
-        # Once enough slots have freed up for waiting responses the chunk ends early.
-        exit_below = max(0, sched.busy() - max(1, s // 8)) if sched.pending else 0
-        kv_used += pool.used / pool.num_pages
-        table = self._update_table(table, *pool.changes())
-        # The rows: the smallest bucket holding every slot the host holds as occupied (a
-        # superset of the live ones, which it sees one chunk late), padded with idle slots.
-        rows = slots_lib.chunk_rows([o is not None for o in owners], ecfg.replicas, sizes)
-        args = (dparams, pages, table, state, np.int32(exit_below))
-        self._warm(dec, args, (graphdef, str(impl)))
-        pages, state, toks, lps, steps, seen = dec(
-            *args, self._replicated(np.asarray(rows, np.int32)))
-        trace.append(("dispatch", number))
-        launched = ((toks, lps, steps, seen, placed), owners, rows, number)
-        number += 1
-        if not overlap:
-          read(*launched)
+      if not loop.sched.done():
+        inserted = loop.admit()
+        loop.reserve()
+        launched = loop.dispatch(inserted)
+        if not self.overlap:
+          loop.read(launched)
           launched = None
       if inflight is not None:
-        read(*inflight)
+        loop.read(inflight)
       inflight = launched
-    self._pages = pages
-    rollout = self._assemble(prompts, out_tok, out_lp, prompt_len)
-    dt = time.perf_counter() - t0
-    tokens = sum(len(x) for x in out_tok)
-    self.last_stats = {
-        "rollout_tokens": float(tokens), "rollout_seconds": dt,
-        "rollout_tokens_per_s": tokens / max(dt, 1e-9),
-        "decode_steps": float(steps_total), "decode_chunks": float(chunks),
-        "slot_occupancy": busy_steps / max(1, steps_total * s),
-        "row_occupancy": busy_steps / max(1, row_steps),
-        "kv_pool_occupancy": kv_used / max(1, chunks),
-        "prefills": float(n_prefill), "evictions": float(sched.evictions),
-        **{f"decode_chunks_rows_{n}": float(c) for n, c in per_bucket.items()}}
+    self._pages = loop.pages
+    rollout = self._assemble(prompts, loop.out_tok, loop.out_lp, prompt_len)
+    self.last_stats = loop.stats(time.perf_counter() - t0)
     return rollout
 
   def _assemble(self, prompts, out_tok, out_lp, prompt_len) -> types.Rollout:
@@ -775,3 +663,141 @@ class Engine:
       return jax.tree.map(jnp.asarray, out)
     return jax.tree.map(lambda x: jax.make_array_from_callback(
         x.shape, sharding, lambda idx: x[idx]), out)
+
+class _HostLoop:
+  """One `Engine.__call__`'s host side (the module docstring's steps 1-4): scheduler and
+  page pool, the device's slot state, pool and page table, the tokens read so far, counts."""
+
+  def __init__(self, eng: Engine, graphdef, dparams, prompts, key, order: list[int]):
+    ecfg, s = eng.ecfg, eng.ecfg.slots
+    self.eng, self.graphdef, self.dparams, self.prompts = eng, graphdef, dparams, prompts
+    self.impl = jax.random.key_impl(key)
+    self.pre, self.ins, self.dec = eng.programs(graphdef, self.impl)
+    self.pages = eng._pool(jnp.dtype(eng.model_cfg.dtype))
+    self.key = eng._replicated(key)
+    kd = jax.random.key_data(key)
+    self.state = jax.tree.map(eng._replicated, {
+        "tok_S": np.zeros(s, np.int32), "pos_S": np.zeros(s, np.int32),
+        "t_S": np.zeros(s, np.int32), "active_S": np.zeros(s, bool),
+        "keys_S": np.zeros((s,) + kd.shape, kd.dtype)})
+    self.pool = paged.PagePool(ecfg.num_pages, ecfg.page_size, s, eng.max_pages,
+                               groups=ecfg.replicas)
+    self.sched = slots_lib.Scheduler(self.pool, order)
+    self.table = eng._replicated(self.pool.table())  # every entry NO_PAGE; then the changes
+    self.pool.changes()
+    self.ahead = (2 if eng.overlap else 1) * ecfg.chunk_steps  # tokens reserved per slot
+    self.out_tok, self.out_lp = [None] * len(order), [None] * len(order)  # finished
+    self.cur_tok: dict[int, list] = {}  # the running responses' tokens read so far
+    self.cur_lp: dict[int, list] = {}
+    self.prefills: dict[int, Any] = {}  # prompt -> (cache, logits) while responses wait
+    self.left = dict.fromkeys(range(len(prompts)), eng.cfg.n_per_prompt)  # not yet inserted
+    self.trace: list[tuple[str, int]] = []  # `Engine.last_trace`
+    self.number = 0  # chunks dispatched
+    self.n_prefill = self.chunks = self.steps_total = self.busy_steps = self.row_steps = 0
+    self.per_bucket = dict.fromkeys(ecfg.bucket_rows, 0)  # chunks read at each row bucket
+    self.kv_used = 0.0  # the pool's used share, summed over the chunks dispatched
+
+  def admit(self) -> list[tuple[int, int, Any, Any]]:
+    """Step 1: free slots take pending responses, prefilled and inserted. Returns [(slot,
+    response, token 0, its log-prob)], the last two on device (read with the next chunk)."""
+    eng, cfg, n = self.eng, self.eng.cfg, self.eng.cfg.n_per_prompt
+    inserted = []
+    for slot, b in self.sched.admit(lambda b: len(self.prompts[b // n]), cfg.max_new_tokens,
+                                    eng.ecfg.chunk_steps):
+      p = b // n
+      plen = len(self.prompts[p])
+      if p not in self.prefills:
+        toks = np.full((1, ops.prompt_bucket(plen, cfg)), cfg.pad_id, np.int32)
+        toks[0, :plen] = self.prompts[p]
+        self.prefills[p] = self.pre(self.dparams, eng._replicated(toks),
+                                    eng._replicated(np.int32(plen)))
+        self.n_prefill += 1
+      cache, logits = self.prefills[p]
+      row = self.pool.global_row(slot, self.pool.row(slot))
+      self.pages, self.state, tok0, lp0 = self.ins(
+          self.pages, cache, logits, eng._replicated(row), np.int32(plen), np.int32(slot),
+          np.int32(b), self.key, self.state)
+      # On a CPU mesh of several devices, one insert in flight at a time. A burst of
+      # admissions otherwise puts dozens of collective programs ahead of their execution,
+      # and XLA's CPU client deadlocks (`distributed.pace`). Resumed tiny runs hung here on
+      # 1 process x 4 devices and on 2 x 2. TPU and GPU queue per device: no wait.
+      if eng._paced:
+        jax.block_until_ready(tok0)
+      inserted.append((slot, b, tok0, lp0))
+      self.left[p] -= 1
+      if self.left[p] == 0:
+        del self.prefills[p]
+    return inserted
+
+  def reserve(self) -> None:
+    """Step 2: pages ahead in every running slot; an evicted response drops what was read
+    of it and waits to be inserted again, its slot idle on the device."""
+    for slot, b in self.sched.reserve(self.ahead):
+      self.cur_tok.pop(b, None)
+      self.cur_lp.pop(b, None)
+      self.left[b // self.eng.cfg.n_per_prompt] += 1
+      self.state = dict(self.state, active_S=self.state["active_S"].at[slot].set(False))
+
+  def dispatch(self, inserted) -> tuple:
+    """Step 3, not waited on: the table's changes sent, a decode chunk over its rows. Returns
+    what `read` needs: (outputs and the inserts' tokens 0, each slot's response, rows, the
+    chunk's number)."""
+    eng, sched, pool = self.eng, self.sched, self.pool
+    owners = [None if run is None else run.response for run in sched.running]
+    placed = {b: (slot, t0, l0) for slot, b, t0, l0 in inserted if owners[slot] == b}
+    # Once enough slots have freed up for waiting responses the chunk ends early.
+    exit_below = max(0, sched.busy() - max(1, eng.ecfg.slots // 8)) if sched.pending else 0
+    self.kv_used += pool.used / pool.num_pages
+    self.table = eng._update_table(self.table, *pool.changes())
+    # The rows: the smallest bucket holding every slot the host holds as occupied (a
+    # superset of the live ones, which it sees one chunk late), padded with idle slots.
+    rows = slots_lib.chunk_rows([o is not None for o in owners], eng.ecfg.replicas,
+                                eng.ecfg.bucket_rows)
+    args = (self.dparams, self.pages, self.table, self.state, np.int32(exit_below))
+    eng._warm(self.dec, args, (self.graphdef, str(self.impl)))
+    self.pages, self.state, toks, lps, steps, seen = self.dec(
+        *args, eng._replicated(np.asarray(rows, np.int32)))
+    self.trace.append(("dispatch", self.number))
+    self.number += 1
+    return (toks, lps, steps, seen, placed), owners, rows, self.number - 1
+
+  def read(self, chunk) -> None:
+    """Step 4: a dispatched chunk's tokens to the slots that still hold their response (one
+    device_get); a finished response moves to the output and frees its slot and pages."""
+    outs, owners, rows, number = chunk
+    toks, lps, steps, (t_S, active_S), placed = jax.device_get(outs)
+    self.trace.append(("read", number))
+    running = self.sched.running
+    for b, (slot, t0, l0) in placed.items():  # placed holds owners only (dispatch)
+      if running[slot] is not None and running[slot].response == b:
+        self.cur_tok[b], self.cur_lp[b] = [int(t0)], [float(l0)]
+    self.chunks += 1
+    self.steps_total += int(steps)
+    self.row_steps += int(steps) * len(rows)
+    self.per_bucket[len(rows)] += 1
+    for j, slot in enumerate(rows):  # every slot owned at dispatch is in the rows
+      run = running[slot]
+      if run is None or run.response != owners[slot]:
+        continue  # freed or evicted since this chunk was dispatched
+      b = run.response
+      got = int(t_S[slot]) - len(self.cur_tok[b])
+      self.cur_tok[b] += toks[j, :got].tolist()
+      self.cur_lp[b] += lps[j, :got].tolist()
+      self.busy_steps += got
+      finished = not bool(active_S[slot])
+      self.sched.advance(slot, got, finished)
+      if finished:
+        self.out_tok[b], self.out_lp[b] = self.cur_tok.pop(b), self.cur_lp.pop(b)
+
+  def stats(self, seconds: float) -> dict[str, float]:
+    """The call's metrics (`Engine.last_stats`), `seconds` its wall time."""
+    tokens, chunks, steps = sum(len(x) for x in self.out_tok), self.chunks, self.steps_total
+    return {
+        "rollout_tokens": float(tokens), "rollout_seconds": seconds,
+        "rollout_tokens_per_s": tokens / max(seconds, 1e-9),
+        "decode_steps": float(steps), "decode_chunks": float(chunks),
+        "slot_occupancy": self.busy_steps / max(1, steps * self.eng.ecfg.slots),
+        "row_occupancy": self.busy_steps / max(1, self.row_steps),
+        "kv_pool_occupancy": self.kv_used / max(1, chunks),
+        "prefills": float(self.n_prefill), "evictions": float(self.sched.evictions),
+        **{f"decode_chunks_rows_{n}": float(c) for n, c in self.per_bucket.items()}}
