@@ -64,6 +64,11 @@ def get_config(preset: str = "vapo"):
   c.eval.num_examples = 256
   c.eval.samples_per_problem = 4
   c.eval.batch_prompts = 64
+  # The critic's diagnostics (`run.critic_diagnostics`) in every value-pretraining and RL
+  # record, and on one fresh batch of held-out prompts at each evaluation: read-only, they
+  # change no trained number.
+  c.metrics.critic_diagnostics = True
+  c.metrics.critic_heldout_batches = 1
 
   c.mesh.data = 1
   c.mesh.fsdp = -1

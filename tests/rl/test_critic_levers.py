@@ -499,3 +499,31 @@ def test_resumed_value_pretraining_with_replay_equals_uninterrupted(tmp_path):
   strip = lambda r: {k: v for k, v in r.items()  # noqa: E731
                      if k != "time" and not any(t in k for t in timing)}
   assert [strip(r) for r in whole[2]] == [strip(r) for r in resumed[2]]
+
+
+def test_the_heldout_readout_changes_no_trained_number():
+  """The critic's readout on fresh held-out rollouts (metrics.critic_heldout_batches) draws
+  from its own keys and trains nothing: with it on, evaluations between RL steps included,
+  the run's weights and training records are those of the run without it."""
+  def run(batches):
+    cfg = tiny(**{"rl.steps": 2, "eval.every": 1, "metrics.critic_diagnostics": True,
+                  "metrics.critic_heldout_batches": batches})
+    t = trainer_lib.Trainer(cfg, progress=False)
+    try:
+      t.value_pretrain()
+      t.evaluate(rl_step=0)
+      history = t.rl()["history"]
+      return (jax.device_get(t.state.train_state("policy").params),
+              jax.device_get(t.state.train_state("critic").params), history)
+    finally:
+      t.close()
+
+  plain, read = run(0), run(2)
+  for a, b in zip(jax.tree.leaves(plain[:2]), jax.tree.leaves(read[:2])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  timing = ("time/", "_per_s", "wall_s", "_seconds", "compile/", "mem/", "eval/")
+  keep = lambda r: {k: v for k, v in r.items()  # noqa: E731
+                    if not any(t in k for t in timing)}
+  np.testing.assert_equal([keep(r) for r in plain[2]], [keep(r) for r in read[2]])  # NaN = NaN
+  assert "eval/critic_heldout/group_ev" in read[2][0]
+  assert not any(k.startswith("eval/critic_heldout") for k in plain[2][0])
