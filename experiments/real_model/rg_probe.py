@@ -4,6 +4,8 @@
         --per_arm=64 --k=8 --out=experiments/real_model/results/rg-probe-2026-12-07/base.json
     python -m experiments.real_model.rg_probe --config=configs/smollm2_rg.py \\
         --workdir=/tmp/rg_sft --out=.../after_sft.json      # the newest checkpoint's policy
+    python -m experiments.real_model.rg_probe --records=WORKDIR/eval/rl_step_0.jsonl \\
+        --out=...                 # the table of a run's own evaluation (no sampling)
 
 For each arm of `data.rg_arms` it samples k responses (the config's sampling temperature)
 to the first `--per_arm` held-out problems of that arm (the split the runs evaluate on,
@@ -15,7 +17,8 @@ prints one row per arm and one pooled:
                     `variance_share.between_share`): what a value of the prompt alone can
                     explain; ≥ 0.2 means the arm is graded, not luck
   best shortcut     the highest share of problems an op-ignoring answer gets right
-                    (`data.shortcuts`: the sum, the product, the last number, ...)
+                    (`data.reasoning_gym.shortcut_hits` on the signed numbers: the sum, the
+                    product, the last number, ..., 2 or 4 legs each)
   const             the share of problems whose answer is the arm's most frequent answer
   length, boxed     mean response tokens and the share of samples with a `\\boxed{}`
   greedy            the argmax decode's accuracy
@@ -49,6 +52,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "A run whose newest checkpoint's
 _PER_ARM = flags.DEFINE_integer("per_arm", 64, "Held-out problems per arm.")
 _K = flags.DEFINE_integer("k", 8, "Samples per problem.")
 _OUT = flags.DEFINE_string("out", None, "Write the rows here (JSON; .md beside it).")
+_RECORDS = flags.DEFINE_string("records", None, "Read an evaluation's per-problem records "
+                               "(run.eval_records) instead of sampling; --config unused.")
 
 
 def by_arm(examples, per_arm: int) -> dict[str, list]:
@@ -65,7 +70,7 @@ def row(records: list[dict], summary: dict, k: int) -> dict:
   """One table row from an evaluation's per-problem records and summary."""
   correct = np.array([r["correct"] for r in records], bool)
   answers = collections.Counter(r["answer"] for r in records)
-  verdicts = [r.get("shortcuts") or {} for r in records]
+  verdicts = [hits(r) for r in records]
   names = sorted({n for v in verdicts for n in v})
   shortcut = {n: float(np.mean([bool(v.get(n)) for v in verdicts])) for n in names}
   best = max(shortcut.items(), key=lambda kv: kv[1]) if shortcut else ("none", 0.0)
@@ -78,6 +83,40 @@ def row(records: list[dict], summary: dict, k: int) -> dict:
           "length": float(np.mean([r["lengths"] for r in records])),
           "truncated": float(np.mean([r["truncated"] for r in records])),
           "boxed": summary.get("boxed_frac"), "greedy": summary.get("greedy_accuracy")}
+
+
+def hits(record: dict) -> dict[str, bool]:
+  """The op-ignoring shortcuts' verdicts on a record's problem: reasoning-gym's signed
+  numbers for its problems (regenerated from the uid), else the record's own."""
+  if not record["uid"].startswith("rg:"):
+    return record.get("shortcuts") or {}
+  from vapo_jax.data import reasoning_gym as rg  # pylint: disable=import-outside-toplevel
+  _, entry = rg.entry_of(record["uid"])
+  task = rg.parse_arm(rg_arm(record["uid"]))[1].task
+  names = rg.shortcut_hits(task, entry)
+  return {n: True for n in names} | {"none": False}
+
+
+def from_records(path: str, per_arm: int, k: int) -> dict[str, dict]:
+  """The table of an evaluation's records (boxed rate unknown per arm: none)."""
+  from vapo_jax.run import eval_records  # pylint: disable=import-outside-toplevel
+  records = eval_records.read(path)
+  arms = collections.OrderedDict()
+  for r in records:
+    rows = arms.setdefault(rg_arm(r["uid"]), [])
+    if len(rows) < per_arm:
+      rows.append(r)
+  def greedy(rs):
+    g = [r["greedy"] for r in rs if r.get("greedy") is not None]
+    return float(np.mean(g)) if g else None
+  out = {name: row(rs, {"greedy_accuracy": greedy(rs)}, k) for name, rs in arms.items()}
+  pooled = [r for rs in arms.values() for r in rs]
+  out["pooled"] = row(pooled, {"greedy_accuracy": greedy(pooled)}, k)
+  return out
+
+
+def rg_arm(uid: str) -> str:
+  return uid.rsplit(":", 2)[0][len("rg:"):]
 
 
 def markdown(rows: dict[str, dict], k: int) -> str:
@@ -140,6 +179,9 @@ def probe(cfg, workdir: str | None, per_arm: int, k: int) -> dict[str, dict]:
 
 def main(argv):
   del argv
+  if _RECORDS.value:
+    rows = from_records(_RECORDS.value, _PER_ARM.value, _K.value)
+    return report(rows, _K.value)
   from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   c = _CONFIG.value
   c.unlock()
@@ -148,14 +190,18 @@ def main(argv):
   c.metrics.critic_heldout_batches = 0
   c.lock()
   cfg = config_lib.from_command_line(c)
-  rows = probe(cfg, _WORKDIR.value, _PER_ARM.value, _K.value)
-  table = markdown(rows, _K.value)
+  return report(probe(cfg, _WORKDIR.value, _PER_ARM.value, _K.value), _K.value)
+
+
+def report(rows: dict[str, dict], k: int) -> None:
+  table = markdown(rows, k)
   print(table)
   if _OUT.value:
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, "w", encoding="utf-8") as f:
       json.dump({"rows": rows, "command": " ".join(sys.argv), "commit": commit(),
-                 "cpu": cpu_model(), "workdir": _WORKDIR.value}, f, indent=1)
+                 "cpu": cpu_model(), "workdir": _WORKDIR.value, "records": _RECORDS.value},
+                f, indent=1)
     with open(os.path.splitext(_OUT.value)[0] + ".md", "w", encoding="utf-8") as f:
       f.write(table)
 
