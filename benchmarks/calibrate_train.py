@@ -238,10 +238,10 @@ def concrete(prog, cfg, mesh, p_B, l_B, vocab: int):
   batch and its packing plan (`rl.layout.plan_arrays` with the pass's PackSpec)."""
   from vapo_jax.rl import layout as layout_lib  # pylint: disable=import-outside-toplevel
   from vapo_jax.rl import train_state  # pylint: disable=import-outside-toplevel
-  from vapo_jax.run import learners, parts  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import learners, meshes  # pylint: disable=import-outside-toplevel
   name = prog.name.split("[")[0]
   learner = {"policy_step": "policy", "critic_step": "critic"}.get(name, name)
-  spec = learners.pass_spec(cfg, learner, mesh, parts.train_rules_of(cfg))
+  spec = learners.pass_spec(cfg, learner, mesh, meshes.train_rules_of(cfg))
   p, length = cfg.data.max_prompt_tokens, cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens
   plan = layout_lib.plan_arrays(p_B, l_B, spec, p, length)[0]
   if name == "logprobs":

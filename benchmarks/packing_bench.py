@@ -185,8 +185,8 @@ def build(cfg, a, mcfg, mesh, batch, p):
 
 
 def run_mix(mix, cfg, a, load, rng):
-  group = cfg.responses_per_prompt
-  rows = a.rows or cfg.prompts_per_step * group
+  group = cfg.rl.group_size
+  rows = a.rows or cfg.rl.rollout_prompts * group
   p, r, prompt, resp = lengths(mix, rows, group, a, rng)
   mc = cfg.model
   mcfg = tiny_config(vocab_size=a.vocab, hidden_size=mc.hidden_size,

@@ -87,7 +87,7 @@ def main(argv=None):
   cfg = load(a.config)
   mcfg = archs.model_config(cfg, a.arch)
   s = slices.parse(a.topology)
-  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  rows = cfg.rl.rollout_prompts * cfg.rl.group_size
   p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
   resp = lengths_lib.sample(a.lengths, rows, r_len, lo=0)
   prompts = (lengths_lib.sample(a.prompt_lengths, rows, p_len, seed=2, prefix="prompt/length_")

@@ -97,7 +97,7 @@ def one_step(t: trainer_lib.Trainer, i: int) -> dict:
     jax.block_until_ready(t.critic_values(t.state.train_state("critic").params, tokens, mask,
                                           prompt_len=p))
   out["forward"] = time.perf_counter() - t0
-  n = cfg.responses_per_prompt
+  n = cfg.rl.group_size
   resp, rmask = np.asarray(tokens)[:, p:], np.asarray(batch.response_mask_BxR)
   texts = [t.parts.text.decode(r[m > 0].tolist()) for r, m in zip(resp, rmask)]
   t0 = time.perf_counter()
@@ -154,9 +154,9 @@ def measure(args, load):
   med = {k: statistics.median(r[k] for r in warm) for k in warm[0]}
   phases = ("rollout", "overlapped", "updates")
   total = sum(med[k] for k in phases)
-  rows = cfg.prompts_per_step * cfg.responses_per_prompt
-  print(f"config {args.config} ({args.preset}): {cfg.prompts_per_step} prompts x "
-        f"{cfg.responses_per_prompt} = {rows} responses, max_new_tokens "
+  rows = cfg.rl.rollout_prompts * cfg.rl.group_size
+  print(f"config {args.config} ({args.preset}): {cfg.rl.rollout_prompts} prompts x "
+        f"{cfg.rl.group_size} = {rows} responses, max_new_tokens "
         f"{cfg.sampling.max_new_tokens}; medians of {len(warm)} step(s)"
         + ("" if runs[1:] else " (only the first, compiling step: use --steps >= 2)"))
   lines = [f"first step (with compiles) {sum(runs[0][k] for k in phases):.1f} s"]

@@ -93,7 +93,7 @@ def measure(args, load) -> dict:
   import quiet  # pylint: disable=import-outside-toplevel
   import trl_bench  # pylint: disable=import-outside-toplevel
   from vapo_jax.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
-  from vapo_jax.run import parts, trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import sampling, trainer as trainer_lib  # pylint: disable=import-outside-toplevel
 
   peaks = quiet.all_peaks(reps=5) if not args.tiny else quiet.all_peaks(reps=1)
   if args.tiny:
@@ -107,8 +107,8 @@ def measure(args, load) -> dict:
   engines = {}
   for dt in args.dtypes.split(","):
     c = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, decode_dtype=dt))
-    engines[dt] = parts.build_sampler(c, p.graphdef, p.model_cfg, p.mesh, p.rules, text,
-                                      n=args.group, rows=args.prompts * args.group)
+    engines[dt] = sampling.build_sampler(c, p.graphdef, p.model_cfg, p.mesh, p.rules, text,
+                                         n=args.group, rows=args.prompts * args.group)
   key = jax.random.key(args.seed)
   out = {dt: {"seconds": [], "lengths": [], "stats": []} for dt in engines}
   for i in range(args.rounds + 1):  # round 0 compiles

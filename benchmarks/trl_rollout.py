@@ -43,7 +43,7 @@ class OurRollouts:
     self._static = None
 
   def sampler(self, name: str):
-    from vapo_jax.run import parts  # pylint: disable=import-outside-toplevel
+    from vapo_jax.run import sampling  # pylint: disable=import-outside-toplevel
     p = self.t.parts
     if name == "engine":
       return p.samplers.rollout
@@ -52,9 +52,9 @@ class OurRollouts:
     if self._static is None:
       static_cfg = dataclasses.replace(self.cfg, sampling=dataclasses.replace(
           self.cfg.sampling, engine="static"))
-      self._static = parts.build_sampler(static_cfg, p.graphdef, p.model_cfg, p.mesh, p.rules,
-                                         p.text, n=self.args.group,
-                                         rows=self.args.prompts * self.args.group)
+      self._static = sampling.build_sampler(static_cfg, p.graphdef, p.model_cfg, p.mesh, p.rules,
+                                            p.text, n=self.args.group,
+                                            rows=self.args.prompts * self.args.group)
     return self._static
 
   def __call__(self, name: str, i: int) -> tuple[float, float, list[int]]:

@@ -19,7 +19,7 @@ prompt left-padded to P columns has states s_t (everything before response token
 the value head at column P + t − 1 (`critic.response_values`).
 
 (a) The probe. Features: the final-norm hidden states h ∈ R^D of the FROZEN critic backbone
-(`parts.build_critic` from the policy: what value pretraining starts from), at s_t for
+(`networks.build_critic` from the policy: what value pretraining starts from), at s_t for
 t = ⌊f·l⌋, f ∈ FRACTIONS (f = 0: the prompt's last token, s_0), and at s_l (the response's
 last token: the whole response read). V = h·w (+ b) is exactly what the value head computes,
 so a linear probe on h bounds what the critic's head could learn from this backbone unchanged.
@@ -428,13 +428,13 @@ def draw(t, n_responses: int, seed: int, log=print) -> Rollouts:
   import jax  # pylint: disable=import-outside-toplevel
   from vapo_jax import distributed  # pylint: disable=import-outside-toplevel
   from vapo_jax.run import critic_stage  # pylint: disable=import-outside-toplevel
-  from vapo_jax.run import parts as parts_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import networks  # pylint: disable=import-outside-toplevel
   cfg, p, s = t.cfg, t.parts, t.state
-  n, k = cfg.prompts_per_step, cfg.responses_per_prompt
+  n, k = cfg.rl.rollout_prompts, cfg.rl.group_size
   batches = -(-n_responses // (n * k))
   train = p.train_examples
   perm = np.random.default_rng(seed).permutation(len(train))
-  graphdef, params = parts_lib.build_critic(cfg, p.graphdef, s.policy_params, p.mesh, p.rules)
+  graphdef, params = networks.build_critic(cfg, p.graphdef, s.policy_params, p.mesh, p.rules)
   fn = hidden_fn(graphdef)
   micro = cfg.rl.micro_batch_size
   rows = micro if micro and (n * k) % micro == 0 else n * k   # the feature pass's chunk
@@ -538,7 +538,7 @@ def monte_carlo(t, ro: Rollouts, probe_oof: dict, n_responses: int, m: int, seed
   import jax  # pylint: disable=import-outside-toplevel
   from vapo_jax.rl import reward as reward_lib  # pylint: disable=import-outside-toplevel
   from vapo_jax.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
-  from vapo_jax.run import parts as parts_lib  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import sampling  # pylint: disable=import-outside-toplevel
   cfg, p = t.cfg, t.parts
   picks = pick_mc(ro.correct, ro.groups, n_responses, seed)
   steps = state_steps(ro.lengths[picks])[:, :len(FRACTIONS)]
@@ -547,9 +547,9 @@ def monte_carlo(t, ro: Rollouts, probe_oof: dict, n_responses: int, m: int, seed
   long = dataclasses.replace(cfg, data=dataclasses.replace(
       cfg.data, max_prompt_tokens=cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens))
   per_call = max(1, min(cfg.eval.batch_prompts, len(prefixes)))   # the static sampler's rows
-  chunk = len(prefixes) if parts_lib.uses_engine(cfg) else per_call  # the engine: one call
-  sampler = parts_lib.build_sampler(long, p.graphdef, p.model_cfg, p.decode_mesh,
-                                    p.decode_rules, p.text, n=m, rows=per_call * m)
+  chunk = len(prefixes) if sampling.uses_engine(cfg) else per_call  # the engine: one call
+  sampler = sampling.build_sampler(long, p.graphdef, p.model_cfg, p.decode_mesh,
+                                   p.decode_rules, p.text, n=m, rows=per_call * m)
   examples = {ex_i: p.train_examples[ex_i] for ex_i in set(ro.groups[picks].tolist())}
   correct = []
   for c0 in range(0, len(prefixes), chunk):
@@ -641,7 +641,7 @@ def measure(t, *, responses: int, folds: int, mc_responses: int, mc_continuation
                        "l2": sorted(float(v) for v in l2s), "bootstrap": num_samples,
                        "mc_responses": mc_responses, "mc_continuations": mc_continuations,
                        "seed": seed, "fractions": list(FRACTIONS)},
-          "rollouts": rollout_summary(ro, t.cfg.responses_per_prompt),
+          "rollouts": rollout_summary(ro, t.cfg.rl.group_size),
           "probe": probe, "baselines": {"constant": constant, "length": length,
                                         "s0_probe": position_names()[0]},
           "critic": "trained" if critic is not None else "none", "critic_at_states": critic,

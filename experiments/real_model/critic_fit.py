@@ -108,7 +108,7 @@ def fresh_rollouts(t, batches: int) -> list:
   [k n, (k + 1) n) (n = prompts per step, wrapping) and key fold_in(key(seed),
   FRESH_STREAM + k), the same for every policy."""
   s, p = t.state, t.parts
-  held, n = p.eval_examples, t.cfg.prompts_per_step
+  held, n = p.eval_examples, t.cfg.rl.rollout_prompts
   if len(held) < n:
     raise ValueError(f"{len(held)} held-out problems; a fresh batch needs {n}")
   fresh = []
@@ -129,7 +129,7 @@ def annotate(t, raw) -> batch_lib.RolloutBatch:
   values = critic_stage.bound_values(t.critic_values, critic.state.params, stats, tokens,
                                      mask, p)
   lengths = jnp.sum(resp, axis=1).astype(jnp.int32)
-  groups = jnp.arange(resp.shape[0], dtype=jnp.int32) // t.cfg.responses_per_prompt
+  groups = jnp.arange(resp.shape[0], dtype=jnp.int32) // t.cfg.rl.group_size
   adv = t.parts.experience.monte_carlo(raw.scores_B, lengths, resp, values, groups)
   return batch_lib.RolloutBatch(
       tokens_BxL=tokens, mask_BxL=mask, old_logp_BxR=jnp.zeros_like(values),
@@ -148,7 +148,7 @@ def fresh_figures(t, fresh) -> dict:
   values, returns, mask = (np.concatenate(x) for x in zip(*(host(b) for b in batches)))
   scores = np.concatenate([distributed.to_host(b.scores_B) for b in batches])
   return {"fresh_ev": diag.pooled_ev(sums),
-          **diag.metrics(values, returns, mask, scores, t.cfg.responses_per_prompt)}
+          **diag.metrics(values, returns, mask, scores, t.cfg.rl.group_size)}
 
 
 def step(t, batch, replay, i) -> dict:

@@ -91,11 +91,11 @@ class Suite:
     self.key = jax.random.key(cfg.seed + 29)
 
   def sampler(self, n: int, prompt_tokens: int):
-    from vapo_jax.run import parts  # pylint: disable=import-outside-toplevel
+    from vapo_jax.run import sampling  # pylint: disable=import-outside-toplevel
     cfg = dataclasses.replace(self.cfg, data=dataclasses.replace(
         self.cfg.data, max_prompt_tokens=prompt_tokens))
-    return parts.build_sampler(cfg, self.p.graphdef, self.p.model_cfg, self.p.mesh,
-                               self.p.rules, self.p.text, n=n)
+    return sampling.build_sampler(cfg, self.p.graphdef, self.p.model_cfg, self.p.mesh,
+                                  self.p.rules, self.p.text, n=n)
 
   def sample(self, sampler, prompts: list[list[int]]):
     """(responses [list of token lists], rollout) of one sampler call per chunk."""
@@ -119,10 +119,10 @@ class Suite:
     return np.asarray(self.jax.device_get(out), float)
 
   def values(self, graphdef, params, rollout) -> np.ndarray:
-    from vapo_jax.run import parts  # pylint: disable=import-outside-toplevel
+    from vapo_jax.run import forwards  # pylint: disable=import-outside-toplevel
     from vapo_jax.sampler import types  # pylint: disable=import-outside-toplevel
     tokens, mask = types.rollout_tokens(rollout)
-    fn = parts.values_fn(self.cfg, graphdef, self.p.mesh, self.p.rules)
+    fn = forwards.values_fn(self.cfg, graphdef, self.p.mesh, self.p.rules)
     return np.asarray(self.jax.device_get(fn(params, tokens, mask,
                                              prompt_len=rollout.prompt_len)), float)
 

@@ -11,7 +11,7 @@ import pytest
 from vapo_jax import config as config_lib
 from vapo_jax.rl import advantages
 from vapo_jax.run import learners
-from vapo_jax.run import inputs, parts
+from vapo_jax.run import forwards, inputs, meshes, networks, sampling
 from config_files import load_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -95,12 +95,12 @@ def test_critic_free_preset_needs_groups():
 
 def resolved(cfg):
   """Everything the trainer derives from the switches, as a flat dict."""
-  out = {f"adv.{k}": v for k, v in dataclasses.asdict(parts.advantage_config(cfg)).items()}
+  out = {f"adv.{k}": v for k, v in dataclasses.asdict(forwards.advantage_config(cfg)).items()}
   hp = dataclasses.asdict(learners.policy_hparams(cfg))
   out.update({f"policy.{k}": v for k, v in hp.items()})
   out["value_pretrain"] = cfg.value_pretrain.enabled and cfg.uses_critic
-  out["prompts_per_step"] = cfg.prompts_per_step
-  out["responses_per_prompt"] = cfg.responses_per_prompt
+  out["rollout_prompts"] = cfg.rl.rollout_prompts
+  out["group_size"] = cfg.rl.group_size
   return out
 
 
@@ -111,7 +111,7 @@ def resolved(cfg):
     ("no_clip_higher", {"policy.eps_high"}),
     ("no_token_level_loss", {"policy.loss_mode"}),
     ("no_positive_nll", {"policy.nll_coef"}),
-    ("no_group_sampling", {"prompts_per_step", "responses_per_prompt"}),
+    ("no_group_sampling", {"rollout_prompts", "group_size"}),
 ])
 def test_each_ablation_changes_exactly_what_it_names(preset, changed):
   base = resolved(config_lib.from_config_dict(load_config_file("qwen32b.py")))
@@ -120,13 +120,13 @@ def test_each_ablation_changes_exactly_what_it_names(preset, changed):
   if preset == "no_clip_higher":
     assert other["policy.eps_high"] == other["policy.eps_low"] == 0.2
   if preset == "no_group_sampling":  # same generation budget
-    assert (base["prompts_per_step"] * base["responses_per_prompt"]
-            == other["prompts_per_step"] * other["responses_per_prompt"])
+    assert (base["rollout_prompts"] * base["group_size"]
+            == other["rollout_prompts"] * other["group_size"])
 
 
 def test_paper_settings_in_qwen32b():
   cfg = config_lib.from_config_dict(load_config_file("qwen32b.py"))
-  assert (cfg.prompts_per_step, cfg.responses_per_prompt) == (512, 16)
+  assert (cfg.rl.rollout_prompts, cfg.rl.group_size) == (512, 16)
   assert cfg.rl.alpha == 0.05 and cfg.rl.lam_critic == 1.0 and cfg.rl.gamma == 1.0
   assert (cfg.rl.eps_low, cfg.eps_high, cfg.rl.nll_coef) == (0.2, 0.28, 0.1)
   assert cfg.loss_mode == "token" and cfg.value_pretrain.enabled
@@ -135,7 +135,7 @@ def test_paper_settings_in_qwen32b():
 def advantage_config(**changes):
   """The default config's advantage settings, with `changes`."""
   cfg = config_lib.from_config_dict(config_lib.default_config_dict())
-  return dataclasses.replace(parts.advantage_config(cfg), **changes)
+  return dataclasses.replace(forwards.advantage_config(cfg), **changes)
 
 
 def test_length_adaptive_switch_gives_constant_lambda():
@@ -174,10 +174,10 @@ def test_sampling_settings_reach_the_run_sampler(windows):
   c = load_config_file("tiny.py")
   c.sampling.decode_windows = windows
   cfg = config_lib.from_config_dict(c)
-  mesh, rules = parts.build_mesh(cfg), parts.rules_of(cfg)
+  mesh, rules = meshes.build_mesh(cfg), meshes.rules_of(cfg)
   text = inputs.build_text(cfg)
-  mcfg = parts.fresh_model_config(cfg, text)
-  sampler = parts.build_sampler(cfg, None, mcfg, mesh, rules, text, n=2)
+  mcfg = networks.fresh_model_config(cfg, text)
+  sampler = sampling.build_sampler(cfg, None, mcfg, mesh, rules, text, n=2)
   assert sampler.cfg.decode_windows == windows
   assert sampler.cfg.n_per_prompt == 2
   assert sampler.cfg.max_new_tokens == cfg.sampling.max_new_tokens

@@ -15,7 +15,7 @@ from vapo_jax.rl import experience as experience_lib
 from vapo_jax.rl import train_state
 from vapo_jax.rl import update
 from vapo_jax.run import learners
-from vapo_jax.run import parts
+from vapo_jax.run import forwards
 
 pytestmark = pytest.mark.filterwarnings("ignore:config.rl.alpha")  # α small at the defaults
 
@@ -53,7 +53,7 @@ def config(moved: bool) -> config_lib.Config:
 
 
 def experience(cfg):
-  return parts.experience(cfg, sampler=None, text=None, scorer=None, logprobs=None)
+  return forwards.experience(cfg, sampler=None, text=None, scorer=None, logprobs=None)
 
 
 def optimizer_settings(cfg, name, monkeypatch) -> list[dict]:
@@ -87,7 +87,7 @@ EXPECTED = {
     (update.CriticHParams, "loss_mode"): lambda c: "token",
     (update.PPOLoop, "epochs"): lambda c: c.rl.ppo_epochs,
     (update.PPOLoop, "num_minibatches"): lambda c: c.rl.num_minibatches,
-    (update.PPOLoop, "minibatch_rows"): lambda c: (c.prompts_per_step * c.responses_per_prompt
+    (update.PPOLoop, "minibatch_rows"): lambda c: (c.rl.rollout_prompts * c.rl.group_size
                                                    // c.rl.num_minibatches),
     (update.PPOLoop, "seed"): lambda c: c.seed,
     (advantages.AdvantageConfig, "estimator"): lambda c: c.rl.advantage_estimator,
@@ -129,7 +129,7 @@ RECORDS = {
     update.PolicyHParams: learners.policy_hparams,
     update.CriticHParams: learners.critic_hparams,
     update.PPOLoop: learners.ppo_loop,
-    advantages.AdvantageConfig: parts.advantage_config,
+    advantages.AdvantageConfig: forwards.advantage_config,
     experience_lib.Experience: experience,
 }
 # make_optimizer's settings: (learner, keyword) -> the config's value.

@@ -13,7 +13,7 @@ from vapo_jax import config as config_lib
 from vapo_jax import packing
 from vapo_jax import sharding as shd
 from vapo_jax.run import learners
-from vapo_jax.run import parts
+from vapo_jax.run import meshes
 from vapo_jax.pod import archs
 from vapo_jax.pod import fitting
 from vapo_jax.pod import slices
@@ -98,7 +98,7 @@ def test_packed_programs_are_the_trainers_at_the_planners_shapes(built):
   assert all("[rows=" in n for n in names), names
   assert {n.split("[")[0] for n in names} == set(TRAIN)
   p_B, l_B = _short_lengths()
-  rules = parts.rules_of(cfg)
+  rules = meshes.rules_of(cfg)
   spec = learners.pass_spec(cfg, "policy", mesh, rules)
   assert (spec.row_len, spec.rows_per_device, spec.shards) == (24, 1, 4)
   # The trips are the planner's K on the same lengths: mini-batches of 16 for the steps
@@ -129,7 +129,7 @@ def test_row_steps_compile_the_planners_shorter_rows(built):
   mesh, out = built
   cfg, plan, res = out["packed_steps"]
   p_B, l_B = _mid_lengths()
-  rules = parts.rules_of(cfg)
+  rules = meshes.rules_of(cfg)
   spec = learners.pass_spec(cfg, "policy", mesh, rules)
   assert (spec.row_len, spec.row_steps, spec.row_lens()) == (24, 3, [8, 16, 24])
   mini = [packing.plan(p_B[i:i + 16], l_B[i:i + 16], spec).shape for i in (0, 16)]
@@ -175,7 +175,7 @@ def test_step_model_packed_is_the_codes_planner_and_kernel():
                    "model.attention_block": 8})
   mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
   mesh = shd.make_mesh(2, 2, 2)
-  rules = parts.rules_of(cfg)
+  rules = meshes.rules_of(cfg)
   st = step_model.Setup.of(cfg, mcfg, slices.parse("v5p-16"),
                            step_model.Knobs(train="packed", train_attention="jax"))
   assert st.arch.kernel == "jax"
@@ -226,7 +226,7 @@ def test_learner_programs_are_built_on_the_train_mesh():
   cfg = _config(**{"rl.packing": True, "mesh.train_tensor": 1})
   mcfg = archs.model_config(cfg).replace(vocab_size=128, real_vocab_size=97)
   mesh = shd.make_mesh(2, 2, 2)
-  train = parts.build_train_mesh(cfg, mesh)
+  train = meshes.build_train_mesh(cfg, mesh)
   assert dict(train.shape) == {"data": 2, "fsdp": 4, "tensor": 1}
   assert list(train.devices.flat) == list(mesh.devices.flat)
   plan = programs.build(cfg, mcfg, mesh, TRAIN + ("decode_copy", "prefill"))
@@ -243,11 +243,11 @@ def test_learner_programs_are_built_on_the_train_mesh():
   step.fn.lower(*step.args, **step.kwargs).compile()
   st = step_model.Setup.of(cfg, mcfg, slices.parse("v5p-16"), step_model.Knobs(train="packed"))
   assert st.train_tp == 1 and st.tensor == 2
-  assert st.pack_steps == learners.pass_spec(cfg, "policy", train, parts.train_rules_of(cfg))
+  assert st.pack_steps == learners.pass_spec(cfg, "policy", train, meshes.train_rules_of(cfg))
   # The default keeps one mesh; a train mesh that does not split the devices is refused.
-  assert parts.build_train_mesh(_config(), mesh) is mesh
+  assert meshes.build_train_mesh(_config(), mesh) is mesh
   with pytest.raises(ValueError, match="data x train_tensor = 6 does not divide 8"):
-    parts.build_train_mesh(_config(**{"mesh.train_tensor": 3}), mesh)
+    meshes.build_train_mesh(_config(**{"mesh.train_tensor": 3}), mesh)
 
 
 @NEEDS_LIBTPU

@@ -16,7 +16,7 @@ from vapo_jax import losses
 from vapo_jax.rl import advantages as advantages_lib
 from vapo_jax.rl import dapo
 from vapo_jax.run import learners
-from vapo_jax.run import parts
+from vapo_jax.run import forwards
 from vapo_jax.run import trainer as trainer_lib
 
 
@@ -132,7 +132,7 @@ def test_whitening_uses_valid_tokens_only():
 
 def test_whitening_switch_in_compute_advantages():
   cfg = config_lib.from_config_dict(config_lib.default_config_dict())
-  ac = parts.advantage_config(cfg)
+  ac = forwards.advantage_config(cfg)
   assert ac.whiten  # the default (see config.RLSection.whiten_advantages)
   lengths = jnp.array([5, 9, 3, 7])
   mask = (jnp.arange(9)[None] < lengths[:, None]).astype(jnp.float32)
@@ -170,7 +170,7 @@ def test_baseline_presets():
 
 def test_qwen32b_budget_is_the_papers_5000_updates():
   cfg = config_lib.from_config_dict(load_config_file("qwen32b.py"))
-  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  rows = cfg.rl.rollout_prompts * cfg.rl.group_size
   assert rows // cfg.rl.num_minibatches == 512  # mini-batches of 512 responses
   assert cfg.rl_updates == cfg.rl.steps * 16
   assert 5000 <= cfg.rl_updates < 5000 + 16     # the first whole rollout step past 5,000

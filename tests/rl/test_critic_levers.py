@@ -25,7 +25,7 @@ from vapo_jax.run import critic_diagnostics as diag
 from vapo_jax.run import critic_stage
 from vapo_jax.run import learners
 from vapo_jax.run import metrics as metrics_lib
-from vapo_jax.run import parts
+from vapo_jax.run import forwards
 from vapo_jax.run import trainer as trainer_lib
 
 import tiny_trainer
@@ -187,7 +187,7 @@ def test_standardised_values_are_unstandardised_for_gae_float64():
   values = critic_stage.bound_values(values_fn, None, stats, tokens, mask_l, p)
   v64 = (sigma * raw.astype(np.float64) + mu) * mask
   np.testing.assert_allclose(np.asarray(values), v64, atol=1e-5)
-  ac = parts.advantage_config(tiny(**{"rl.whiten_advantages": False}))
+  ac = forwards.advantage_config(tiny(**{"rl.whiten_advantages": False}))
   out = advantages.compute_advantages(ac, jnp.asarray(scores), jnp.asarray(lengths),
                                       jnp.asarray(mask), values, jnp.arange(b) // 2)
   rewards = np.zeros((b, r))
@@ -222,7 +222,7 @@ def test_return_stats_are_bias_corrected_emas():
 
 
 def test_reward_scale_maps_rewards_to_pm1():
-  ac = parts.advantage_config(tiny(**{"rl.reward_scale": 2.0, "rl.reward_shift": -1.0}))
+  ac = forwards.advantage_config(tiny(**{"rl.reward_scale": 2.0, "rl.reward_shift": -1.0}))
   plain = dataclasses.replace(ac, reward_scale=1.0, reward_shift=0.0)
   scores = jnp.asarray([0.0, 1.0, 1.0, 0.0])
   lengths = jnp.asarray([3, 2, 4, 1])
@@ -243,7 +243,7 @@ def test_alpha_auto_and_explicit_and_the_short_horizon_warning():
     warnings.simplefilter("error")
     cfg = tiny(**{"rl.alpha": 0.0, "sampling.max_new_tokens": 48})
   assert cfg.alpha == pytest.approx(32 / 48)
-  assert parts.advantage_config(cfg).alpha == pytest.approx(32 / 48)
+  assert forwards.advantage_config(cfg).alpha == pytest.approx(32 / 48)
   assert config_lib.auto_alpha(20480) == 0.05  # the paper's α at its lengths
   assert tiny(**{"rl.alpha": 0.3}).alpha == 0.3
   with pytest.warns(UserWarning, match="rl.alpha=0.05"):

@@ -87,7 +87,7 @@ def test_a_toy_estimator_and_loss_plug_in_through_the_tables_only(monkeypatch):
     t.close()
   b = jax.device_get(batch)
   # The batch is the type the compile check lowers its programs from, field for field.
-  like = batch_lib.abstract(cfg.prompts_per_step * cfg.responses_per_prompt,
+  like = batch_lib.abstract(cfg.rl.rollout_prompts * cfg.rl.group_size,
                             cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens)
   assert (jax.tree.map(lambda x: (x.shape, x.dtype), b)
           == jax.tree.map(lambda x: (x.shape, x.dtype), like))

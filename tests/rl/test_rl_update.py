@@ -1,6 +1,6 @@
 """The jitted train steps against independent references (issue #19).
 
-The trainer's own `policy_step` / `critic_step` (the functions `run.parts` compiles) run on a
+The trainer's own `policy_step` / `critic_step` (the functions `run.learners` compiles) run on a
 tiny model and a hand-made mini-batch: varied prompt and response lengths (one response is
 empty), correct and wrong responses, advantages of both signs, ratios well outside the clip
 range. Their reported losses and metrics are checked against float64 formulas written here from

@@ -22,7 +22,7 @@ from vapo_jax.models import init_sharded, tiny_config
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import train_state
 from vapo_jax.run import learners
-from vapo_jax.run import parts
+from vapo_jax.run import meshes
 
 P, R = 12, 6
 PROMPTS = np.array([12, 3, 7, 1, 12, 5, 2, 9])
@@ -79,7 +79,7 @@ def toy_row(monkeypatch):
 
 def one_update(packing: bool):
   cfg = config(packing)
-  mesh, rules = parts.build_mesh(cfg), parts.rules_of(cfg)
+  mesh, rules = meshes.build_mesh(cfg), meshes.rules_of(cfg)
   model = init_sharded(lambda r: critic_lib.Critic(
       tiny_config(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=1,
                   num_heads=2, num_kv_heads=1, head_dim=16), rngs=r), mesh, seed=4)

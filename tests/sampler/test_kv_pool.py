@@ -2,7 +2,7 @@
 
 Oracles: the sizing rule counted by hand; the run's resident-memory count against the
 compile check's (built independently from its own abstract TrainStates); the step model's
-engine against the engines `run.parts` builds (slots, pages, chunk steps, decode steps).
+engine against the engines `run.sampling` builds (slots, pages, chunk steps, decode steps).
 """
 
 import importlib.util
@@ -14,8 +14,7 @@ import pytest
 
 from vapo_jax import config as config_lib
 from vapo_jax import sharding as shd
-from vapo_jax.run import learners
-from vapo_jax.run import inputs, parts
+from vapo_jax.run import inputs, meshes, sampling
 from vapo_jax.run import memory as run_memory
 from vapo_jax.sampler import kv_pool
 from vapo_jax.pod import archs
@@ -91,7 +90,7 @@ def test_token_bytes_follow_the_pool_sharding():
   mcfg = archs.model_config(cfg)
   # One layer x 2K = 4 combined heads x Dh 16 x float32, heads split over tensor = 2.
   assert kv_pool.token_bytes(mcfg, "float32") == 256
-  assert kv_pool.token_bytes(mcfg, "float32", _mesh(), parts.rules_of(cfg)) == 128
+  assert kv_pool.token_bytes(mcfg, "float32", _mesh(), meshes.rules_of(cfg)) == 128
 
 
 @pytest.mark.parametrize("train_tensor", [0, 1])
@@ -101,18 +100,17 @@ def test_run_memory_counts_what_the_compile_check_counts(train_tensor):
   mcfg = archs.model_config(cfg)
   mesh = _mesh()
   plan = programs.build(cfg, mcfg, mesh, ("decode_chunk",))
-  got = run_memory.resident(cfg, mcfg, mesh, parts.rules_of(cfg), learners.optimizer)
+  got = run_memory.resident(cfg, mcfg, mesh, meshes.rules_of(cfg))
   want = {**plan.resident_parts, "decode_copy": plan.rollout_parts["decode_copy"]}
   assert got == want and got["reference"] > 0 and got["critic_state"] > 0
   # The run and the compile check size the pool from the same memory: same engine.
   # Room for 3.5 pages per chip after the headroom; the mesh's 2 batch shards are 2 decode
   # replicas, each with 3 pages (2 slots x 2 pages would be its cap).
   hbm = (sum(got.values()) + 3.5 * 16 * 128) / 0.9
-  run_built = parts.samplers(cfg, None, mcfg, mesh, parts.rules_of(cfg),
-                             inputs.build_text(cfg),
-                             memory=run_memory.engine_memory(cfg, mcfg, mesh,
-                                                             parts.rules_of(cfg),
-                                                             learners.optimizer, hbm=hbm))
+  run_built = sampling.samplers(cfg, None, mcfg, mesh, meshes.rules_of(cfg),
+                                inputs.build_text(cfg),
+                                memory=run_memory.engine_memory(cfg, mcfg, mesh,
+                                                                meshes.rules_of(cfg), hbm=hbm))
   checked = programs.build(cfg, mcfg, mesh, ("decode_chunk",), hbm=hbm)
   assert run_built.rollout.ecfg == checked.engines["rollout"].ecfg
   assert run_built.rollout.ecfg.replicas == 2
@@ -125,14 +123,14 @@ def test_pool_too_small_is_a_config_error_before_any_compile():
   mesh = _mesh()
   text = inputs.build_text(cfg)
   with pytest.raises(ValueError, match="fewer than one whole response"):
-    parts.build_sampler(cfg, None, mcfg, mesh, parts.rules_of(cfg), text, n=2, rows=16,
-                        memory=kv_pool.Memory(1e5, 1e5 * 0.9 - 16 * 128))
-  eng = parts.build_sampler(cfg, None, mcfg, mesh, parts.rules_of(cfg), text, n=2, rows=16,
-                            memory=kv_pool.Memory(1e5, 1e5 * 0.9 - 16 * 128),
-                            kv_tokens=40)   # an explicit size wins: 3 pages, 2 per replica
+    sampling.build_sampler(cfg, None, mcfg, mesh, meshes.rules_of(cfg), text, n=2, rows=16,
+                           memory=kv_pool.Memory(1e5, 1e5 * 0.9 - 16 * 128))
+  eng = sampling.build_sampler(cfg, None, mcfg, mesh, meshes.rules_of(cfg), text, n=2, rows=16,
+                               memory=kv_pool.Memory(1e5, 1e5 * 0.9 - 16 * 128),
+                               kv_tokens=40)   # an explicit size wins: 3 pages, 2 per replica
   assert eng.ecfg.num_pages == 4 and eng.pool.limited_by == "explicit"
   # On CPU (no HBM figure): every slot can hold one whole response.
-  eng = parts.build_sampler(cfg, None, mcfg, mesh, parts.rules_of(cfg), text, n=2, rows=16)
+  eng = sampling.build_sampler(cfg, None, mcfg, mesh, meshes.rules_of(cfg), text, n=2, rows=16)
   assert (eng.ecfg.slots, eng.ecfg.num_pages, eng.pool.limited_by) == (4, 8, "no HBM figure")
 
 
@@ -172,7 +170,7 @@ def test_step_model_describes_the_built_engine():
   s = slices.parse("v5e-4")
   st = step_model.Setup.of(cfg, mcfg, s, step_model.Knobs(rollout="continuous"), shapes)
   assert st.engine == shapes["rollout"] and st.eval_engine == shapes["eval"]
-  # The step model's prompt buckets are the built engine's (`run.parts.build_sampler`): its
+  # The step model's prompt buckets are the built engine's (`run.sampling.build_sampler`): its
   # prefill as it runs pads every prompt to them.
   assert plan.engines["rollout"].cfg.prompt_buckets == st.prompt_buckets
   # Without the plan, the step model sizes the same engines itself (here: slot-bound).
@@ -191,10 +189,10 @@ def test_the_engine_samples_rollout_and_evaluation_by_default():
   cfg = config_lib.from_config_dict(mod.get_config())
   assert cfg.sampling.engine == config_lib.SamplingSection().engine == "continuous"
   mcfg = archs.model_config(cfg)
-  mesh = parts.build_mesh(cfg)
-  built = parts.samplers(cfg, None, mcfg, mesh, parts.rules_of(cfg), inputs.build_text(cfg))
+  mesh = meshes.build_mesh(cfg)
+  built = sampling.samplers(cfg, None, mcfg, mesh, meshes.rules_of(cfg), inputs.build_text(cfg))
   for s in (built.rollout, built.eval, built.greedy):
     assert getattr(s, "continuous", False), s
   assert built.eval.cfg.n_per_prompt == cfg.eval.samples_per_problem
-  assert built.greedy.cfg.greedy and built.rollout.ecfg.slots == cfg.prompts_per_step * (
-      cfg.responses_per_prompt)
+  assert built.greedy.cfg.greedy and built.rollout.ecfg.slots == cfg.rl.rollout_prompts * (
+      cfg.rl.group_size)

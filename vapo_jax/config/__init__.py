@@ -10,7 +10,7 @@ One file per section (`config/rl.py`: `RLSection`, …): its fields with their d
 comments, and its `check()`; `validate` runs each section's check, then the checks that span
 sections. Each default is written there only: the records the steps take
 (`update.PolicyHParams`, `advantages.AdvantageConfig`, `behaviour.Correction`, …) have none
-and are built from the sections in one place each (`run.learners`, `run.parts`).
+and are built from the sections in one place each (`run.learners`, `run.forwards`).
 
 Each of VAPO's seven changes is one switch (see `PRESETS` for whole rows of the paper's
 ablation table, and the plain-PPO / GRPO / DAPO baselines):
@@ -105,17 +105,6 @@ class Config:
   compile: CompileSection = CompileSection()
 
   # ---- derived quantities (one place, so every caller agrees)
-  @property
-  def responses_per_prompt(self) -> int:
-    """`RLSection.group_size`: rl.responses_per_prompt with group sampling, else 1."""
-    return self.rl.group_size
-
-  @property
-  def prompts_per_step(self) -> int:
-    """`RLSection.rollout_prompts`: without group sampling the same generation budget goes
-    to n× more prompts."""
-    return self.rl.rollout_prompts
-
   @property
   def data_seed(self) -> int:
     """The seed of the synthetic problems (data.seed, else seed)."""
@@ -234,9 +223,9 @@ def validate(cfg: Config) -> None:
        f"0 (auto) or >= one whole response, data.max_prompt_tokens + "
        f"sampling.max_new_tokens - 1 = {whole}")
   need(s.prompts_per_call >= 0 and (s.prompts_per_call == 0
-                                     or cfg.prompts_per_step % s.prompts_per_call == 0),
+                                     or cfg.rl.rollout_prompts % s.prompts_per_call == 0),
        "sampling.prompts_per_call", s.prompts_per_call,
-       f"0 or a divisor of the prompts per step ({cfg.prompts_per_step})")
+       f"0 or a divisor of the prompts per step ({cfg.rl.rollout_prompts})")
   need(vp.replay_batches == 1 or rl.value_clip == 0, "value_pretrain.replay_batches",
        vp.replay_batches, "1 with rl.value_clip > 0 (a replayed batch's old values are "
        "an older critic's)")

@@ -1,5 +1,5 @@
 """config.mesh: the device mesh, the train passes' own mesh and the sharding rules
-(`run.parts` build_mesh, build_train_mesh, rules_of; `sharding`)."""
+(`run.meshes`; `sharding`)."""
 
 import dataclasses
 
@@ -24,7 +24,7 @@ class MeshSection:
   # under their rules (`train_layout`) while the engines keep the decode mesh (a smaller t:
   # fewer and smaller tensor-parallel activation all-reduces, FSDP over more chips). The
   # rollout batch moves to it, and the engine's decode copy is resharded from it, once per
-  # rollout (`run.memory.train_mesh`). data x t must divide the devices.
+  # rollout (`run.meshes.build_train_mesh`). data x t must divide the devices.
   train_tensor: int = 0
 
   def check(self) -> None:

@@ -1,6 +1,6 @@
 """config.model: the policy's (and the critic's) network, where it starts, how it computes.
 
-Read by `run.parts` (build_policy, model_options, fresh_model_config, build_critic) and
+Read by `run.networks` (build_policy, model_options, fresh_model_config, build_critic) and
 `models.hf_io`; the critic's start by `run.trainer`.
 """
 

@@ -1,4 +1,4 @@
-"""config.reward: the checker that scores training responses (`rewards/`, `run.parts`)."""
+"""config.reward: the checker that scores training responses (`rewards/`, `run.parts.build`)."""
 
 import dataclasses
 

@@ -1,9 +1,9 @@
 """config.rl: the RL stage: its batch, the advantage estimator and VAPO's switches, the
 policy and critic losses, the PPO loop, packing, and the baselines' extras.
 
-Read through records built in one place each: `run.parts.advantage_config` (step 3),
+Read through records built in one place each: `run.forwards.advantage_config` (step 3),
 `run.learners.policy_hparams` / `critic_hparams` / `ppo_loop` (step 4), `RLSection.correction`
-(the behaviour correction, both steps) and `run.parts.experience`. What spans sections (the
+(the behaviour correction, both steps) and `run.forwards.experience`. What spans sections (the
 packed row against the sequence length, α against the token cap, "behaviour" π_old against
 the sampler's dtype, L_cache against the cap) is checked in `config.validate`.
 """
@@ -117,7 +117,7 @@ class RLSection:
   overlong_shaping: bool = False        # DAPO's soft length penalty added to the score
   overlong_cache_tokens: int = 0        # L_cache; 0: max_new_tokens / 5 (DAPO: 4096 of 20480)
 
-  # ---- derived (rl alone; `Config` repeats them under their old names)
+  # ---- derived (rl alone; read as cfg.rl.group_size, cfg.rl.rollout_prompts)
   @property
   def group_size(self) -> int:
     """Responses sampled per prompt: responses_per_prompt with group sampling, else 1."""

@@ -1,5 +1,5 @@
-"""config.sampling: the rollout's sampler and the rollout engine's sizes (`run.parts`
-build_sampler; `sampler/`). Its KV pool against the prompt length and the calls against the
+"""config.sampling: the rollout's sampler and the rollout engine's sizes (`run.sampling`;
+`sampler/`). Its KV pool against the prompt length and the calls against the
 prompts per step are checked across sections (`config.validate`)."""
 
 import dataclasses

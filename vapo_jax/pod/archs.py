@@ -62,8 +62,8 @@ def _config_json(spec: str) -> str | None:
 def model_config(cfg, arch: str | None = None) -> ModelConfig:
   """The policy's ModelConfig for a `config.Config` (see the module docstring)."""
   m = cfg.model
-  from vapo_jax.run import inputs, parts  # pylint: disable=import-outside-toplevel
-  kw = {"param_dtype": m.param_dtype, "dtype": m.dtype, **parts.model_options(cfg)}
+  from vapo_jax.run import inputs, networks  # pylint: disable=import-outside-toplevel
+  kw = {"param_dtype": m.param_dtype, "dtype": m.dtype, **networks.model_options(cfg)}
   hf = None
   if arch:
     if arch.lower() in KNOWN:
@@ -87,4 +87,4 @@ def model_config(cfg, arch: str | None = None) -> ModelConfig:
     if mcfg.real_vocab_size is None and mcfg.model_type == "qwen2":
       mcfg = mcfg.replace(real_vocab_size=min(QWEN25_TOKENS, mcfg.vocab_size))
     return mcfg
-  return parts.fresh_model_config(cfg, inputs.build_text(cfg))
+  return networks.fresh_model_config(cfg, inputs.build_text(cfg))

@@ -252,7 +252,7 @@ def _packed_lengths(cfg):
   if not (cfg.rl.packing and flags.FLAGS.lengths):
     return None
   from vapo_jax.pod import lengths  # pylint: disable=import-outside-toplevel
-  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  rows = cfg.rl.rollout_prompts * cfg.rl.group_size
   spec = lengths.phases(flags.FLAGS.lengths)[0][1]
   return (lengths.sample(flags.FLAGS.prompt_lengths, rows, cfg.data.max_prompt_tokens, seed=2,
                          prefix="prompt/length_"),

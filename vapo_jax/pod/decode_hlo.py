@@ -65,12 +65,12 @@ def compile_generate(cfg, mcfg, mesh, *, target: str | None = None) -> DecodeHLO
   mesh's own platform.
   """
   from vapo_jax.models import platform, transformer  # pylint: disable=import-outside-toplevel
-  from vapo_jax.run import inputs, parts  # pylint: disable=import-outside-toplevel
+  from vapo_jax.run import inputs, meshes, sampling  # pylint: disable=import-outside-toplevel
   from vapo_jax.pod import programs  # pylint: disable=import-outside-toplevel
   # This measures the static sampler's loop (`static.Sampler._generate`), whatever the
   # run's engine.
   cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, engine="static"))
-  rules = parts.rules_of(cfg)
+  rules = meshes.rules_of(cfg)
   graphdef, params = programs.abstract_model(
       lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
   text = inputs.Text(encode=None, decode=None, bos_ids=(), template=None,
@@ -78,8 +78,8 @@ def compile_generate(cfg, mcfg, mesh, *, target: str | None = None) -> DecodeHLO
                      vocab_size=mcfg.real_vocab_size or mcfg.vocab_size)
   ctx = platform.targeting(target) if target else _null()
   with ctx:
-    sampler = parts.samplers(cfg, graphdef, mcfg, mesh, rules, text).rollout
-    bp = cfg.sampling.prompts_per_call or cfg.prompts_per_step
+    sampler = sampling.samplers(cfg, graphdef, mcfg, mesh, rules, text).rollout
+    bp = cfg.sampling.prompts_per_call or cfg.rl.rollout_prompts
     rows = bp * sampler.cfg.n_per_prompt
     low = sampler.lowerable(params, bp)  # `static.Sampler.lowerable`: its own programs
     hlo = low["generate"].lower(*low["generate_args"]).compile().as_text()

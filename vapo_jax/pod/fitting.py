@@ -86,7 +86,7 @@ def step_time(results: dict[str, Result], plan, cfg, s: slices.Slice, mfu: float
 
   if "decode_chunk" in results:  # the engine: one prefill per prompt, one insert per row
     sh = plan.shapes
-    rollout = (t("decode_copy") + cfg.prompts_per_step * t("prefill") + sh["rows"] * t("insert")
+    rollout = (t("decode_copy") + cfg.rl.rollout_prompts * t("prefill") + sh["rows"] * t("insert")
                + sh["engine_chunks"] * t("decode_chunk"))  # decode_chunk: chunk_steps trips
     return rollout + t("logprobs") + t("values") + (
         cfg.rl.num_minibatches * cfg.rl.ppo_epochs * (t("policy_step") + t("critic_step")))

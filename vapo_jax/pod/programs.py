@@ -1,6 +1,6 @@
 """The run's compiled programs, lowered from shapes alone (no weights, no devices needed).
 
-Each program is built by the same `run.parts` functions the trainer builds it with (same
+Each program is built by the same `run/` functions the trainer builds it with (same
 step functions, shardings, micro-batching and donation), from abstract parameters
 (`jax.ShapeDtypeStruct` with the config's shardings), so `jax.jit(...).lower(...)` works for
 any device set — fake CPU devices in tests, or a TPU pod's devices from
@@ -59,7 +59,7 @@ from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import layout as layout_lib
 from vapo_jax.rl import train_state
 from vapo_jax.run import learners
-from vapo_jax.run import inputs, parts
+from vapo_jax.run import forwards, inputs, meshes, sampling
 from vapo_jax.run import memory as run_memory
 from vapo_jax.sampler import kv_pool
 
@@ -136,7 +136,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
           lengths: tuple[np.ndarray, np.ndarray] | None = None) -> Plan:
   """The programs of one run (a `config.Config` and the policy's `ModelConfig`) on `mesh`,
   the config's (data, fsdp, tensor) mesh: the samplers' programs on it, the learners' on the
-  train mesh the run lays over its devices (mesh.train_tensor, `run.parts.build_train_mesh`).
+  train mesh the run lays over its devices (mesh.train_tensor, `run.meshes.build_train_mesh`).
 
   With a per-chip `budget` that the resident state alone exceeds, no programs are built.
   hbm: bytes per chip the engines' KV pools are sized from (`sampler.kv_pool`: the run
@@ -150,11 +150,11 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   # The learners and their passes lie on the train mesh (mesh.train_tensor: `mesh` itself, or
   # its devices laid out again) as mesh.train_layout says; the samplers decode from
   # mesh.rules on `mesh` (their engine's decode copy is resharded from the train layout).
-  decode_mesh, mesh = mesh, parts.build_train_mesh(cfg, mesh)
-  decode_rules, rules = parts.rules_of(cfg), parts.train_rules_of(cfg)
+  decode_mesh, mesh = mesh, meshes.build_train_mesh(cfg, mesh)
+  decode_rules, rules = meshes.rules_of(cfg), meshes.train_rules_of(cfg)
   batch_axes = shd.batch_axes(mesh, rules)
-  parts.device_count_check(cfg, decode_mesh, decode_rules)
-  parts.device_count_check(cfg, mesh, rules, train=True)
+  meshes.device_count_check(cfg, decode_mesh, decode_rules)
+  meshes.device_count_check(cfg, mesh, rules, train=True)
   rows_sh = batch_lib.batch_sharding(mesh, batch_axes)
   graphdef, params = abstract_model(lambda r: transformer.Transformer(mcfg, rngs=r), mesh, rules)
   c_graphdef, c_params = abstract_model(critic_lib.builder(
@@ -163,7 +163,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   p_state = abstract_train_state(params, p_tx, mesh)
   c_state = abstract_train_state(c_params, c_tx, mesh)
 
-  n = cfg.responses_per_prompt
+  n = cfg.rl.group_size
   rows = learners.rows_of(cfg)
   p_len, r_len = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
 
@@ -185,7 +185,7 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
   text = inputs.Text(encode=None, decode=None, bos_ids=(), template=None,
                     eos_ids=(int(mcfg.eos_token_id or 0),), pad_id=0,
                     vocab_size=mcfg.real_vocab_size or mcfg.vocab_size)
-  per_call = cfg.sampling.prompts_per_call or cfg.prompts_per_step
+  per_call = cfg.sampling.prompts_per_call or cfg.rl.rollout_prompts
   engine = cfg.sampling.engine == "continuous"
   rollout_parts, memory = {}, None
   if engine:
@@ -193,8 +193,8 @@ def build(cfg, mcfg, mesh, names=PROGRAMS, budget: float | None = None, *,
                                                                 decode_mesh, decode_rules)
     memory = kv_pool.Memory(hbm, float(sum(resident.values()) + rollout_parts["decode_copy"]),
                             cfg.sampling.kv_headroom)
-  built = parts.samplers(cfg, graphdef, mcfg, decode_mesh, decode_rules, text, memory=memory,
-                         kv_tokens=kv_tokens)
+  built = sampling.samplers(cfg, graphdef, mcfg, decode_mesh, decode_rules, text, memory=memory,
+                            kv_tokens=kv_tokens)
   samplers = {"rollout": (built.rollout, per_call), "eval": (built.eval, cfg.eval.batch_prompts),
               "greedy": (built.greedy, cfg.eval.batch_prompts)}
 
@@ -296,11 +296,11 @@ def _train(cfg, names, mesh, rules, rows, rows_sh, lengths, batch, policy, criti
     add(prog, learner, mini_calls, mini, lambda plan, step=step, state=state, held=held: (
         (step, (state, batch(mini)), {}, held) if plan is None else
         (step.compiled, (state, layout_lib.PackedBatch(batch(mini), plan)), {}, held)))
-  forwards = [("logprobs", parts.logprobs_fn, graphdef, params,
-               {"prompt_len": p_len, "temperature": cfg.sampling.temperature}, True),
-              ("values", parts.values_fn, c_graphdef, c_params, {"prompt_len": p_len},
-               cfg.uses_critic)]
-  for prog, make_fn, gd, prm, kw, on in forwards:
+  passes = [("logprobs", forwards.logprobs_fn, graphdef, params,
+             {"prompt_len": p_len, "temperature": cfg.sampling.temperature}, True),
+            ("values", forwards.values_fn, c_graphdef, c_params, {"prompt_len": p_len},
+             cfg.uses_critic)]
+  for prog, make_fn, gd, prm, kw, on in passes:
     if prog not in names or not on:
       continue
     run = make_fn(cfg, gd, mesh, rules)
@@ -322,7 +322,7 @@ def _engine_plan(cfg, names, progs, resident, shapes, rollout_parts, params, eng
   rows = shapes["rows"]
   # As compile_check's static estimate: every response runs to max_new_tokens, S at a time.
   steps = -(-rows // e.ecfg.slots) * e.cfg.max_new_tokens
-  shapes.update({"prompts_per_call": cfg.prompts_per_step, "sampler_rows": rows,
+  shapes.update({"prompts_per_call": cfg.rl.rollout_prompts, "sampler_rows": rows,
                  "slots": e.ecfg.slots, "page_size": e.ecfg.page_size,
                  "kv_pages": e.ecfg.num_pages, "kv_tokens": e.ecfg.num_pages * e.ecfg.page_size,
                  "chunk_steps": e.ecfg.chunk_steps, "engine_decode_steps": steps,

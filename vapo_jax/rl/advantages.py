@@ -10,7 +10,7 @@
       → optional whitening over the batch's real tokens, and statistics for the log
 
 Pure jax functions of arrays and a frozen :class:`AdvantageConfig` (built from the run's
-config by `run.parts`, the only place its values come from); `rl.experience` jits them.
+config by `run.forwards`, the only place its values come from); `rl.experience` jits them.
 A new estimator is one function with `gae_estimate`'s signature and one row of ESTIMATORS.
 """
 
@@ -26,7 +26,7 @@ from vapo_jax import losses
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
-  """The advantage settings, built from config.rl in one place (`run.parts.advantage_config`;
+  """The advantage settings, built from config.rl in one place (`run.forwards.advantage_config`;
   the defaults are the config's, `config.RLSection`)."""
   estimator: str        # a key of ESTIMATORS
   gamma: float

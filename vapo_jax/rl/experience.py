@@ -45,7 +45,7 @@ from vapo_jax.sampler import types as types_lib
 
 @dataclasses.dataclass(frozen=True)
 class Experience:
-  """The parts of steps 1–3 (built by `run.parts.experience`).
+  """The parts of steps 1–3 (built by `run.forwards.experience`).
 
   sampler: the rollout sampler (n responses per prompt; `sampler.types.RolloutSampler`).
   text: prompt_ids(problem) -> token ids, decode(ids) -> text.
@@ -71,7 +71,7 @@ class Experience:
     π_old, the correction and ("exact") the gap metrics from its own forward
     (`rl.update.old_policy`); the entropy then comes from the update too.
   place: tree -> tree, the rollout's [B, ...] arrays moved from the sampler's mesh to the
-    train passes' (config mesh.train_tensor: `run.parts.to_train_mesh`), once per rollout
+    train passes' (config mesh.train_tensor: `run.meshes.to_train_mesh`), once per rollout
     before any pass reads it; None: they share one mesh.
   """
   sampler: types_lib.RolloutSampler
@@ -96,7 +96,7 @@ class Experience:
     """Samples, scores and annotates one rollout batch: (device batch, metrics).
 
     values: the critic, (tokens_BxL, mask_BxL, prompt_len) -> V(s_t) [B, R] (jitted, its
-      parameters bound: `run.parts.values_fn`), or None without a critic.
+      parameters bound: `run.forwards.values_fn`), or None without a critic.
     ref_params: the reference policy's parameters (adds `ref_logp_BxR`), or None.
     more_examples: () -> the next global list of prompts, for dynamic sampling's extra
       rounds (dynamic sampling is on when `dynamic_rounds` >= 0 and this is given; never

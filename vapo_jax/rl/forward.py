@@ -2,7 +2,7 @@
 
 They score a whole rollout before the update, with the weights that sampled it; the train
 steps (`rl.update`) run the same model code inside their losses. Kept apart from the update
-so that rollout-time code (`rl.experience`, `run.parts`) does not import the train steps.
+so that rollout-time code (`rl.experience`, `run.forwards`) does not import the train steps.
 
 Each is written once over the rows a row layout gives it (`rl.layout`: `layout.forward(name,
 partial(fn, graphdef), ...)` jits it, runs it in micro-batches and plans packed rows).

@@ -145,7 +145,7 @@ def diagnostics(t, batch: batch_lib.RolloutBatch) -> dict[str, float]:
     return {}
   values, returns, mask = host_values(batch)
   return diag.metrics(values, returns, mask, distributed.to_host(batch.scores_B),
-                      t.cfg.responses_per_prompt,
+                      t.cfg.rl.group_size,
                       correct_B=distributed.to_host(batch.scores_B)
                       >= t.cfg.eval.correct_threshold)
 
@@ -158,7 +158,7 @@ def heldout_readout(t, rl_step: int) -> dict[str, float]:
   k = t.cfg.metrics.critic_heldout_batches
   if not k or "critic" not in t.state.learners:
     return {}
-  per = t.cfg.prompts_per_step
+  per = t.cfg.rl.rollout_prompts
   pool = t.parts.eval_examples  # (cycled when it holds fewer than the batches need)
   if not pool:
     return {}
@@ -169,7 +169,7 @@ def heldout_readout(t, rl_step: int) -> dict[str, float]:
     batch, _ = t.experience(chunk, for_value_pretraining=True, key=jax.random.fold_in(key, j))
     parts.append((*host_values(batch), distributed.to_host(batch.scores_B)))
   values, returns, mask, scores = (np.concatenate(x) for x in zip(*parts))
-  out = diag.heldout_report(values, returns, mask, scores, t.cfg.responses_per_prompt,
+  out = diag.heldout_report(values, returns, mask, scores, t.cfg.rl.group_size,
                             correct=scores >= t.cfg.eval.correct_threshold)
   return {k.replace("critic/", "critic_heldout/"): v for k, v in out.items()}
 
@@ -185,7 +185,7 @@ def _draw_of(state) -> Draw:
 
 def _redraw(t, d: Draw) -> batch_lib.RolloutBatch:
   """A recorded draw's batch again (the policy is frozen: the same batch)."""
-  it = type(t.state.prompts)(t.parts.train_examples, t.cfg.prompts_per_step, seed=t.cfg.seed)
+  it = type(t.state.prompts)(t.parts.train_examples, t.cfg.rl.rollout_prompts, seed=t.cfg.seed)
   it.set_state(d.iterator)
   key = jax.random.wrap_key_data(jnp.asarray(d.key, jnp.uint32))
   return t.experience(next(it), for_value_pretraining=True, key=key)[0]

@@ -1,7 +1,7 @@
 """What a run reads: the tokenizer and prompt template (`Text`), the train and held-out
 examples, and the SFT stage's teacher-forcing batches.
 
-Everything that reads files happens here or in `run.parts`, before any train step is
+Everything that reads files happens here or in `run.networks`, before any train step is
 compiled, so a missing file or a bad data row fails the run at once with a message naming it.
 """
 

@@ -48,7 +48,7 @@ class Rows:
 
 
 def rows_of(cfg: config_lib.Config) -> Rows:
-  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  rows = cfg.rl.rollout_prompts * cfg.rl.group_size
   minibatch = rows // cfg.rl.num_minibatches
   micro = cfg.rl.micro_batch_size
   # The old-log-prob and value passes over the whole rollout run in train-sized

@@ -9,16 +9,14 @@ Per chip (max over the mesh's devices), from abstract parameters with the run's 
   rollout_batch   the last rollout batch ([B, P + R] rows)
   decode_copy     the engine's decode copy of the policy (sampling.decode_dtype, FSDP dropped)
 
-The train states lie on the train passes' mesh (`train_mesh`: the decode mesh, or with
-mesh.train_tensor a second mesh over the same devices) under `train_rules`.
+The train states lie on the train passes' mesh (`run.meshes.build_train_mesh`: the decode
+mesh, or with mesh.train_tensor a second mesh over the same devices) under the train rules.
 
 `pod.programs` counts the same parts for the compile check (a test ties the two). The
 engine's KV pool is sized from HBM less these (`sampler.kv_pool`).
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 from flax import nnx
 import jax
@@ -29,6 +27,8 @@ from vapo_jax import sharding as shd
 from vapo_jax.models import transformer
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import train_state
+from vapo_jax.run import learners
+from vapo_jax.run import meshes
 from vapo_jax.sampler import decode_weights
 from vapo_jax.sampler import kv_pool
 
@@ -88,45 +88,21 @@ def decode_copy_bytes(cfg, mcfg, graphdef, params, mesh, rules) -> int:
   return kv_pool.per_device_bytes(abstract)
 
 
-def train_rules(cfg, rules):
-  """The train passes' rules table from the decode replicas' `rules` (mesh.train_layout)."""
-  return shd.fsdp_only(rules) if cfg.mesh.train_layout == "fsdp" else rules
-
-
-def train_mesh(cfg, mesh):
-  """The train passes' mesh from the decode mesh (mesh.train_tensor = t).
-
-  t = 0, or t = the decode mesh's own tensor size: `mesh` itself (one mesh). Else a second
-  `Mesh` over the same N devices in the same flat order, (data, N / (data t), t), the same
-  axis names and types: an array moves between the two by `jax.device_put` or a jit's
-  `out_shardings`. ValueError when data x t does not divide N.
-  """
-  t = cfg.mesh.train_tensor
-  if not t or mesh is None or t == mesh.shape["tensor"]:
-    return mesh
-  n, data = mesh.size, mesh.shape["data"]
-  if n % (data * t):
-    raise ValueError(f"config.mesh.train_tensor={t}: the train mesh (data={data}, fsdp, "
-                     f"tensor={t}) must split the {n} devices of the mesh {dict(mesh.shape)}, "
-                     f"and data x train_tensor = {data * t} does not divide {n}")
-  return jax.sharding.Mesh(mesh.devices.reshape(data, n // (data * t), t), mesh.axis_names,
-                           axis_types=mesh.axis_types)
-
-
-def resident(cfg, mcfg, mesh, rules, optimizer: Callable) -> dict[str, int]:
+def resident(cfg, mcfg, mesh, rules) -> dict[str, int]:
   """The parts above, bytes per chip. `mesh`, `rules`: the decode replicas' (the train
-  states and the rollout batch lie on `train_mesh` as `train_rules` says); optimizer(cfg,
-  name) -> the learner's optax transformation (`run.learners.optimizer`)."""
-  t_mesh, t_rules = train_mesh(cfg, mesh), train_rules(cfg, rules)
+  states and the rollout batch lie on the train mesh under the train rules, `run.meshes`;
+  each learner's optimizer is `run.learners.optimizer`)."""
+  t_mesh, t_rules = meshes.build_train_mesh(cfg, mesh), meshes.train_rules_of(cfg)
   graphdef, params = _abstract(lambda r: transformer.Transformer(mcfg, rngs=r), t_mesh,
                                t_rules)
-  out = {"policy_state": _state_bytes(params, optimizer(cfg, "policy")), "critic_state": 0}
+  out = {"policy_state": _state_bytes(params, learners.optimizer(cfg, "policy")),
+         "critic_state": 0}
   if cfg.uses_critic:
     _, c_params = _abstract(critic_lib.builder(mcfg, head_bias=cfg.model.critic_head_bias,
                                                full=cfg.full_critic), t_mesh, t_rules)
-    out["critic_state"] = _state_bytes(c_params, optimizer(cfg, "critic"))
+    out["critic_state"] = _state_bytes(c_params, learners.optimizer(cfg, "critic"))
   out["reference"] = kv_pool.per_device_bytes(params) if cfg.rl.kl_coef > 0 else 0
-  rows = cfg.prompts_per_step * cfg.responses_per_prompt
+  rows = learners.rows_of(cfg).rollout
   # The rollout batch as the sampler gives it, or on its own train mesh as it moves there.
   b_mesh, b_rules = (mesh, rules) if t_mesh is mesh else (t_mesh, t_rules)
   sh = batch_lib.batch_sharding(b_mesh, shd.batch_axes(b_mesh, b_rules))
@@ -137,12 +113,11 @@ def resident(cfg, mcfg, mesh, rules, optimizer: Callable) -> dict[str, int]:
   return out
 
 
-def engine_memory(cfg, mcfg, mesh, rules, optimizer: Callable,
-                  hbm: float | None = None) -> kv_pool.Memory:
+def engine_memory(cfg, mcfg, mesh, rules, hbm: float | None = None) -> kv_pool.Memory:
   """The Memory a run's engines are sized from: `hbm` (default: the device's own figure)
   less everything `resident` counts."""
   hbm = device_hbm(mesh) if hbm is None else hbm
   if hbm is None:
     return kv_pool.Memory(None, 0.0, cfg.sampling.kv_headroom)
-  return kv_pool.Memory(hbm, float(sum(resident(cfg, mcfg, mesh, rules, optimizer).values())),
+  return kv_pool.Memory(hbm, float(sum(resident(cfg, mcfg, mesh, rules).values())),
                         cfg.sampling.kv_headroom)

@@ -11,7 +11,7 @@ the shapes the trainer builds instead of a copy of its arithmetic.
              (`sampler.ops.power_buckets`), else (P,): every prompt padded to P
 
 (P = data.max_prompt_tokens, R = sampling.max_new_tokens.) `run.learners.pass_spec` gives a
-pass its (rows, micro_batches) by name; `run.parts.build_sampler` takes the buckets.
+pass its (rows, micro_batches) by name; `run.sampling.build_sampler` takes the buckets.
 """
 
 import numpy as np

@@ -41,7 +41,7 @@ from vapo_jax.run import eval_records
 from vapo_jax.run import evaluation
 from vapo_jax.run import inputs
 from vapo_jax.run import metrics as metrics_lib
-from vapo_jax.run import parts
+from vapo_jax.run import forwards, networks, parts
 from vapo_jax.rl import batch as batch_lib
 from vapo_jax.rl import update
 
@@ -86,7 +86,7 @@ class Trainer:
         log=metrics_lib.MetricsWriter(None if read_only else workdir,
                                       tensorboard=cfg.metrics.tensorboard,
                                       wandb=wandb_args),
-        prompts=PromptIterator(p.train_examples, cfg.prompts_per_step, seed=cfg.seed),
+        prompts=PromptIterator(p.train_examples, cfg.rl.rollout_prompts, seed=cfg.seed),
         key=jax.random.key(cfg.seed), policy_params=policy_params)
 
   # -------------------------------------------------------------------------- parts
@@ -110,7 +110,7 @@ class Trainer:
       graphdef, params = self._network(name)
       s.learners[name] = run_learners.learner(cfg, name, graphdef, params, p.mesh, p.rules)
       if name == "critic":
-        self.critic_values = parts.values_fn(cfg, graphdef, p.mesh, p.rules)
+        self.critic_values = forwards.values_fn(cfg, graphdef, p.mesh, p.rules)
       if name == "sft":
         # The global batch, identical on every host (like the RL prompts): SFT is the same
         # for any number of processes, and resumes on a different number.
@@ -120,15 +120,15 @@ class Trainer:
 
   def _network(self, name: str):
     """(graphdef, initial parameters) of a network to train: the policy's for "sft" and
-    "policy", a value model for "critic" and "reward_model" (`parts.build_critic`)."""
+    "policy", a value model for "critic" and "reward_model" (`networks.build_critic`)."""
     s, p = self.state, self.parts
     if name == "critic":
       rm = s.learners.get("reward_model")
-      return parts.build_critic(self.cfg, p.graphdef, s.policy_params, p.mesh, p.rules,
-                                params=rm.state.params if rm else None)
+      return networks.build_critic(self.cfg, p.graphdef, s.policy_params, p.mesh, p.rules,
+                                   params=rm.state.params if rm else None)
     if name == "reward_model":
-      return parts.build_critic(self.cfg, p.graphdef, s.policy_params, p.mesh, p.rules,
-                                from_path=False)
+      return networks.build_critic(self.cfg, p.graphdef, s.policy_params, p.mesh, p.rules,
+                                   from_path=False)
     return p.graphdef, s.policy_params
 
   def policy_model(self):

@@ -373,7 +373,7 @@ class Engine:
   """
 
   continuous = True
-  pool = None  # the `kv_pool.Pool` it was sized with, when built by `run.parts`
+  pool = None  # the `kv_pool.Pool` it was sized with, when built by `run.sampling`
 
   def __init__(self, graphdef, model_cfg, cfg: ops.SamplingConfig,
                ecfg: EngineConfig = EngineConfig(), *,

@@ -103,7 +103,7 @@ def response_lists(rollout: Rollout) -> list[list[int]]:
 @runtime_checkable
 class RolloutSampler(Protocol):
   """What the trainer (`rl.rollout`, `rl.experience`) and the evaluation (`run.evaluation`)
-  call on a sampler: `run.parts.Samplers` holds three of them.
+  call on a sampler: `run.sampling.Samplers` holds three of them.
 
   Two implementations: the rollout engine (`continuous.Engine`, sampling.engine="continuous",
   the default) and the static sampler (`static.Sampler`, sampling.engine="static": the

@@ -42,7 +42,7 @@ for n in ("critic", "reference", "policy"):
     t.setup(n)
   except Exception as e:  # noqa: BLE001
     print("setup", n, type(e).__name__, e, file=sys.stderr)
-examples = t.parts.train_examples[:cfg.prompts_per_step]
+examples = t.parts.train_examples[:cfg.rl.rollout_prompts]
 t0 = time.perf_counter()
 batch, em = t.experience(examples)
 jax.block_until_ready(batch)

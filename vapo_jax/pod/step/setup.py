@@ -92,7 +92,7 @@ class Setup:
   # value forwards, as `run.learners.pass_spec` builds them (batch shards = chips / tensor).
   pack_steps: object = None
   pack_forward: object = None
-  # The engine's prompt buckets, as `run.parts.build_sampler` builds its SamplingConfig
+  # The engine's prompt buckets, as `run.sampling.build_sampler` builds its SamplingConfig
   # ((data.max_prompt_tokens,): every prompt padded to P); () = powers of two.
   prompt_buckets: tuple = ()
   micro_rows: int = 0         # rows per padded micro-batch of an update (0: a mini-batch)
@@ -122,17 +122,17 @@ class Setup:
     p, r = cfg.data.max_prompt_tokens, cfg.sampling.max_new_tokens
     wins = ops.decode_windows(p, types.SimpleNamespace(max_new_tokens=r,
                                                        decode_windows=cfg.sampling.decode_windows))
-    n = cfg.responses_per_prompt
-    per_call = cfg.sampling.prompts_per_call or cfg.prompts_per_step
+    n = cfg.rl.group_size
+    per_call = cfg.sampling.prompts_per_call or cfg.rl.rollout_prompts
     ev = cfg.eval
     eval_rows = ev.num_examples * ev.samples_per_problem if ev.every else 0
     # The passes' sizes as the trainer asks them of run/ (`run.pass_sizes`), on the train
     # mesh's shape over this slice's chips (no devices: `batch_shards` reads only its shape).
-    from vapo_jax.run import learners, parts, pass_sizes  # pylint: disable=import-outside-toplevel
+    from vapo_jax.run import learners, meshes, pass_sizes  # pylint: disable=import-outside-toplevel
     rows = learners.rows_of(cfg)
     train = mesh_shape(cfg, s.chips, train=True)
     train_tp = 1 if cfg.mesh.train_layout == "fsdp" else train.shape["tensor"]
-    shards = pass_sizes.batch_shards(train, parts.train_rules_of(cfg))
+    shards = pass_sizes.batch_shards(train, meshes.train_rules_of(cfg))
     spec = lambda name: learners.spec_of(cfg, name, shards)  # noqa: E731
     upd_rows, upd_micro = learners.micro_batches(cfg, "policy")
     knobs = dataclasses.replace(
@@ -167,7 +167,7 @@ def mesh_shape(cfg, chips: int, *, train: bool = False):
   """The config's (data, fsdp, tensor) mesh laid over `chips` (one -1 size takes the rest),
   as an object with the `shape` of a mesh: what `run.pass_sizes.batch_shards` reads. With
   `train`, the learners' mesh (mesh.train_tensor = t: (data, N / (data t), t) over the same
-  N chips, as `run.memory.train_mesh` lays it; 0: the same mesh)."""
+  N chips, as `run.meshes.build_train_mesh` lays it; 0: the same mesh)."""
   from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
   sizes = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor]
   if -1 in sizes:
@@ -207,7 +207,7 @@ class EngineShape:
 
 
 def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
-  """The engines `run.parts.build_sampler` builds, analytically (no mesh, no compile): slots
+  """The engines `run.sampling.build_sampler` builds, analytically (no mesh, no compile): slots
   as there (sampling.slots, else the static sampler's rows), the pool by `sampler.kv_pool`
   from the chip's HBM less the train state (`Setup.resident`, the reference, the rollout
   batch and the decode copy, counted from the architecture; compile_check passes the built
@@ -227,7 +227,7 @@ def engine_shapes(cfg, mcfg, st: "Setup") -> dict:
   for key, rows in (("rollout", st.rows),
                     ("eval", cfg.eval.batch_prompts * cfg.eval.samples_per_problem)):
     slots = sm.slots or rows
-    # run.parts.decode_replicas: the batch shards, if they divide the slots and the tensor
+    # run.sampling.decode_replicas: the batch shards, if they divide the slots and the tensor
     # axis splits the kv heads whole.
     reps = max(1, st.chips // st.tensor)
     if slots % reps or mcfg.num_kv_heads % shards:

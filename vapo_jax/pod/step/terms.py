@@ -4,7 +4,7 @@ Each is printed as its own line of the report (`Program.lines`). Notation of `st
 tp = chips per decode replica (mesh.tensor), R decode replicas, S slots, K chunk_steps.
 
   engine prefill   as `continuous.Engine` runs it: every prompt right-padded to its bucket
-                   (`ops.prompt_bucket` with `run.parts.build_sampler`'s prompt_buckets =
+                   (`ops.prompt_bucket` with `run.sampling.build_sampler`'s prompt_buckets =
                    (data.max_prompt_tokens,)), one dense prefill per prompt, and the prefill
                    program runs on the whole mesh, so every decode replica computes every
                    prompt: per chip Σ_prompts F_fwd(1 × bucket) / tp at MFU, plus per prompt
