@@ -299,12 +299,13 @@ def test_keys_types_and_correct_default():
   curves = [f"critic/v_{s}_d{k}" for s in ("correct", "wrong") for k in range(10)]
   assert set(out) == {"critic/ev_first_half", "critic/ev_second_half", "critic/ev_last_token",
                       "critic/prompt_value_spearman", "critic/group_ev", "critic/pooled_ev",
-                      "critic/auroc_last", "critic/brier_last", "critic/bias", *pos, *curves}
+                      "critic/group_ev_last", "critic/auroc_last", "critic/brier_last", "critic/bias", *pos, *curves}
   assert all(type(v) is float for v in out.values())
   assert set(diag.metrics(val, ret, mask, scores, 1)) == set(out) - {
-      "critic/prompt_value_spearman", "critic/group_ev"}
+      "critic/prompt_value_spearman", "critic/group_ev", "critic/group_ev_last"}
   report = diag.heldout_report(val, ret, mask, scores, 2)
-  assert set(report) == set(out) | {"critic/group_ev_lo", "critic/group_ev_hi"}
+  assert set(report) == set(out) | {"critic/group_ev_lo", "critic/group_ev_hi",
+                                    "critic/group_ev_last_lo", "critic/group_ev_last_hi"}
   assert "critic/group_ev_lo" not in diag.heldout_report(val, ret, mask, scores, 1)
   assert diag.heldout_report(val, ret, mask, scores, 2, correct=scores < 0.5,
                              n_boot=10)["critic/auroc_last"] == 0.0
@@ -328,3 +329,23 @@ def test_jax_inputs_under_strict_rank_promotion():
                               4, n_boot=100)
   for k in want:
     assert got[k] == pytest.approx(want[k], abs=1e-12, nan_ok=True), k
+
+
+def test_group_ev_at_the_last_token_is_free_of_drift_along_t():
+  """A critic that drifts along t the same way in every response but is an oracle at the last
+  token: the token-level within-group EV pays for the drift, the last-token one is 1."""
+  rng = np.random.default_rng(3)
+  b, r, n = 32, 12, 4
+  lengths = rng.integers(4, r + 1, size=b)
+  mask = (np.arange(r)[None, :] < lengths[:, None]).astype(np.float64)
+  outcome = rng.integers(0, 2, size=b).astype(np.float64)
+  returns = np.repeat(outcome[:, None], r, axis=1) * mask
+  t = np.arange(r, dtype=np.float64)[None, :]
+  values = np.where(t == lengths[:, None] - 1, outcome[:, None], 0.05 * t) * mask
+  m = diag.metrics(values, returns, mask, outcome, n)
+  assert m["critic/group_ev_last"] == pytest.approx(1.0)
+  assert m["critic/group_ev"] < m["critic/group_ev_last"]
+  rep = diag.heldout_report(values, returns, mask, outcome, n, n_boot=200)
+  assert rep["critic/group_ev_last_lo"] == pytest.approx(1.0)
+  const = diag.metrics(np.full_like(values, 0.3), returns, mask, outcome, n)
+  assert const["critic/group_ev_last"] == 0.0

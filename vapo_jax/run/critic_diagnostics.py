@@ -178,6 +178,13 @@ def _correct(scores_B, correct_B=None) -> np.ndarray:
   return np.asarray(correct_B, bool)
 
 
+def last_mask(mask_BxR) -> np.ndarray:
+  """[B, R] 1 at each response's last real token t = l − 1, else 0."""
+  m = np.asarray(mask_BxR, np.float64)
+  t = np.arange(m.shape[1], dtype=np.float64)[None, :]
+  return m * (t == m.sum(1, keepdims=True) - 1)
+
+
 def last_values(values_BxR, mask_BxR) -> tuple[np.ndarray, np.ndarray]:
   """([B] V at each response's last real token t = l − 1 (0 where l = 0), [B] l > 0)."""
   m = np.asarray(mask_BxR, np.float64) > 0
@@ -265,11 +272,16 @@ def metrics(values_BxR, returns_BxR, mask_BxR, scores_B, group_size: int,
   critic/bias                                           `bias`
   critic/v_correct_d*, v_wrong_d*                       `outcome_curves` (NaN: empty)
   critic/prompt_value_spearman, group_ev                with group_size > 1 only
+  critic/group_ev_last                                  `within_group_ev` at each response's
+                                                        last token only (one V per response:
+                                                        free of V's drift along t)
   """
   out = {f"critic/{k}": v for k, v in half_evs(values_BxR, returns_BxR, mask_BxR).items()}
   if group_size > 1:
     out["critic/prompt_value_spearman"] = prompt_spearman(values_BxR, scores_B, group_size)
     out["critic/group_ev"] = within_group_ev(values_BxR, returns_BxR, mask_BxR, group_size)
+    out["critic/group_ev_last"] = within_group_ev(values_BxR, returns_BxR, last_mask(mask_BxR),
+                                                  group_size)
   out["critic/pooled_ev"] = pooled_ev(ev_sums(values_BxR, returns_BxR, mask_BxR))
   for k, ev in enumerate(position_evs(values_BxR, returns_BxR, mask_BxR)):
     out[f"critic/ev_pos_d{k}"] = ev
@@ -286,9 +298,12 @@ def heldout_report(values_BxR, returns_BxR, mask_BxR, scores_B, group_size: int,
                    correct=None, n_boot: int = 1000, seed: int = 0) -> dict[str, float]:
   """`metrics` of fresh held-out rollouts (correct: its correct_B), with group_size > 1 also
   critic/group_ev_lo and critic/group_ev_hi, the 95% interval of `group_ev_bootstrap` (n_boot
-  group resamples): a critic that helps GRPO's group baseline has it above 0."""
+  group resamples): a critic that helps GRPO's group baseline has it above 0; and the same
+  at the last token (critic/group_ev_last_lo, _hi)."""
   out = metrics(values_BxR, returns_BxR, mask_BxR, scores_B, group_size, correct)
   if group_size > 1:
     out["critic/group_ev_lo"], out["critic/group_ev_hi"] = group_ev_bootstrap(
         values_BxR, returns_BxR, mask_BxR, group_size, n_boot, seed)
+    out["critic/group_ev_last_lo"], out["critic/group_ev_last_hi"] = group_ev_bootstrap(
+        values_BxR, returns_BxR, last_mask(mask_BxR), group_size, n_boot, seed)
   return out
