@@ -40,6 +40,7 @@ import numpy as np
 
 from vapo_jax import config as config_lib
 from vapo_jax.run import checkpoint as run_checkpoint
+from vapo_jax.run import critic_stage
 from vapo_jax.run import trainer as trainer_lib
 
 from experiments.real_model import critic_fit
@@ -89,8 +90,11 @@ def read_out(cfg, run: str, step: str, batches: int) -> dict:
     fresh = critic_fit.fresh_rollouts(t, batches)
     figures = critic_fit.fresh_figures(t, fresh)
     scores = np.concatenate([np.asarray(b.scores_B, np.float64) for b in fresh])
+    # With --config.metrics.critic_heldout_batches=K: the run's own held-out readout
+    # (`run.critic_stage.heldout_readout`: within-group EV with its interval, AUROC, ...).
+    readout = critic_stage.heldout_readout(t, 0)
     return {"step": got, "responses": int(scores.size), "reward_mean": float(scores.mean()),
-            **{k: float(v) for k, v in figures.items()}}
+            **{k: float(v) for k, v in figures.items()}, **readout}
   finally:
     t.close()
 
