@@ -32,8 +32,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 
@@ -42,6 +40,7 @@ from absl import flags
 from ml_collections import config_flags
 import numpy as np
 
+from experiments.real_model import ceiling
 from experiments.real_model import variance_share
 from vapo_jax.data.reasoning_gym import arm_of
 
@@ -133,21 +132,6 @@ def markdown(rows: dict[str, dict], k: int) -> str:
   return head + "\n".join(lines) + "\n"
 
 
-def cpu_model() -> str:
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines()
-                 if line.startswith("Model name")), platform.processor())
-  except OSError:
-    return platform.processor()
-
-
-def commit() -> str:
-  out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                       check=False)
-  return out.stdout.strip()
-
-
 def probe(cfg, workdir: str | None, per_arm: int, k: int) -> dict[str, dict]:
   """{arm: row, ..., "pooled": row} of the policy (the config's, or the workdir's newest)."""
   from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
@@ -199,9 +183,8 @@ def report(rows: dict[str, dict], k: int) -> None:
   if _OUT.value:
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, "w", encoding="utf-8") as f:
-      json.dump({"rows": rows, "command": " ".join(sys.argv), "commit": commit(),
-                 "cpu": cpu_model(), "workdir": _WORKDIR.value, "records": _RECORDS.value},
-                f, indent=1)
+      json.dump({"rows": rows, "command": " ".join(sys.argv), **ceiling.provenance(),
+                 "workdir": _WORKDIR.value, "records": _RECORDS.value}, f, indent=1)
     with open(os.path.splitext(_OUT.value)[0] + ".md", "w", encoding="utf-8") as f:
       f.write(table)
 
