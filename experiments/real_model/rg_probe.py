@@ -44,15 +44,19 @@ from experiments.real_model import ceiling
 from experiments.real_model import variance_share
 from vapo_jax.data.reasoning_gym import arm_of
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "A run whose newest checkpoint's policy to "
-                               "probe (none: the config's model).")
-_PER_ARM = flags.DEFINE_integer("per_arm", 64, "Held-out problems per arm.")
-_K = flags.DEFINE_integer("k", 8, "Samples per problem.")
-_OUT = flags.DEFINE_string("out", None, "Write the rows here (JSON; .md beside it).")
-_RECORDS = flags.DEFINE_string("records", None, "Read an evaluation's per-problem records "
-                               "(run.eval_records) instead of sampling; --config unused.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags (defined only when run as a command, so the module imports freely)."""
+  config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+  flags.DEFINE_string("workdir", None, "A run whose newest checkpoint's policy to probe (none: "
+                      "the config's model).")
+  flags.DEFINE_integer("per_arm", 64, "Held-out problems per arm.")
+  flags.DEFINE_integer("k", 8, "Samples per problem.")
+  flags.DEFINE_string("out", None, "Write the rows here (JSON; .md beside it).")
+  flags.DEFINE_string("records", None, "Read an evaluation's per-problem records "
+                      "(run.eval_records) instead of sampling; --config unused.")
 
 
 def by_arm(examples, per_arm: int) -> dict[str, list]:
@@ -163,31 +167,32 @@ def probe(cfg, workdir: str | None, per_arm: int, k: int) -> dict[str, dict]:
 
 def main(argv):
   del argv
-  if _RECORDS.value:
-    rows = from_records(_RECORDS.value, _PER_ARM.value, _K.value)
-    return report(rows, _K.value)
+  if FLAGS.records:
+    rows = from_records(FLAGS.records, FLAGS.per_arm, FLAGS.k)
+    return report(rows, FLAGS.k)
   from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
-  c = _CONFIG.value
+  c = FLAGS.config
   c.unlock()
-  c.eval.samples_per_problem = _K.value
+  c.eval.samples_per_problem = FLAGS.k
   c.eval.num_examples = 1 << 20  # (every problem passed: the arm's own list)
   c.metrics.critic_heldout_batches = 0
   c.lock()
   cfg = config_lib.from_command_line(c)
-  return report(probe(cfg, _WORKDIR.value, _PER_ARM.value, _K.value), _K.value)
+  return report(probe(cfg, FLAGS.workdir, FLAGS.per_arm, FLAGS.k), FLAGS.k)
 
 
 def report(rows: dict[str, dict], k: int) -> None:
   table = markdown(rows, k)
   print(table)
-  if _OUT.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    with open(_OUT.value, "w", encoding="utf-8") as f:
+  if FLAGS.out:
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+    with open(FLAGS.out, "w", encoding="utf-8") as f:
       json.dump({"rows": rows, "command": " ".join(sys.argv), **ceiling.provenance(),
-                 "workdir": _WORKDIR.value, "records": _RECORDS.value}, f, indent=1)
-    with open(os.path.splitext(_OUT.value)[0] + ".md", "w", encoding="utf-8") as f:
+                 "workdir": FLAGS.workdir, "records": FLAGS.records}, f, indent=1)
+    with open(os.path.splitext(FLAGS.out)[0] + ".md", "w", encoding="utf-8") as f:
       f.write(table)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
