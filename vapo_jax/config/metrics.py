@@ -18,9 +18,9 @@ class MetricsSection:
   # position, last-token AUROC and Brier score, V along t/l for correct and wrong responses,
   # the bias, Spearman ρ of V(s_0) against the group's pass rate.
   critic_diagnostics: bool = False
-  # At each evaluation (and at the end of value pretraining): the same on this many fresh
-  # rollout batches of held-out prompts (critic_heldout/* in the eval records, with a
-  # bootstrap interval over groups for the within-group EV); 0: off.
+  # At each evaluation (the one at RL step 0 reads the value-pretrained critic): the same on
+  # this many fresh rollout batches of held-out prompts (critic_heldout/* in the eval
+  # records, with a bootstrap interval over groups for the within-group EV); 0: off.
   critic_heldout_batches: int = 0
 
   def check(self) -> None:
