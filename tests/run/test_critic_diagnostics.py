@@ -299,7 +299,8 @@ def test_keys_types_and_correct_default():
   curves = [f"critic/v_{s}_d{k}" for s in ("correct", "wrong") for k in range(10)]
   assert set(out) == {"critic/ev_first_half", "critic/ev_second_half", "critic/ev_last_token",
                       "critic/prompt_value_spearman", "critic/group_ev", "critic/pooled_ev",
-                      "critic/group_ev_last", "critic/auroc_last", "critic/brier_last", "critic/bias", *pos, *curves}
+                      "critic/group_ev_last", "critic/auroc_last", "critic/brier_last",
+                      "critic/bias", *pos, *curves}
   assert all(type(v) is float for v in out.values())
   assert set(diag.metrics(val, ret, mask, scores, 1)) == set(out) - {
       "critic/prompt_value_spearman", "critic/group_ev", "critic/group_ev_last"}
