@@ -15,7 +15,7 @@ checking the answer, which is the task itself.
     python -m experiments.real_model.variance_share RUNS_DIR [--steps=0,10,20]
 
 RUNS_DIR holds seed*/<row>/eval/rl_step_<N>.jsonl (the evaluation's per-problem records,
-`correct`: k booleans per problem), e.g.
+`correct`: k booleans per problem; gzipped as .jsonl.gz where kept in the repository), e.g.
 experiments/real_model/results/registered-2026-12-05/runs.
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import gzip
 import json
 import os
 
@@ -45,8 +46,9 @@ def between_share(correct_NxK) -> dict[str, float]:
 
 
 def records(path: str) -> np.ndarray:
-  """The [problems, k] correctness of one evaluation's per-problem records (JSON lines)."""
-  with open(path, encoding="utf-8") as f:
+  """The [problems, k] correctness of one evaluation's per-problem records (JSON lines, or
+  gzipped JSON lines when `path` ends in .gz)."""
+  with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
     return np.array([[bool(c) for c in json.loads(line)["correct"]] for line in f if line.strip()])
 
 
@@ -55,12 +57,12 @@ def table(runs_dir: str, steps) -> list[str]:
   lines = ["| RL step | row | per seed: reward mean, between-problem share (problems solved "
            "at least once) |", "|---|---|---|"]
   rows = sorted({os.path.basename(os.path.dirname(os.path.dirname(p))) for p in
-                 glob.glob(os.path.join(runs_dir, "seed*", "*", "eval", "*.jsonl"))})
+                 glob.glob(os.path.join(runs_dir, "seed*", "*", "eval", "*.jsonl*"))})
   for step in steps:
     for row in rows:
       cells = []
       for path in sorted(glob.glob(os.path.join(runs_dir, "seed*", row, "eval",
-                                                f"rl_step_{step}.jsonl"))):
+                                                f"rl_step_{step}.jsonl*"))):
         s = between_share(records(path))
         cells.append(f"{100 * s['mean']:.1f}%, {s['share']:.3f} ({100 * s['solved_any']:.0f}%)")
       if cells:

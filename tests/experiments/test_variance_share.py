@@ -1,6 +1,7 @@
 """experiments/real_model/variance_share.py: the between-problem share of a 0/1 reward's
 variance, on hand-worked cases and against the population value it estimates."""
 
+import gzip
 import json
 
 import numpy as np
@@ -49,3 +50,17 @@ def test_the_table_reads_the_records(tmp_path):
   assert lines[-1] == "| 0 | vapo | 50.0%, 1.000 (50%) |"
   with pytest.raises(ValueError):
     vs.between_share([[1, 0]])
+
+
+def test_gzipped_records_are_read_as_the_plain_ones(tmp_path):
+  """The records kept in the repository are gzipped (results/registered-2026-12-05/runs)."""
+  recs = "".join(json.dumps({"correct": c}) + "\n" for c in ([True, True], [False, True]))
+  plain = tmp_path / "plain" / "seed0" / "vapo" / "eval"
+  packed = tmp_path / "packed" / "seed0" / "vapo" / "eval"
+  plain.mkdir(parents=True)
+  packed.mkdir(parents=True)
+  (plain / "rl_step_0.jsonl").write_text(recs)
+  with gzip.open(packed / "rl_step_0.jsonl.gz", "wt") as f:
+    f.write(recs)
+  got = vs.table(str(tmp_path / "packed"), [0])
+  assert got == vs.table(str(tmp_path / "plain"), [0]) and len(got) == 3
