@@ -14,7 +14,7 @@ the next shard (`ppermute`) while the block before it multiplies. Written whole
 the v5p compile keeps the collective synchronous, exposed; as collective-permutes beside
 the matmuls it overlaps them (a 4-layer qwen32b toy: 92% of the tensor-parallel bytes
 overlapped, exposed bytes per call 2.99 -> 2.02 GB, through these two functions;
-`benchmarks/results/train-hlo-2026-12-06-head/cm_probe.py`). Gradients come from JAX's transpose of
+benchmarks/results/train-hlo-2026-12-06-head/README.md). Gradients come from JAX's transpose of
 the loop (ppermute's transpose is the reverse ring), so the backward is a ring too.
 
 Used by the model's blocks with `ModelConfig.collective_matmul` (`models.sequence_parallel`).
