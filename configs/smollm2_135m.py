@@ -41,8 +41,9 @@ Third run, the registered comparison VAPO against GRPO (docs/real_model.md, regi
 2026-12-05 before any of its runs): the config re-set by the rule fixed there, and nothing
 else: α sized to the lengths (rl.alpha=0: auto, 0.25 at 128 tokens), and the critic lever
 with the highest held-out EV among the seven measured by experiments/real_model/critic_fit.py
-(results/critic_levers.json): full_finetune, the critic fully fine-tuned at lr 1e-5 instead
-of LoRA at 5e-4. No lever reached a positive held-out EV of note (best +0.0001).
+(results/critic-levers-2026-12-05/critic_levers.json): full_finetune, the critic fully
+fine-tuned at lr 1e-5 instead of LoRA at 5e-4. No lever reached a positive held-out EV of
+note (best +0.0001).
 """
 
 from vapo_jax import config as config_lib

@@ -2,7 +2,7 @@
 
   python -m experiments.real_model.critic_fit --config=configs/smollm2_135m.py \\
       --train_batches=8 --fresh_batches=4 --fixed_steps=8 \\
-      --out=experiments/real_model/results/critic_levers.json
+      --out=experiments/real_model/results/critic-levers-2026-12-05/critic_levers.json
 
 One command, every lever (`LEVERS`, or --levers=a,b), on the same rollouts. The policy is
 frozen, so the frozen policy's rollouts are drawn once and every lever's critic sees the same

@@ -60,7 +60,8 @@ def test_no_lever_is_an_error():
 def test_the_committed_figures_give_the_committed_choice():
   """The JSON in the tree and the config's choice (configs/smollm2_135m.py) agree: once every
   lever is measured, the config carries the picked lever's settings and α sized to lengths."""
-  path = os.path.join(ROOT, "experiments", "real_model", "results", "critic_levers.json")
+  path = os.path.join(ROOT, "experiments", "real_model", "results", "critic-levers-2026-12-05",
+                      "critic_levers.json")
   with open(path, encoding="utf-8") as f:
     results = json.load(f)
   names = [k for k in results if not k.startswith("_")]
