@@ -56,8 +56,10 @@ checkpoint holds a critic (mapped to a probability, (V − rl.reward_shift) / rl
 and always the probe's OOF p̂ at the same state. Per f: mean |V − V̂|, bias, Pearson r, and EV
 against V̂ with the MC noise removed (`value_bias_stats.explained_variance`).
 
-Writes --out (JSON: everything, with the command, commit and CPU) and a markdown table beside
-it (.md), printed too. Single process only.
+Writes --out (JSON: everything, with the command, commit and CPU), a markdown table beside
+it (.md), printed too, and the per-response records (.npz: prompt, correct, length, and the
+probe's OOF p̂ at each position, `oof_<position>`) from which every probe figure can be
+recomputed. Single process only.
 """
 
 from __future__ import annotations
@@ -217,6 +219,25 @@ def within_group_auroc(scores_N, correct_N, groups_N) -> float:
   return float(u.sum() / pairs.sum()) if pairs.sum() else math.nan
 
 
+def group_ev_sums(p_N, correct_N, groups_N) -> np.ndarray:
+  """[G, 2]: per prompt g, [Σ (y − ȳ_g)², Σ ((y − ȳ_g) − (p − p̄_g))²] over its responses."""
+  p = np.asarray(p_N, np.float64)
+  y = np.asarray(correct_N, np.float64)
+  _, inv = np.unique(np.asarray(groups_N), return_inverse=True)
+  n = np.bincount(inv).astype(np.float64)
+  cy = y - (np.bincount(inv, weights=y) / n)[inv]
+  cd = cy - (p - (np.bincount(inv, weights=p) / n)[inv])
+  return np.stack([np.bincount(inv, weights=cy * cy), np.bincount(inv, weights=cd * cd)], 1)
+
+
+def within_group_ev(p_N, correct_N, groups_N) -> float:
+  """1 − Σ_g Σ_i ((y − ȳ_g) − (p − p̄_g))² / Σ_g Σ_i (y − ȳ_g)²: the critic's bar
+  (`critic_diagnostics.within_group_ev`) on one score per response; 0 for any score constant
+  within each prompt, 1 for p = y; NaN with no prompt of mixed outcome."""
+  ssr, ssd = group_ev_sums(p_N, correct_N, groups_N).sum(0)
+  return float(1.0 - ssd / ssr) if ssr > 0 else math.nan
+
+
 def brier(p_N, correct_N) -> float:
   """mean (p − correct)², correct ∈ {0, 1}."""
   e = np.asarray(p_N, np.float64) - np.asarray(correct_N, np.float64)
@@ -240,7 +261,8 @@ def _interval(estimate: float, reps) -> dict:
 def group_bootstrap(p_N, correct_N, groups_N, num_samples: int = 2000, seed: int = 0,
                     folds_N=None) -> dict:
   """The AUROC (pairs within a fold when folds are given: `auroc`), the pooled AUROC, the
-  within-group AUROC and the Brier score of fixed predictions p, with 95% percentile intervals
+  within-group AUROC, the within-group EV (`within_group_ev`, its sums resampled as the
+  AUROC's) and the Brier score of fixed predictions p, with 95% percentile intervals
   over `num_samples` resamples of the G prompts with replacement (counts c_g ~
   Multinomial(G, 1/G); response i weighs c_{g(i)}): AUROC* = `auroc`(p, y, c_g(i)),
   within* = Σ c_g U_g / Σ c_g pairs_g, Brier* = Σ c_g SE_g / Σ c_g n_g. A resample with an
@@ -254,11 +276,14 @@ def group_bootstrap(p_N, correct_N, groups_N, num_samples: int = 2000, seed: int
   w = counts[:, inv]
   _, u, pairs = group_pairs(p, y, groups_N)
   se = np.bincount(inv, weights=(p - y) ** 2, minlength=ids.size)
+  ev = group_ev_sums(p, y, groups_N)
   n = np.bincount(inv, minlength=ids.size).astype(np.float64)
   out = {"auroc": _interval(auroc(p, y, blocks_N=folds_N), auroc(p, y, w, folds_N)),
          "auroc_pooled": _interval(auroc(p, y), auroc(p, y, w)),
          "within_group_auroc": _interval(within_group_auroc(p, y, groups_N),
                                          _ratio(counts @ u, counts @ pairs)),
+         "within_group_ev": _interval(within_group_ev(p, y, groups_N),
+                                      1.0 - _ratio(counts @ ev[:, 1], counts @ ev[:, 0])),
          "brier": _interval(brier(p, y), (counts @ se) / (counts @ n)),
          "log_loss": log_loss(p, y)}
   return out
@@ -624,7 +649,7 @@ def measure(t, *, responses: int, folds: int, mc_responses: int, mc_continuation
   length_x = np.stack([ro.lengths, np.log1p(ro.lengths)], axis=1).astype(np.float64)
   length, _ = probe_report(length_x, ro.correct, ro.groups, folds, l2s, seed, num_samples)
   rate = float(ro.correct.mean())
-  constant = {"auroc": 0.5, "within_group_auroc": 0.5,
+  constant = {"auroc": 0.5, "within_group_auroc": 0.5, "within_group_ev": 0.0,
               "brier": probe[LAST]["brier_constant"], "brier_in_sample": rate * (1 - rate)}
   critic = None
   if ro.critic_v is not None:   # the trained critic's own V at the probed states, as p̂
@@ -645,7 +670,9 @@ def measure(t, *, responses: int, folds: int, mc_responses: int, mc_continuation
           "probe": probe, "baselines": {"constant": constant, "length": length,
                                         "s0_probe": position_names()[0]},
           "critic": "trained" if critic is not None else "none", "critic_at_states": critic,
-          "mc": mc, "time_s": times}
+          "mc": mc, "time_s": times,
+          "records": {"groups": ro.groups, "correct": ro.correct, "lengths": ro.lengths,
+                      **{f"oof_{name}": p for name, p in oof.items()}}}
 
 
 def _fmt(x: dict) -> str:
@@ -660,22 +687,25 @@ def table(res: dict) -> str:
            f"{r['within_pairs']} within-prompt pairs); between-prompt share "
            f"{r['between_prompt_share']:.3f}; {res['settings']['folds']}-fold CV by prompt, "
            "95% intervals resampling prompts.", "",
-           "| probe on | AUROC | within-prompt AUROC | Brier (constant's) | L2 chosen |",
-           "|---|---|---|---|---|"]
+           "| probe on | AUROC | within-prompt AUROC | within-prompt EV | Brier (constant's) "
+           "| L2 chosen |", "|---|---|---|---|---|---|"]
   c = res["baselines"]["constant"]
-  lines.append(f"| constant | 0.5 | 0.5 | {c['brier']:.4f} | — |")
+  lines.append(f"| constant | 0.5 | 0.5 | 0 | {c['brier']:.4f} | — |")
   length = res["baselines"]["length"]
   lines.append(f"| length only | {_fmt(length['auroc'])} | {_fmt(length['within_group_auroc'])} "
-               f"| {length['brier']['estimate']:.4f} ({length['brier_constant']:.4f}) | "
+               f"| {_fmt(length['within_group_ev'])} | {length['brier']['estimate']:.4f} "
+               f"({length['brier_constant']:.4f}) | "
                f"{', '.join(f'{v:g}' for v in length['l2_chosen'])} |")
   for name, x in res["probe"].items():
     label = {"0": "s_0 (prompt)", LAST: "s_l (last token)"}.get(name, f"s_t, t/l = {name}")
     lines.append(f"| {label} | {_fmt(x['auroc'])} | {_fmt(x['within_group_auroc'])} | "
-                 f"{x['brier']['estimate']:.4f} ({x['brier_constant']:.4f}) | "
+                 f"{_fmt(x['within_group_ev'])} | {x['brier']['estimate']:.4f} "
+                 f"({x['brier_constant']:.4f}) | "
                  f"{', '.join(f'{v:g}' for v in x['l2_chosen'])} |")
   for name, x in (res.get("critic_at_states") or {}).items():
     lines.append(f"| trained critic V(s_t), t/l = {name} | {_fmt(x['auroc'])} | "
-                 f"{_fmt(x['within_group_auroc'])} | {x['brier']['estimate']:.4f} | — |")
+                 f"{_fmt(x['within_group_auroc'])} | {_fmt(x['within_group_ev'])} | "
+                 f"{x['brier']['estimate']:.4f} | — |")
   mc = res.get("mc")
   if mc:
     critic = mc["values_from"] == "critic"
@@ -730,6 +760,7 @@ def main(_):
                   num_samples=FLAGS.bootstrap)
   finally:
     t.close()
+  records = res.pop("records")
   res = {"command": "python -m experiments.real_model.ceiling " + " ".join(sys.argv[1:]),
          **provenance(), "workdir": workdir or "", "checkpoint_step": step, **res}
   text = table(res)
@@ -740,6 +771,7 @@ def main(_):
       json.dump(res, f, indent=1)
     with open(os.path.splitext(FLAGS.out)[0] + ".md", "w", encoding="utf-8") as f:
       f.write(text)
+    np.savez_compressed(os.path.splitext(FLAGS.out)[0] + ".npz", **records)
 
 
 if __name__ == "__main__":

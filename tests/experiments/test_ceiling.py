@@ -61,6 +61,27 @@ def test_within_group_auroc_counts_only_pairs_of_the_same_prompt():
   assert math.isnan(ceiling.within_group_auroc(s, np.ones(60, bool), groups))
 
 
+def test_within_group_ev_against_a_direct_computation():
+  rng = np.random.default_rng(2)
+  groups = np.repeat(np.arange(10), 4)
+  c = rng.random(40) < 0.5
+  p = rng.random(40)
+  y = c.astype(float)
+  cy = np.concatenate([y[g * 4:(g + 1) * 4] - y[g * 4:(g + 1) * 4].mean() for g in range(10)])
+  cp = np.concatenate([p[g * 4:(g + 1) * 4] - p[g * 4:(g + 1) * 4].mean() for g in range(10)])
+  want = 1 - np.sum((cy - cp) ** 2) / np.sum(cy ** 2)
+  assert ceiling.within_group_ev(p, c, groups) == pytest.approx(want, abs=1e-12)
+  # Constant within each prompt: 0 however well it ranks the prompts; the outcome itself: 1;
+  # shuffled group labels give the same figure (groups by id, not by position).
+  assert ceiling.within_group_ev(np.repeat(rng.random(10), 4), c, groups) == pytest.approx(0)
+  assert ceiling.within_group_ev(y, c, groups) == pytest.approx(1)
+  perm = rng.permutation(40)
+  assert ceiling.within_group_ev(p[perm], c[perm], groups[perm]) == pytest.approx(want)
+  boot = ceiling.group_bootstrap(p, c, groups, num_samples=200)
+  assert boot["within_group_ev"]["estimate"] == pytest.approx(want)
+  assert boot["within_group_ev"]["lo"] <= want <= boot["within_group_ev"]["hi"]
+
+
 def test_group_folds_never_split_a_prompt_and_spread_the_pass_rates():
   rng = np.random.default_rng(2)
   groups = rng.permutation(np.repeat(np.arange(40), 6))
@@ -205,3 +226,8 @@ def test_the_command_writes_its_json_on_the_tiny_config(tmp_path):
   assert set(res["mc"]["by_fraction"]) == {"0", "0.25", "0.5", "0.75"}
   assert "| s_l (last token) |" in done.stdout
   assert os.path.exists(str(tmp_path / "ceiling.md"))
+  rec = np.load(str(tmp_path / "ceiling.npz"))
+  assert rec["correct"].shape == (32,) and set(rec) >= {"groups", "lengths", "oof_last"}
+  # The records reproduce the JSON's figure.
+  assert ceiling.within_group_ev(rec["oof_last"], rec["correct"], rec["groups"]) == (
+      pytest.approx(res["probe"]["last"]["within_group_ev"]["estimate"], nan_ok=True))
