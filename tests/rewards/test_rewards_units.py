@@ -32,6 +32,30 @@ def test_extract(text, answer, reason):
   assert (out.answer, out.reason) == (answer, reason)
 
 
+@pytest.mark.parametrize("text,plain,stray", [
+    (r"{a{b}c}", 7, 7),   # nested braces
+    (r"{a\}b}", 6, 4),    # an escaped brace: skipped, or the stray close
+    (r"{\{a\}}", 7, 7),   # escaped pairs do not count
+    (r"{a{\}b", -1, -1),  # a stray close below the group's level closes nothing
+    (r"{5\}", -1, 4),     # `\boxed{5\}`
+    (r"x{a}", -1, -1),    # no group opens at `start`
+])
+def test_find_group_plain_and_stray_close(text, plain, stray):
+  assert normalize.find_group(text, 0) == plain
+  assert normalize.find_group(text, 0, stray_close=True) == stray
+
+
+def test_find_group_limit_bounds_the_search():
+  text = "{" + "a" * 20 + "}"
+  assert normalize.find_group(text, 0) == 22
+  assert normalize.find_group(text, 0, limit=22) == 22
+  assert normalize.find_group(text, 0, limit=21) == -1
+  # An escape that starts inside the bound is read whole.
+  stray = "{" + "a" * 20 + "\\}"
+  assert normalize.find_group(stray, 0, stray_close=True, limit=22) == 23
+  assert normalize.find_group(stray, 0, stray_close=True, limit=21) == -1
+
+
 def test_extract_reference_forms():
   assert extract.extract_reference("  7 ") == "7"
   assert extract.extract_reference(r"so $\boxed{7}$") == "7"

@@ -69,7 +69,8 @@ def _box_at(text: str, start: int, end: int) -> Extraction:
     close = normalize.find_group(text, i)
     stray = close < 0
     if stray:
-      close = _stray_escape_close(text, i)
+      # `\\boxed{5\\}`: closed by its escaped brace, within bounded work.
+      close = normalize.find_group(text, i, stray_close=True, limit=MAX_ANSWER_CHARS)
     if close < 0:
       return Extraction(None, "malformed_box")
     inner = text[i + 1:close - 1]
@@ -84,34 +85,6 @@ def _box_at(text: str, start: int, end: int) -> Extraction:
   if not inner:
     return Extraction(None, "empty_box")
   return Extraction(inner, "boxed")
-
-
-def _stray_escape_close(text: str, start: int) -> int:
-  """`\\boxed{5\\}`: a box left open only because its closing brace is
-  escaped by a stray backslash (no `\\{` is open) closes there; returns the
-  index past that brace, or -1."""
-  depth, escaped, i = 0, 0, start
-  while i < len(text) and i < start + MAX_ANSWER_CHARS:
-    c = text[i]
-    if c == "\\" and i + 1 < len(text):
-      nxt = text[i + 1]
-      if nxt == "{":
-        escaped += 1
-      elif nxt == "}":
-        if escaped:
-          escaped -= 1
-        elif depth == 1:
-          return i + 2
-      i += 2
-      continue
-    if c == "{":
-      depth += 1
-    elif c == "}":
-      depth -= 1
-      if depth == 0:
-        return i + 1
-    i += 1
-  return -1
 
 
 def _top_boxes(text: str) -> list[tuple[int, int, str]]:

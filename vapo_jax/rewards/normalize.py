@@ -47,19 +47,31 @@ _MULTIWORD_UNITS = ("square units", "square feet", "square meters",
                     "km per hour", "meters per second")
 
 
-def find_group(text: str, start: int) -> int:
+def find_group(text: str, start: int, *, stray_close: bool = False,
+               limit: int | None = None) -> int:
   """Returns the index just past the `{...}` group opening at `start`, or -1.
 
-  Escaped braces (`\\{`, `\\}`) do not count towards the nesting.
+  Escaped braces (`\\{`, `\\}`) do not count towards the nesting. With
+  `stray_close`, an escaped `\\}` that closes no `\\{` closes the group when
+  it sits at the group's own level (`\\boxed{5\\}`: the closing brace escaped
+  by a stray backslash) and the index past it is returned. `limit` bounds the
+  characters searched from `start`.
   """
   if start >= len(text) or text[start] != "{":
     return -1
-  depth = 0
-  i = start
-  n = len(text)
-  while i < n:
+  depth, escaped, i = 0, 0, start
+  end = len(text) if limit is None else min(len(text), start + limit)
+  while i < end:
     c = text[i]
     if c == "\\":
+      if stray_close and i + 1 < len(text):
+        if text[i + 1] == "{":
+          escaped += 1
+        elif text[i + 1] == "}":
+          if escaped:
+            escaped -= 1
+          elif depth == 1:
+            return i + 2
       i += 2
       continue
     if c == "{":
