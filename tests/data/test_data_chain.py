@@ -10,6 +10,8 @@ import pytest
 from vapo_jax import config as config_lib
 from vapo_jax.data import chain
 from vapo_jax.data import CharTokenizer
+from vapo_jax.data import sources
+from vapo_jax.data import synthetic
 from vapo_jax.rewards import math as math_reward
 from vapo_jax.run import inputs
 
@@ -72,6 +74,19 @@ def test_splits_are_deterministic_and_disjoint():
   assert ops == {"+", "-", "*"}
   assert {op for e in chain.chains(50, spec=chain.ChainSpec(ops="+-"))
           for _, op, _ in _evaluate(e.problem)[1]} == {"+", "-"}
+
+
+def test_distinct_keeps_new_problems_of_the_split_in_draw_order():
+  texts = [f"p{k}" for k in range(400)]
+  split = {t: synthetic.split_of(t, 0.5) for t in texts}
+  test = [t for t in texts if split[t] == "test"][:5]
+  stream = iter([test[0], test[0], *[t for t in texts if split[t] == "train"][:3], *test[1:]])
+  got = list(chain.distinct(lambda: sources.Example(next(stream), "0"), 4, "test", 0.5, "p"))
+  assert got == [(i, sources.Example(t, "0")) for i, t in enumerate(test[:4])]
+  with pytest.raises(ValueError, match="split must be"):
+    list(chain.distinct(lambda: None, 1, "dev", 0.5, "p"))
+  with pytest.raises(ValueError, match=r"only 1 distinct test problems found for p\b"):
+    list(chain.distinct(lambda: sources.Example(test[0], "0"), 2, "test", 0.5, "p"))
 
 
 @pytest.mark.parametrize("bad", [dict(ops="*"), dict(ops="+*"), dict(min_steps=0),

@@ -18,6 +18,7 @@ The train / held-out split of a problem is a fixed hash of its text (as in `synt
 import dataclasses
 import random
 import string
+from typing import Callable, Iterator
 
 from vapo_jax.data import sources
 from vapo_jax.data import synthetic
@@ -94,17 +95,30 @@ def chains(num_examples: int, split: str = "train", seed: int = 0,
 
   The same seed and spec give the same examples.
   """
+  rng = random.Random(f"vapo_jax.chain/{seed}")
+  return [dataclasses.replace(ex, uid=f"chain/{seed}/{split}/{i}")
+          for i, ex in distinct(lambda: make_problem(rng, spec), num_examples, split,
+                                spec.heldout_fraction, spec)]
+
+
+def distinct(draw: Callable[[], sources.Example], num_examples: int, split: str,
+             heldout_fraction: float, spec) -> Iterator[tuple[int, sources.Example]]:
+  """(index, example) for the first `num_examples` distinct problems of `split` among
+  `draw()`'s, in order (`synthetic.split_of` decides a problem's split).
+
+  Raises:
+    ValueError: a split other than "train" or "test", or fewer such problems within
+      `50 * num_examples + 10_000` draws (`spec` names what was drawn from).
+  """
   if split not in ("train", "test"):
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-  rng = random.Random(f"vapo_jax.chain/{seed}")
-  seen, out, attempts = set(), [], 0
-  while len(out) < num_examples:
+  seen, attempts = set(), 0
+  while len(seen) < num_examples:
     attempts += 1
     if attempts > 50 * num_examples + 10_000:
-      raise ValueError(f"only {len(out)} distinct {split} problems found for {spec}")
-    ex = make_problem(rng, spec)
-    if ex.problem in seen or synthetic.split_of(ex.problem, spec.heldout_fraction) != split:
+      raise ValueError(f"only {len(seen)} distinct {split} problems found for {spec}")
+    ex = draw()
+    if ex.problem in seen or synthetic.split_of(ex.problem, heldout_fraction) != split:
       continue
     seen.add(ex.problem)
-    out.append(dataclasses.replace(ex, uid=f"chain/{seed}/{split}/{len(out)}"))
-  return out
+    yield len(seen) - 1, ex

@@ -27,7 +27,6 @@ import random
 
 from vapo_jax.data import chain
 from vapo_jax.data import sources
-from vapo_jax.data import synthetic
 
 KINDS = ("short", "long")
 
@@ -86,23 +85,19 @@ def chain_or_guess(num_examples: int, split: str = "train", seed: int = 0,
   short_fraction; a train problem's SFT target is a guess with probability guess_fraction
   (drawn from a stream of its own, so the problems do not depend on guess_fraction).
   """
-  if split not in ("train", "test"):
-    raise ValueError(f"split must be 'train' or 'test', got {split!r}")
   rng = random.Random(f"vapo_jax.chain_mix/{seed}")
   guesses = random.Random(f"vapo_jax.chain_mix/{seed}/guesses")
-  seen, out, attempts = set(), [], 0
-  while len(out) < num_examples:
-    attempts += 1
-    if attempts > 50 * num_examples + 10_000:
-      raise ValueError(f"only {len(out)} distinct {split} problems found for {spec}")
+
+  def draw() -> sources.Example:  # its kind in the uid until the example has its own
     kind = "short" if rng.random() < spec.short_fraction else "long"
-    ex = chain.make_problem(rng, spec.short if kind == "short" else spec.long)
-    if ex.problem in seen or synthetic.split_of(ex.problem, spec.heldout_fraction) != split:
-      continue
-    seen.add(ex.problem)
+    return dataclasses.replace(chain.make_problem(rng, getattr(spec, kind)), uid=kind)
+
+  out = []
+  for i, ex in chain.distinct(draw, num_examples, split, spec.heldout_fraction, spec):
+    kind = ex.uid
     if split == "train" and guesses.random() < spec.guess_fraction:
       ex, kind = dataclasses.replace(ex, solution=guess_solution(guesses)), "guess"
-    out.append(dataclasses.replace(ex, uid=f"chain_or_guess/{seed}/{split}/{len(out)}/{kind}"))
+    out.append(dataclasses.replace(ex, uid=f"chain_or_guess/{seed}/{split}/{i}/{kind}"))
   return out
 
 
