@@ -1,7 +1,7 @@
 """The sampler's real decode loop, compiled from shapes: its HLO, loop collectives, weight gathers.
 
   python -m vapo_jax.pod.decode_hlo --config=configs/qwen32b.py --topology=v5p-128 \
-      --layers=2,4 [--arch=qwen2.5-32b]
+      --layers=2,4 [--arch=qwen2.5-32b] [--json=decode.json]
 
 Lowers `static.Sampler._generate` (the jitted prefill + windowed `while_loop`s that
 `rl.rollout.sample` runs, not a copy of it) for one sampler call's rows, with the policy's
@@ -114,11 +114,42 @@ def main(argv):
   mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor,
                        devices=slices.devices(s))
   print(f"{s.name}, mesh {dict(mesh.shape)}, d={mcfg.hidden_size}:")
+  got = {}
   for n in (int(x) for x in f.layers):
-    r = compile_generate(cfg, mcfg.replace(num_layers=n), mesh, target="tpu")
+    r = got[n] = compile_generate(cfg, mcfg.replace(num_layers=n), mesh, target="tpu")
     print("  " + r.summary(), flush=True)
     for g in r.weight_gathers[:8]:
       print(f"    {g.instr} {g.shape} (carry {g.carry_index}) in {g.loop_body}")
+  if f.json:
+    out = write_json(f.json, cfg, mcfg, s.name, got)
+    print(f"  at {mcfg.num_layers} layers: {out['collectives_per_step']:.0f} collectives, "
+          f"{out['bytes_per_step'] / 1e6:.1f} MB per decode step; written to {f.json}")
+
+
+def write_json(path: str, cfg, mcfg, slice_name: str, got: dict) -> dict:
+  """The decode loop's collectives per step at the model's depth (linear through the two
+  largest layer counts compiled), with their stamp (`pod.stamp`): what `step_model
+  --decode_hlo=FILE` reads for --decode_collectives / --decode_collective_bytes."""
+  import json  # pylint: disable=import-outside-toplevel
+  from vapo_jax.pod import stamp  # pylint: disable=import-outside-toplevel
+  la, lb = sorted(got)[-2:] if len(got) > 1 else (min(got), min(got))
+
+  def lin(x, y):
+    return x if lb == la else x + (y - x) * (mcfg.num_layers - la) / (lb - la)
+
+  a, b = got[la], got[lb]
+  out = {"stamp": stamp.make(cfg, mcfg, slice_name, "decode_collectives"),
+         "slice": slice_name, "layers": mcfg.num_layers, "probes": [la, lb],
+         "per_probe": {str(n): {"collectives_per_step": r.per_step,
+                                "bytes_per_step": r.per_step_bytes,
+                                "weight_gathers": len(r.weight_gathers)}
+                       for n, r in got.items()},
+         "collectives_per_step": lin(a.per_step, b.per_step),
+         "bytes_per_step": lin(a.per_step_bytes, b.per_step_bytes),
+         "weight_gathers": bool(a.weight_gathers or b.weight_gathers)}
+  with open(path, "w", encoding="utf-8") as fh:
+    json.dump(out, fh, indent=1)
+  return out
 
 
 if __name__ == "__main__":
@@ -129,4 +160,6 @@ if __name__ == "__main__":
   _flags.DEFINE_string("topology", "v5p-128", "TPU slice, e.g. v5p-128")
   _flags.DEFINE_string("arch", None, "Architecture (archs.KNOWN name or config.json).")
   _flags.DEFINE_list("layers", ["2", "4"], "Layer counts to compile (real width).")
+  _flags.DEFINE_string("json", None, "Write the collectives per decode step at the model's "
+                       "depth here, stamped (step_model --decode_hlo reads it).")
   cli.run(main)

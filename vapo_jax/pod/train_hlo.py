@@ -57,16 +57,23 @@ class Side:
   overlapped_bytes: float = 0.0
   exposed_wire: float = 0.0        # bytes a chip sends (`wire_bytes`)
   overlapped_wire: float = 0.0
+  # Of those, the collective-permutes' (one link, one direction each: the step model prices
+  # them apart); None in a file from before they were recorded (not known).
+  exposed_permute_wire: float | None = 0.0
+  overlapped_permute_wire: float | None = 0.0
 
-  def add(self, n: float, nbytes: float, wire: float, overlapped: bool):
+  def add(self, n: float, nbytes: float, wire: float, overlapped: bool,
+          permute: bool = False):
     if overlapped:
       self.overlapped += n
       self.overlapped_bytes += n * nbytes
       self.overlapped_wire += n * wire
+      self.overlapped_permute_wire += n * wire * permute
     else:
       self.exposed += n
       self.exposed_bytes += n * nbytes
       self.exposed_wire += n * wire
+      self.exposed_permute_wire += n * wire * permute
 
   @property
   def count(self) -> float:
@@ -92,7 +99,9 @@ class Split:
 
   @classmethod
   def from_dict(cls, d: dict) -> "Split":
-    return cls(Side(**d["per_trip"]), Side(**d["per_call"]), dict(d.get("kinds", {})),
+    def side(x: dict) -> Side:
+      return Side(**{"exposed_permute_wire": None, "overlapped_permute_wire": None, **x})
+    return cls(side(d["per_trip"]), side(d["per_call"]), dict(d.get("kinds", {})),
                tuple(d.get("probes", ())))
 
 
@@ -182,7 +191,8 @@ def _walk(comps, name: str, mult: float, side: Side, kinds: dict, depth: int = 0
     k = hlo_stats._kind(instr.op)  # pylint: disable=protected-access
     if k:
       nb = _result_bytes(instr)
-      side.add(mult, nb, wire_bytes(k, nb, group_size(instr.attrs)), _overlapped(instrs, i))
+      side.add(mult, nb, wire_bytes(k, nb, group_size(instr.attrs)), _overlapped(instrs, i),
+               k == "collective-permute")
       kinds[k] = kinds.get(k, 0.0) + mult
     if instr.op == "while":
       body = re.search(r"body=%?([\w.\-]+)", instr.attrs).group(1)
@@ -219,7 +229,7 @@ def split(text: str) -> Split:
     if k:
       nb = _result_bytes(instr)
       out.per_call.add(1, nb, wire_bytes(k, nb, group_size(instr.attrs)),
-                       _overlapped(instrs, i))
+                       _overlapped(instrs, i), k == "collective-permute")
       out.kinds[k] = out.kinds.get(k, 0.0) + 1
     if instr.op == "while":
       body = re.search(r"body=%?([\w.\-]+)", instr.attrs).group(1)
@@ -236,6 +246,8 @@ def split(text: str) -> Split:
 def extrapolate(a: Split, b: Split, la: int, lb: int, layers: int) -> Split:
   """Every field linear in the layer count through (la, a) and (lb, b), at `layers`."""
   def lin(x, y):
+    if x is None or y is None:   # not recorded (a file from before the permutes' bytes)
+      return None
     return max(0.0, x + (y - x) * (layers - la) / (lb - la))
 
   def side(x: Side, y: Side) -> Side:
@@ -351,13 +363,35 @@ def main(argv):
     for name, sp in res.items():
       print(f"  {name:12s} {describe(sp)}")
   if f.json:
-    with open(f.json, "w", encoding="utf-8") as fh:
-      json.dump({"slice": s.name, "layers": mcfg.num_layers,
-                 "train_layout": cfg.mesh.train_layout,
-                 # The train passes' tensor shards: 1 with "fsdp", else the train mesh's.
-                 "train_tp": (1 if cfg.mesh.train_layout == "fsdp"
-                              else cfg.mesh.train_tensor or cfg.mesh.tensor),
-                 "programs": {k: v.as_dict() for k, v in res.items()}}, fh, indent=1)
+    write_json(f.json, cfg, mcfg, s.name, res,
+               source=f"saved HLO texts in {f.from_hlo}" if f.from_hlo else "")
+
+
+def write_json(path: str, cfg, mcfg, slice_name: str, res: dict, source: str = "") -> dict:
+  """Writes the figures with their stamp (`pod.stamp`: commit, settings, versions). A file
+  already there with the same settings keeps the programs not made now (programs compiled
+  in separate processes go into one file); one of other settings is replaced."""
+  from vapo_jax.pod import stamp  # pylint: disable=import-outside-toplevel
+  st = stamp.make(cfg, mcfg, slice_name, "train_collectives", source=source)
+  programs = {}
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as fh:
+      old = json.load(fh)
+    if (old.get("stamp") or {}).get("digest") == st["digest"]:
+      programs = old.get("programs", {})
+      st["merged"] = sorted({*old["stamp"].get("merged", [old["stamp"].get("commit", "")]),
+                             st["commit"]} - {""})
+  programs.update({k: v.as_dict() for k, v in res.items()})
+  out = {"stamp": st, "slice": slice_name, "layers": mcfg.num_layers,
+         "train_layout": cfg.mesh.train_layout,
+         # The train passes' tensor shards: 1 with "fsdp", else the train mesh's.
+         "train_tp": (1 if cfg.mesh.train_layout == "fsdp"
+                      else cfg.mesh.train_tensor or cfg.mesh.tensor),
+         "programs": programs}
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as fh:
+    json.dump(out, fh, indent=1)
+  return out
 
 
 def describe(sp: Split) -> str:
