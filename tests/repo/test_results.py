@@ -16,6 +16,7 @@ The results folders: `benchmarks/results/` and `experiments/*/results/`, as git 
 import gzip
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -92,6 +93,7 @@ def make_tree(tmp_path, files: dict[str, str]) -> str:
 GOOD = "# x\n**Command:** `python x.py`\n**Commit:** 3c8393c\n**Machine:** CPU not recorded\n"
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_the_helpers_find_each_fault(tmp_path):
   root = make_tree(tmp_path, {
       "benchmarks/results/good-2026-12-07/README.md": GOOD,
