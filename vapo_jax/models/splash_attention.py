@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vapo_jax import compat
+from vapo_jax.models import platform
 
 LANES = 128  # the kernel's key blocks are multiples of 128 slots
 # The `checkpoint_name` of the kernel's forward residuals (output, log-sum-exp): a selective
@@ -208,9 +209,6 @@ def sharded_splash_attention(q, k, v, seg, block: int = 512, interpret: bool = F
                        out_specs=heads, check_vma=False)(q, k, v, seg)
 
 
-_SAID: set[str] = set()
-
-
 def refusal(num_heads: int, num_kv_heads: int, head_dim: int, dtype, rows: int = 1,
             t: int = 256, block: int = 512, target: str | None = None,
             mesh_rules=None) -> str | None:
@@ -220,7 +218,6 @@ def refusal(num_heads: int, num_kv_heads: int, head_dim: int, dtype, rows: int =
   of the activation sharding, or None. The kernel's own Python checks decide the rest,
   by tracing `sharded_splash_attention` on abstract arrays (no TPU, no compile).
   """
-  from vapo_jax.models import platform  # pylint: disable=import-outside-toplevel
   return _refusal(num_heads, num_kv_heads, head_dim, jnp.dtype(dtype).name, rows, t, block,
                   target or platform.target(), mesh_rules)
 
@@ -228,7 +225,7 @@ def refusal(num_heads: int, num_kv_heads: int, head_dim: int, dtype, rows: int =
 @functools.lru_cache(maxsize=64)
 def _refusal(num_heads, num_kv_heads, head_dim, dtype, rows, t, block, target, mesh_rules):
   if target != "tpu":
-    return f"it runs on TPU only, and this program is traced for {target}"
+    return f"{platform.OFF_TPU}, and this program is traced for {target}"
   mesh, batch_axes, head_axis = _layout(mesh_rules, rows, num_heads, num_kv_heads)
   if head_axis == "refuse":
     return (f"{num_kv_heads} kv heads do not split over the mesh like the {num_heads} q "
@@ -268,21 +265,11 @@ def choose(want: str, num_heads: int, num_kv_heads: int, head_dim: int, dtype,
   reason says why not, once per process), else "jax"; "jax"; "tpu" -> ValueError with the
   reason where the kernel cannot run.
   """
-  if want == "jax":
-    return "jax"
-  why = refusal(num_heads, num_kv_heads, head_dim, dtype, rows, t, block, target,
-                mesh_rules)
-  if want == "tpu":
-    if why:
-      raise ValueError(f"model.attention_kernel='tpu': {why}; use 'auto' or 'jax'")
-    return "tpu"
-  if want != "auto":
-    raise ValueError(f"attention kernel {want!r}: must be 'auto', 'jax' or 'tpu'")
-  if why and not why.startswith("it runs on TPU only") and why not in _SAID:
-    _SAID.add(why)
-    log(f"[model] pure-JAX blocked attention in the train passes, not splash: {why}",
-        flush=True)
-  return "jax" if why else "tpu"
+  return platform.choose_kernel(
+      want, lambda: refusal(num_heads, num_kv_heads, head_dim, dtype, rows, t, block, target,
+                            mesh_rules),
+      "model.attention_kernel",
+      "[model] pure-JAX blocked attention in the train passes, not splash", log)
 
 
 def self_attention(q, k, v, seg, block: int = 512, mesh_rules=None):

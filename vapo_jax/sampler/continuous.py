@@ -56,6 +56,7 @@ import numpy as np
 
 from vapo_jax import sharding as shd
 from vapo_jax.models import paged_attention as pa
+from vapo_jax.models import platform
 from vapo_jax.models import transformer
 from vapo_jax.sampler import decode_weights
 from vapo_jax.sampler import ops
@@ -306,7 +307,7 @@ def kernel_refusal(model_cfg, mesh=None, rules: shd.Rules = shd.DEFAULT_RULES,
   """Why the engine cannot decode with jax's Pallas kernel here, or None if it can.
   table: (slots, pages per slot) of one decode replica's page table, if known."""
   if platform_of(mesh) != "tpu":
-    return f"it runs on TPU only, and this engine's devices are {platform_of(mesh)}"
+    return f"{platform.OFF_TPU}, and this engine's devices are {platform_of(mesh)}"
   if table is not None and (why := pa.table_refusal(*table)):
     return why
   tp = kv_head_shards(model_cfg, mesh, rules) if mesh is not None else 1
@@ -318,9 +319,6 @@ def kernel_refusal(model_cfg, mesh=None, rules: shd.Rules = shd.DEFAULT_RULES,
                                model_cfg.dtype, page_size)
 
 
-_SAID: set[str] = set()
-
-
 def attention_kernel(want: str, model_cfg, mesh=None, rules: shd.Rules = shd.DEFAULT_RULES,
                      page_size: int = 16, log=print, table: tuple[int, int] | None = None
                      ) -> str:
@@ -330,19 +328,10 @@ def attention_kernel(want: str, model_cfg, mesh=None, rules: shd.Rules = shd.DEF
   line says why not when it does), else "jax"; "jax"; "tpu" -> ValueError with the reason
   where the kernel cannot run.
   """
-  if want == "jax":
-    return "jax"
-  why = kernel_refusal(model_cfg, mesh, rules, page_size, table)
-  if want == "tpu":
-    if why:
-      raise ValueError(f"sampling.attention_kernel='tpu': {why}; use 'auto' or 'jax'")
-    return "tpu"
-  if want != "auto":
-    raise ValueError(f"attention kernel {want!r}: must be 'auto', 'jax' or 'tpu'")
-  if why and platform_of(mesh) == "tpu" and why not in _SAID:
-    _SAID.add(why)  # once per process, not once per engine
-    log(f"[sampler] pure-JAX paged attention, not jax's Pallas kernel: {why}", flush=True)
-  return "jax" if why else "tpu"
+  return platform.choose_kernel(
+      want, lambda: kernel_refusal(model_cfg, mesh, rules, page_size, table),
+      "sampling.attention_kernel",
+      "[sampler] pure-JAX paged attention, not jax's Pallas kernel", log)
 
 
 def _replicate_outputs(fn, mesh, which: tuple[int, ...]):
