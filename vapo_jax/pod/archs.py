@@ -16,6 +16,7 @@ import os
 
 from vapo_jax import hub
 from vapo_jax.models.config import ModelConfig
+from vapo_jax.pod import slices
 
 _QWEN25 = {"model_type": "qwen2", "hidden_act": "silu", "rope_theta": 1000000.0,
            "max_position_embeddings": 32768, "bos_token_id": 151643,
@@ -88,3 +89,11 @@ def model_config(cfg, arch: str | None = None) -> ModelConfig:
       mcfg = mcfg.replace(real_vocab_size=min(QWEN25_TOKENS, mcfg.vocab_size))
     return mcfg
   return networks.fresh_model_config(cfg, inputs.build_text(cfg))
+
+
+def from_flags(f) -> tuple:
+  """A pod command's opening: (config, the policy's ModelConfig, TPU slice) from its
+  --config, --arch (`model_config`) and --topology (`slices.parse`) flags."""
+  from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  cfg = config_lib.from_command_line(f.config)
+  return cfg, model_config(cfg, f.arch), slices.parse(f.topology)

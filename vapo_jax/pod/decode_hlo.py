@@ -101,14 +101,11 @@ class _null:
 def main(argv):
   del argv
   from absl import flags  # pylint: disable=import-outside-toplevel
-  from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
   from vapo_jax.pod import archs  # pylint: disable=import-outside-toplevel
   from vapo_jax.pod import slices  # pylint: disable=import-outside-toplevel
   f = flags.FLAGS
-  cfg = config_lib.from_command_line(f.config)
-  mcfg = archs.model_config(cfg, f.arch)
-  s = slices.parse(f.topology)
+  cfg, mcfg, s = archs.from_flags(f)
   if not slices.libtpu_available():
     sys.exit('libtpu is not installed: pip install "jax[tpu]==<jax version>" (no TPU needed)')
   mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor,

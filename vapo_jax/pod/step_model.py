@@ -23,15 +23,11 @@ from vapo_jax.pod.step.setup import Knobs, Setup
 def main(argv):
   del argv
   from absl import flags  # pylint: disable=import-outside-toplevel
-  from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   from vapo_jax.pod import archs  # pylint: disable=import-outside-toplevel
-  from vapo_jax.pod import slices  # pylint: disable=import-outside-toplevel
   f = flags.FLAGS
   if f.config is None:
     raise ValueError("--config=configs/<experiment>.py is needed")
-  cfg = config_lib.from_command_line(f.config)
-  mcfg = archs.model_config(cfg, f.arch)
-  s = slices.parse(f.topology)
+  cfg, mcfg, s = archs.from_flags(f)
   knobs = knobs_from_flags(f)
   used = f"efficiency: ASSUMED --mfu={knobs.mfu:g} (no --efficiency file)"
   if f.efficiency:

@@ -336,14 +336,11 @@ def from_saved(directory: str, depth: int, names=PROGRAMS) -> dict:
 def main(argv):
   del argv
   from absl import flags  # pylint: disable=import-outside-toplevel
-  from vapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel
   from vapo_jax.pod import archs  # pylint: disable=import-outside-toplevel
   from vapo_jax.pod import slices  # pylint: disable=import-outside-toplevel
   f = flags.FLAGS
-  cfg = config_lib.from_command_line(f.config)
-  mcfg = archs.model_config(cfg, f.arch)
-  s = slices.parse(f.topology)
+  cfg, mcfg, s = archs.from_flags(f)
   layers = tuple(int(x) for x in f.layers)
   print(f"{s.name}, {mcfg.num_layers} layers, probes {layers}:")
   if f.from_hlo:
