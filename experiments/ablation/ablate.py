@@ -380,19 +380,26 @@ class Runner:
   env: variables set on top of the tool's environment in every run (the compile cache).
   """
 
-  def __init__(self, same_group: bool = False, env: dict[str, str] | None = None):
+  def __init__(self, same_group: bool = False, env: dict[str, str] | None = None,
+               deadline: float | None = None):
     self.children: list[_Child] = []
     self.stopping = False
     self.same_group = same_group
     self.env = env or {}
+    self.deadline = deadline   # epoch seconds: then every run is stopped as by SIGTERM
+
+  def stop(self) -> None:
+    """Tells every live run to stop (SIGTERM: it checkpoints at its next step boundary and
+    exits) and starts nothing more."""
+    self.stopping = True
+    for c in self.children:
+      if c.popen.poll() is None:
+        c.popen.send_signal(signal.SIGTERM)
 
   def install(self) -> None:
     def handler(signum, frame):
       del signum, frame
-      self.stopping = True
-      for c in self.children:
-        if c.popen.poll() is None:
-          c.popen.send_signal(signal.SIGTERM)
+      self.stop()
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
 
@@ -435,6 +442,10 @@ class Runner:
       for c in self.children:
         if c.popen.poll() is not None:
           return c, self.finish(c)
+      if self.deadline is not None and not self.stopping and time.time() >= self.deadline:
+        print("[ablate] the deadline (--stop_after) has come: stopping the runs; rerun the "
+              "same command to resume", flush=True)
+        self.stop()
       time.sleep(poll_s)
 
   def run(self, run: Run, cmd: list[str]) -> dict:
@@ -517,7 +528,8 @@ COMPILE_CACHE = "jax_cache"  # W/jax_cache: the runs' shared jax compilation cac
 def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir: str,
            user: dict[str, Any], *, rerun_crashed: bool = False, command_text: str = "",
            smoke: bool = False, same_group: bool = False, jobs: int = 1,
-           compile_cache: bool = True, stages_only: bool = False) -> list[dict]:
+           compile_cache: bool = True, stages_only: bool = False,
+           stop_after: float = 0.0) -> list[dict]:
   """Runs (or resumes) the plan and writes the reports; returns the row summaries.
 
   smoke: the config file's SMOKE overrides under the user's, and its SMOKE_BAND (every
@@ -530,6 +542,9 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
   JAX_COMPILATION_CACHE_DIR is set): a row compiles the same programs as the one before.
   stages_only: run only the stages the rows start from (a pilot: the shared SFT start, its
   band check, value pretraining), no row; the table's command then reuses them.
+  stop_after: seconds (0: none) after which the live runs are stopped as by SIGTERM (each
+  checkpoints at its next step boundary) and nothing more starts: a sitting that must end
+  at a known time ends cleanly, and the same command resumes every run where it stopped.
   """
   if jobs < 1:
     raise ValueError(f"--jobs={jobs}: need >= 1")
@@ -562,7 +577,9 @@ def ablate(config_path: str, rows: Sequence[Row], seeds: Sequence[int], workdir:
   env = {}
   if compile_cache and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(workdir, COMPILE_CACHE)
-  runner = Runner(same_group, env)
+  if stop_after < 0:
+    raise ValueError(f"--stop_after={stop_after}: need >= 0 (0: no deadline)")
+  runner = Runner(same_group, env, deadline=time.time() + stop_after if stop_after else None)
   runner.install()
   t0, times, count = time.time(), [], 0
   pending, skipped = list(todo), set()
@@ -658,6 +675,8 @@ def define_flags() -> None:
                        "one core busy); a run starts when the stages it needs have finished.")
   flags.DEFINE_bool("compile_cache", True, "Share jax's persistent compilation cache between "
                     "the runs (W/jax_cache, unless JAX_COMPILATION_CACHE_DIR is set).")
+  flags.DEFINE_float("stop_after", 0.0, "Seconds after which the runs are stopped as by "
+                     "SIGTERM (they checkpoint; the same command resumes them); 0: none.")
   flags.DEFINE_bool("stages_only", False, "Run only the stages the rows start from (shared "
                     "SFT, its band check, reward model, value pretraining), no row: a pilot "
                     "that the table's command, in the same workdir, then reuses.")
@@ -684,6 +703,7 @@ def main(argv):
   ablate(path, rows, seeds, f.workdir, user,
          rerun_crashed=f.rerun_crashed, smoke=f.smoke, same_group=f.same_group,
          jobs=f.jobs, compile_cache=f.compile_cache, stages_only=f.stages_only,
+         stop_after=f.stop_after,
          command_text=" ".join(["python -m experiments.ablation.ablate", *sys.argv[1:]]))
 
 

@@ -737,6 +737,45 @@ def test_jobs_are_all_stopped_by_sigterm(tmp_path, monkeypatch):
     assert os.path.exists(os.path.join(r.directory, "started")) == (r.name == "sft")
 
 
+def test_the_deadline_stops_the_runs_as_sigterm_does_and_the_command_resumes(tmp_path,
+                                                                             monkeypatch):
+  """--stop_after: at the deadline every live run gets SIGTERM (it checkpoints and exits),
+  nothing is recorded or started after it; the same command without a deadline then runs
+  everything to its end."""
+  def command(run, config_path, user):
+    del config_path, user
+    marker = os.path.join(run.directory, "started")
+    code = ("import os, signal, sys, time\n"
+            "def stop(*a):\n"
+            # (split: the log's command line must not read as a preemption itself)
+            "  print('stopped by SIGTERM ' + 'after rl step 1', flush=True); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            f"open({marker!r}, 'w').close()\n"
+            f"time.sleep(60 if os.path.exists({hold!r}) else 0)\n")
+    return [sys.executable, "-c", code]
+  hold = str(tmp_path / "hold")   # while it exists, a run sleeps until it is stopped
+  open(hold, "w").close()
+  monkeypatch.setattr(ablate, "command", command)
+  rows = ablate.parse_rows("grpo")
+  runs = ablate.plan(ablate.config_loader(TINY, {}), rows, [0], str(tmp_path / "w"))
+  old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+  t0 = time.time()
+  try:
+    ablate.ablate(TINY, rows, [0], str(tmp_path / "w"), {}, stop_after=3.0)
+    assert time.time() - t0 < 40   # stopped at the deadline, not slept out
+    assert all(report.read_status(r) is None for r in runs)
+    assert [os.path.exists(os.path.join(r.directory, "started")) for r in runs] == [
+        r.name == "sft" for r in runs]
+    os.remove(hold)
+    ablate.ablate(TINY, rows, [0], str(tmp_path / "w"), {})
+  finally:
+    signal.signal(signal.SIGTERM, old[0])
+    signal.signal(signal.SIGINT, old[1])
+  assert all(report.read_status(r)["state"] == "finished" for r in runs)
+  with pytest.raises(ValueError, match="stop_after"):
+    ablate.ablate(TINY, rows, [0], str(tmp_path / "w"), {}, stop_after=-1)
+
+
 def test_selection_takes_the_first_accepted_checkpoint_and_resumes(tmp_path, monkeypatch):
   """sft_band.select: candidates are measured in order until the band accepts one, whose
   policy is saved; each is logged as it is measured, so a rerun measures none again; none
