@@ -89,7 +89,7 @@ def test_mfu_means_one_thing_in_floor_and_estimate():
   assert r["floor_same_s"] == pytest.approx(same.time) and r["floor_s"] < same.time
   assert r["ratio_same"] == pytest.approx(r["estimate_s"] / same.time)
   text = step_model.format_report("t", r)
-  assert "at equal efficiency (the floor at --mfu=0.4 too, not 0.5)" in text
+  assert "at equal compute efficiency (the floor at --hfu=0.4 too, not 0.5)" in text
   assert "efficiency of the train programs" in text
 
 

@@ -119,13 +119,14 @@ def test_train_collectives_from_hlo_figures(tmp_path):
   path.write_text(json.dumps({"programs": {"policy_step": sp.as_dict(),
                                            "logprobs": sp.as_dict()}}))
   st = _setup(train_collectives=str(path))
-  secs, line = step_terms.train_collectives(st, "policy_step", 10, 2)
+  secs, hidden, line = step_terms.train_collectives(st, "policy_step", 10, 2)
   # 10 micro-batches × (3 × 7 µs + 3 MB / (1e9 / 3)) + 2 calls × (7 µs + 2 MB / (1e9 / 3)).
   assert secs == pytest.approx(10 * (21e-6 + 3e6 / (1e9 / 3)) + 2 * (7e-6 + 2e6 / (1e9 / 3)))
-  # The overlapped ones are printed, not counted: 10 × (2 × 7 µs + 1 MB / (1e9 / 3)) = 0.03 s.
-  assert "overlapped by XLA's schedule 0 s" in line
+  # The overlapped ones: 10 × (2 × 7 µs + 1 MB / (1e9 / 3)) = 0.03 s, hidden.
+  assert hidden == pytest.approx(10 * (14e-6 + 1e6 / (1e9 / 3)))
+  assert "hidden by XLA's schedule 0 s" in line
   # A program the file lacks comes back empty: train_side counts it from the layout.
-  assert step_terms.train_collectives(st, "critic_step", 10, 2) == (0.0, "")
+  assert step_terms.train_collectives(st, "critic_step", 10, 2) == (0.0, 0.0, "")
   progs = {p.name: p for p in step_model.train_side(st, np.array([3, 5, 2, 6]),
                                                     np.array([3, 3, 2, 2]))}
   assert any("critic_step collectives from the layout (FSDP 2 × TP 4" in line
@@ -135,7 +136,7 @@ def test_train_collectives_from_hlo_figures(tmp_path):
   other.write_text(json.dumps({"train_layout": "fsdp", "programs": {
       "policy_step": sp.as_dict()}}))
   assert step_terms.train_collectives(_setup(train_collectives=str(other)), "policy_step",
-                                      10, 2) == (0.0, "")
+                                      10, 2) == (0.0, 0.0, "")
   fsdp = dataclasses.replace(_setup(train_collectives=str(other)), train_tensor=1)
   assert step_terms.train_collectives(fsdp, "policy_step", 10, 2)[0] > 0
   # A file compiled on a train mesh of its own (mesh.train_tensor=2: "train_tp" 2) serves a
@@ -144,7 +145,7 @@ def test_train_collectives_from_hlo_figures(tmp_path):
   tp2.write_text(json.dumps({"train_layout": "shared", "train_tp": 2, "programs": {
       "policy_step": sp.as_dict()}}))
   assert step_terms.train_collectives(_setup(train_collectives=str(tp2)), "policy_step",
-                                      10, 2) == (0.0, "")
+                                      10, 2) == (0.0, 0.0, "")
   two = dataclasses.replace(_setup(train_collectives=str(tp2)), train_tensor=2)
   assert step_terms.train_collectives(two, "policy_step", 10, 2)[0] > 0
   # Padded rows, one mini-batch of 4 rows in one micro-batch: 1 trip, 1 call.
@@ -154,6 +155,47 @@ def test_train_collectives_from_hlo_figures(tmp_path):
   bare = step_model.train_side(_setup(), np.array([3]), np.array([3]))[0]
   assert bare.terms["collectives"] > 0
   assert any("logprobs collectives from the layout" in line for line in bare.lines)
+
+
+def test_permutes_priced_per_link_and_programs_bounded_by_hidden_traffic(tmp_path):
+  """A collective-permute sends over one link one way (ICI / 6), the rings of the other
+  collectives over two (ICI / 3); a file from before the permutes were told apart prices
+  every byte at the link's; a program takes at least the time of the traffic it hides, and
+  the optimistic reading (`Knobs.optimistic`) counts neither."""
+  side = train_hlo.Side(exposed=1, exposed_wire=4e6, exposed_permute_wire=3e6,
+                        overlapped=1, overlapped_wire=6e8, overlapped_permute_wire=6e8)
+  sp = train_hlo.Split(side, train_hlo.Side())
+  path = tmp_path / "p.json"
+  path.write_text(json.dumps({"programs": {n: sp.as_dict() for n in
+                                           ("logprobs", "values", "policy_step",
+                                            "critic_step")}}))
+  st = _setup(train_collectives=str(path))
+  secs, hidden, _ = step_terms.train_collectives(st, "policy_step", 1, 0)
+  # 7 µs + 1 MB at 1e9/3 + 3 MB at 1e9/6; hidden 7 µs + 600 MB at 1e9/6.
+  assert secs == pytest.approx(7e-6 + 1e6 / (1e9 / 3) + 3e6 / (1e9 / 6))
+  assert hidden == pytest.approx(7e-6 + 6e8 / (1e9 / 6))
+  opt = dataclasses.replace(st, knobs=st.knobs.optimistic())
+  assert step_terms.train_collectives(opt, "policy_step", 1, 0)[0] == pytest.approx(
+      7e-6 + 4e6 / (1e9 / 3))
+  # Not told apart (no permute fields in the file): every byte at the link's.
+  d = sp.as_dict()
+  for part in ("per_trip", "per_call"):
+    d[part].pop("exposed_permute_wire")
+    d[part].pop("overlapped_permute_wire")
+  old = tmp_path / "old.json"
+  old.write_text(json.dumps({"programs": {"policy_step": d}}))
+  got = step_terms.train_collectives(_setup(train_collectives=str(old)), "policy_step", 1, 0)
+  assert got[0] == pytest.approx(7e-6 + 4e6 / (1e9 / 6))
+  # The hidden 3.6 s exceed this tiny program's compute: it takes their time.
+  resp, prompts = np.array([3, 5, 2, 6]), np.array([3, 3, 2, 2])
+  progs = {p.name: p for p in step_model.train_side(st, resp, prompts)}
+  p = progs["policy_step"]
+  compute = p.terms["matmul"] + p.terms["attention"]
+  assert p.terms["hidden traffic beyond compute"] == pytest.approx(p.hidden - compute)
+  assert p.time == pytest.approx(p.hidden + p.terms["collectives"])
+  assert any("of its" in line and "takes the traffic's time" in line for line in p.lines)
+  free = {p.name: p for p in step_model.train_side(opt, resp, prompts)}["policy_step"]
+  assert "hidden traffic beyond compute" not in free.terms
 
 
 def _tiny(**over):

@@ -72,8 +72,9 @@ _ARCH = flags.DEFINE_string("arch", None, "Model architecture: a name in archs.K
                             "(qwen2.5-32b, qwen2.5-7b, qwen2.5-0.5b, …) or a config.json; "
                             "default: the config's model.hf_path/config.json, else its name.")
 _PROGRAMS = flags.DEFINE_list("programs", None, "Only these programs (default: all).")
-_MFU = flags.DEFINE_float("mfu", 0.4, "The fraction of peak the programs run the FLOPs they "
+_MFU = flags.DEFINE_float("hfu", 0.4, "The fraction of peak the programs run the FLOPs they "
                           "execute at (HFU of compute; the step model prints MFU and HFU).")
+flags.DEFINE_alias("mfu", "hfu")
 _BW = flags.DEFINE_float("bw_efficiency", 0.7, "Assumed fraction of HBM bandwidth reached.")
 _HEADROOM = flags.DEFINE_float("headroom", 0.05, "Fraction of HBM kept free.")
 _JSON = flags.DEFINE_string("json", None, "Also write the results here as JSON.")
@@ -205,6 +206,15 @@ def model_report(cfg, mcfg, s: slices.Slice, *, compile_decode: bool, compiled=N
   compile check's built engines ({"rollout", "eval": EngineShape fields}); checked: this
   slice's report, whose compile times the compile line takes."""
   knobs = step_model.knobs_from_flags(flags.FLAGS)
+  from vapo_jax.pod import stamp  # pylint: disable=import-outside-toplevel
+  try:
+    path, evidence = stamp.resolve_train(knobs.train_collectives, cfg, mcfg, s.name,
+                                         allow_unstamped=flags.FLAGS.allow_unstamped)
+  except stamp.StampError as e:
+    log(f"  step model not run: {e}")
+    return []
+  log(f"  {evidence}")
+  knobs = dataclasses.replace(knobs, train_collectives=path)
   layers = [int(x) for x in _HLO_LAYERS.value or ()]
   if compile_decode and len(layers) == 2 and knobs.decode_collectives is None:
     from vapo_jax import sharding as shd  # pylint: disable=import-outside-toplevel

@@ -15,7 +15,7 @@ two largest layer counts measured:
 The sum weighs each program by one call, as a step's train side roughly does (two updates
 and two forwards over the same packed tokens). With one layer count, its HFU as measured
 (no extrapolation; the line says so). HFU is a fraction of the measuring device's peak; the
-step model applies it to the slice's own peak as `--mfu` (the fraction of peak at which the
+step model applies it to the slice's own peak as `--hfu` (the fraction of peak at which the
 programs run the FLOPs they execute: `efficiency`), in place of the assumed value.
 """
 
@@ -98,7 +98,7 @@ def line(m: dict, path: str, assumed: float) -> str:
   if not m["complete"]:
     notes.append("an incomplete run")
   note = f" ({'; '.join(notes)})" if notes else ""
-  return (f"efficiency: MEASURED, not assumed: --mfu={m['hfu']:.3f}, the train programs' HFU "
+  return (f"efficiency: MEASURED, not assumed: --hfu={m['hfu']:.3f}, the train programs' HFU "
           f"from {path} on {where}{note} ({progs}; MFU {m['mfu']:.1%}; {m['how']}), in place "
           f"of the assumed {assumed:g}")
 

@@ -244,7 +244,7 @@ def continuous_rollout(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: 
     tp = k.engine_tp
     reps, max_live = max(1, st.chips // tp), None
     cap = k.engine_admit * kv_budget(st, tp) * tp / kvb
-  bw = st.bw * (1.0 if floor else k.bw_efficiency)
+  bw = st.bw * (k.floor_bw if floor else k.bw_efficiency)
   rate = st.peak * (1.0 if floor else k.mfu)
   w = 2.0 * a.decode_weights / tp   # bf16 copy; an untied embedding is only looked up
   a_, b_ = w / bw, kvb / tp / bw

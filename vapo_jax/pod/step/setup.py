@@ -55,11 +55,30 @@ class Knobs:
   train_collectives: str | None = None
   # Share of a chip's ICI a collective gets (a ring over one torus axis: 2 of 6 links).
   collective_bw_share: float = 1.0 / 3.0
+  # Share a collective-permute gets: one link in one direction (1/6; the hand-written rings
+  # of models/collective_matmul.py send one way). The optimistic reading: collective_bw_share.
+  permute_bw_share: float = 1.0 / 6.0
+  # A train program takes at least the time of the collectives XLA hides behind its compute
+  # (`train.hidden_line`); False: hidden traffic is free (the optimistic reading).
+  hidden_bound: bool = True
+  # The floor's HBM efficiency; None: the estimate's bw_efficiency (equal efficiency); the
+  # optimistic reading's floor reads HBM at 1.0.
+  bw_ceiling: float | None = None
   # Also print the packed train side on FSDP × tensor (mesh.tensor) and FSDP-only meshes
   # (`step_terms.train_layout`; the estimate stays the config's).
   compare_layouts: bool = False
   # Seconds to compile one program where the compile check has not timed it (`compiles`).
   compile_s: float = 120.0
+
+  @property
+  def floor_bw(self) -> float:
+    return self.bw_efficiency if self.bw_ceiling is None else self.bw_ceiling
+
+  def optimistic(self) -> "Knobs":
+    """The reading before issue 66: permutes at a bidirectional ring's two links, hidden
+    traffic free, the floor at full HBM bandwidth."""
+    return dataclasses.replace(self, permute_bw_share=self.collective_bw_share,
+                               hidden_bound=False, bw_ceiling=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +313,7 @@ class Program:
   note: str = ""
   steps: int = 0              # decode steps (the engine simulation's slowest replica)
   lines: list = dataclasses.field(default_factory=list)  # the step_terms, one line each
+  hidden: float = 0.0         # s of collectives XLA scheduled beside compute (train programs)
 
   @property
   def time(self) -> float:

@@ -24,7 +24,8 @@ tp = chips per decode replica (mesh.tensor), R decode replicas, S slots, K chunk
                    overlapped ones (async, compute scheduled between start and done) are
                    printed, not counted.
 Collective bandwidth = ICI per chip × `collective_bw_share` (a ring over one torus axis uses
-2 of a 3-D torus chip's 6 links: 1/3).
+2 of a 3-D torus chip's 6 links: 1/3); a collective-permute's = ICI × `permute_bw_share` (one
+link in one direction: 1/6; `priced`).
 """
 
 from __future__ import annotations
@@ -176,30 +177,53 @@ def kernel_line(st, engine, block_tokens: int, extra_s: float, tp: int,
           f"bandwidth efficiency {st.knobs.bw_efficiency} assumed (unmeasured)")
 
 
-def train_collectives(st, name: str, micro_batches: float, calls: float) -> tuple[float, str]:
-  """(exposed seconds, line) of one train program from the HLO figures (--train_collectives);
-  (0, "") where the file lacks the program or was compiled for another train layout (its
-  tensor shards: `train_hlo.train_tp_of`; the caller then counts them from the layout:
-  `layout_collectives`)."""
+def permute_bw(st) -> float:
+  """Bytes/s of one collective-permute: `Knobs.permute_bw_share` of the chip's ICI (one
+  link, one direction, by default: the hand-written rings send one way)."""
+  return st.ici * st.knobs.permute_bw_share
+
+
+def priced(st, count: float, wire: float, permute_wire: float | None) -> float:
+  """Seconds of `count` collectives sending `wire` bytes per chip, `permute_wire` of them by
+  collective-permutes: count × latency + (wire − permute) / collective_bw + permute /
+  permute_bw. permute_wire None (a file from before it was recorded): every byte at
+  permute_bw (at most as fast as the rings of the others)."""
+  perm = wire if permute_wire is None else permute_wire
+  return (count * st.knobs.collective_latency_us * 1e-6 + (wire - perm) / collective_bw(st)
+          + perm / permute_bw(st))
+
+
+def train_collectives(st, name: str, micro_batches: float, calls: float
+                      ) -> tuple[float, float, str]:
+  """(exposed seconds, hidden seconds, line) of one train program from the HLO figures
+  (--train_collectives; `priced`); (0, 0, "") where the file lacks the program or was
+  compiled for another train layout (its tensor shards: `train_hlo.train_tp_of`; the caller
+  then counts them from the layout: `layout_collectives`). Hidden: the collectives XLA
+  scheduled beside compute; the caller bounds the program's time below by them."""
   from vapo_jax.pod import train_hlo  # pylint: disable=import-outside-toplevel
   path = st.knobs.train_collectives
   if not path:
-    return 0.0, ""
+    return 0.0, 0.0, ""
   figs = _load(path)
   if name not in figs or train_hlo.train_tp_of(path, st.tensor) != st.train_tp:
-    return 0.0, ""
+    return 0.0, 0.0, ""
   sp: train_hlo.Split = figs[name]
-  lat, bw = st.knobs.collective_latency_us * 1e-6, collective_bw(st)
   t, c = sp.per_trip, sp.per_call
-  exposed = (micro_batches * (t.exposed * lat + t.exposed_wire / bw)
-             + calls * (c.exposed * lat + c.exposed_wire / bw))
-  hidden = (micro_batches * (t.overlapped * lat + t.overlapped_wire / bw)
-            + calls * (c.overlapped * lat + c.overlapped_wire / bw))
+  exposed = (micro_batches * priced(st, t.exposed, t.exposed_wire, t.exposed_permute_wire)
+             + calls * priced(st, c.exposed, c.exposed_wire, c.exposed_permute_wire))
+  hidden = (micro_batches * priced(st, t.overlapped, t.overlapped_wire,
+                                   t.overlapped_permute_wire)
+            + calls * priced(st, c.overlapped, c.overlapped_wire, c.overlapped_permute_wire))
+  perm = [x for x in (t.exposed_permute_wire, t.overlapped_permute_wire) if x is not None]
+  split = (f"{sum(perm) / 1e9:.0f} GB of them permutes" if len(perm) == 2
+           else "permutes not told apart: every byte")
   probes = f", {sp.probes[0]}- and {sp.probes[1]}-layer probes" if sp.probes else ""
-  return exposed, (
+  return exposed, hidden, (
       f"{name} collectives from compiled HLO{probes}: {micro_batches:,.0f} micro-batches × "
-      f"{t.count:,.0f} ({t.nbytes / 1e9:.1f} GB) + {calls:,.0f} calls × {c.count:,.0f}; "
-      f"exposed {exposed:.0f} s, overlapped by XLA's schedule {hidden:.0f} s (not counted)")
+      f"{t.count:,.0f} sending {(t.exposed_wire + t.overlapped_wire) / 1e9:.1f} GB per chip "
+      f"({split} at {permute_bw(st) / 1e9:.0f} GB/s, the rest at "
+      f"{collective_bw(st) / 1e9:.0f} GB/s) + {calls:,.0f} calls × {c.count:,.0f}; exposed "
+      f"{exposed:.0f} s; hidden by XLA's schedule {hidden:.0f} s")
 
 
 def layout_collectives(st, name: str, micro: list, update: bool, params: float, *,

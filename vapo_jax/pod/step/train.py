@@ -101,6 +101,21 @@ def packed_groups(st: Setup, spec, prompts: np.ndarray, resp: np.ndarray, calls:
   return out
 
 
+def hidden_line(prog: Program, hidden: float, bound: bool) -> str:
+  """The hidden traffic's share of the program's compute; with `bound` (`Knobs.hidden_bound`)
+  the program takes at least that long: the excess is a term of its own."""
+  compute = prog.terms.get("matmul", 0.0) + prog.terms.get("attention", 0.0)
+  prog.hidden = hidden
+  beyond = max(0.0, hidden - compute)
+  text = f" = {hidden / max(compute, 1e-30):.0%} of its {compute:.0f} s of compute"
+  if not bound:
+    return text + " (not counted: --nohidden_bound)"
+  if beyond:
+    prog.terms["hidden traffic beyond compute"] = beyond
+    return text + f": the program takes the traffic's time, +{beyond:.0f} s"
+  return text + " (within it)"
+
+
 def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = False
                ) -> list[Program]:
   """logprobs (unless st.old_logprobs_pass is off), values, policy_step (all mini-batches ×
@@ -151,8 +166,10 @@ def train_side(st: Setup, resp: np.ndarray, prompts: np.ndarray, floor: bool = F
   upd_calls = max(1, st.minibatches) * st.epochs
   for prog in progs:
     update = prog.name.endswith("_step")
-    secs, line = step_terms.train_collectives(
+    secs, hidden, line = step_terms.train_collectives(
         st, prog.name, upd_micro if update else fwd_micro, upd_calls if update else 1)
+    if line:
+      line += hidden_line(prog, hidden, k.hidden_bound)
     if not line:  # not compiled: counted from the layout (`step_terms.layout_collectives`)
       secs, line = step_terms.layout_collectives(
           st, prog.name, mbs["upd" if update else "fwd"], update,
