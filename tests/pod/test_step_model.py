@@ -273,7 +273,7 @@ def _hand_setup(**knobs):
 
 
 def test_floor_rollout_counted_by_hand():
-  st = _hand_setup()
+  st = _hand_setup(bw_ceiling=1.0)   # the floor's HBM at full bandwidth
   # Two sequences on one TP4 replica: prompts 2 and 2, responses 3 and 1 tokens.
   # Live KV read per step: step 0: 2 + 2 = 4 tokens, step 1: 3 (the short one has ended),
   # step 2: 4. Three steps of bf16 weights 2·1000/4 bytes, 11 tokens of KV at kv_bytes / 4.
@@ -283,6 +283,10 @@ def test_floor_rollout_counted_by_hand():
   assert prog.terms["decode KV"] == pytest.approx(11 * kvb / 1e9)
   assert prog.terms["decode latency"] == 0
   assert prog.time == pytest.approx((3 * 500 + 11 * kvb) / 1e9, rel=1e-6)
+  # By default the floor reads HBM at the estimate's efficiency (equal efficiency).
+  same = step_model.continuous_rollout(_hand_setup(), np.array([3, 1]), np.array([2, 2]),
+                                       floor=True)
+  assert same.time == pytest.approx(prog.time / step_model.Knobs().bw_efficiency)
 
 
 def test_floor_train_counted_by_hand():
@@ -312,9 +316,9 @@ def test_qwen32b_today_in_the_reviews_range():
   cfg = config_lib.from_config_dict(_qwen32b())
   mcfg = archs.model_config(cfg, "qwen2.5-32b")
   st = step_model.Setup.of(cfg, mcfg, slices.parse("v5p-128"),
-                           step_model.Knobs(train="padded", rollout="static"))
+                           step_model.Knobs(train="padded", rollout="static", bw_ceiling=1.0))
   r = step_model.run(st, "late", "uniform:80,400")
-  # The review's floor (2,682 s late) from the same counting rules, within 5%.
+  # The review's floor (2,682 s late; HBM at 100%) from the same counting rules, within 5%.
   assert r["floor_s"] == pytest.approx(2682, rel=0.05)
   assert 5 < r["ratio"] < 40
   packed = step_model.run(step_model.Setup.of(cfg, mcfg, slices.parse("v5p-128"),
@@ -417,12 +421,22 @@ def test_compile_check_no_compile_prints_the_model():
   out = subprocess.run(
       [sys.executable, "-m", "vapo_jax.pod.compile_check", "--config=configs/qwen32b.py",
        "--topology=v5p-128", "--arch=qwen2.5-32b", "--no_compile", "--lengths=early",
-       "--decode_collectives=1362", "--train=packed", "--rollout=static"],
+       "--decode_collectives=1362", "--train=packed", "--rollout=static",
+       # No stamped train collectives in the tree: the layout's arithmetic, allowed only
+       # without the rings (with them the command refuses and names train_hlo: below).
+       "--config.model.collective_matmul=False"],
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stderr[-2000:]
   assert "early (lognormal:900,0.7" in out.stdout and "ratio" in out.stdout
   assert "train=packed" in out.stdout and "1362 collectives/step" in out.stdout
+  rings = subprocess.run(
+      [sys.executable, "-m", "vapo_jax.pod.compile_check", "--config=configs/qwen32b.py",
+       "--topology=v5p-128", "--arch=qwen2.5-32b", "--no_compile", "--lengths=early",
+       "--train_collectives=layout"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
+  assert rings.returncode == 2 and "python -m vapo_jax.pod.train_hlo" in rings.stderr
   bad = subprocess.run(
       [sys.executable, "-m", "vapo_jax.pod.compile_check", "--config=configs/qwen32b.py",
        "--topology=v5p-128", "--no_compile", "--lengths=gauss:1"],
@@ -467,7 +481,7 @@ def _brute_force_engine(st, resp, prompts, floor):
   tp = k.engine_tp
   reps = max(1, st.chips // tp)
   kvb = a.kv_bytes()
-  bw = st.bw * (1.0 if floor else k.bw_efficiency)
+  bw = st.bw * (k.floor_bw if floor else k.bw_efficiency)
   rate = st.peak * (1.0 if floor else k.mfu)
   w = 2.0 * a.decode_weights / tp
   lat = 0.0 if floor else (2.0 * a.layers + 2) * k.collective_latency_us * 1e-6

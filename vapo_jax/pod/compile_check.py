@@ -211,6 +211,9 @@ def model_report(cfg, mcfg, s: slices.Slice, *, compile_decode: bool, compiled=N
     path, evidence = stamp.resolve_train(knobs.train_collectives, cfg, mcfg, s.name,
                                          allow_unstamped=flags.FLAGS.allow_unstamped)
   except stamp.StampError as e:
+    if not compiled:   # --no_compile: the model was all there was to print
+      from vapo_jax import cli  # pylint: disable=import-outside-toplevel
+      cli.fail(str(e))
     log(f"  step model not run: {e}")
     return []
   log(f"  {evidence}")
