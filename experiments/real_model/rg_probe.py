@@ -54,19 +54,29 @@ def define_flags() -> None:
                       "the config's model).")
   flags.DEFINE_integer("per_arm", 64, "Held-out problems per arm.")
   flags.DEFINE_integer("k", 8, "Samples per problem.")
+  flags.DEFINE_string("arms", "", "Probe only these arms (comma list; default every arm). The "
+                      "config's arm list stays as it is: an arm's held-out problems depend on "
+                      "its place in that list, so these are the problems the runs use.")
   flags.DEFINE_string("out", None, "Write the rows here (JSON; .md beside it).")
   flags.DEFINE_string("records", None, "Read an evaluation's per-problem records "
                       "(run.eval_records) instead of sampling; --config unused.")
 
 
-def by_arm(examples, per_arm: int) -> dict[str, list]:
-  """The first `per_arm` examples of each arm, arms in order of first appearance."""
+def by_arm(examples, per_arm: int, only: str = "") -> dict[str, list]:
+  """The first `per_arm` examples of each arm, arms in order of first appearance; with
+  `only` (a comma list), those arms alone (an unknown name is an error)."""
   out = collections.OrderedDict()
   for ex in examples:
     rows = out.setdefault(arm_of(ex), [])
     if len(rows) < per_arm:
       rows.append(ex)
-  return out
+  if not only:
+    return out
+  names = [n.strip() for n in only.split(",") if n.strip()]
+  unknown = [n for n in names if n not in out]
+  if unknown:
+    raise ValueError(f"--arms: {unknown} not among the config's arms {list(out)}")
+  return collections.OrderedDict((n, out[n]) for n in out if n in names)
 
 
 def row(records: list[dict], summary: dict, k: int) -> dict:
@@ -136,7 +146,7 @@ def markdown(rows: dict[str, dict], k: int) -> str:
   return head + "\n".join(lines) + "\n"
 
 
-def probe(cfg, workdir: str | None, per_arm: int, k: int) -> dict[str, dict]:
+def probe(cfg, workdir: str | None, per_arm: int, k: int, only: str = "") -> dict[str, dict]:
   """{arm: row, ..., "pooled": row} of the policy (the config's, or the workdir's newest)."""
   from vapo_jax.run import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   t = trainer_lib.Trainer(cfg, workdir, progress=False, read_only=True)
@@ -144,7 +154,7 @@ def probe(cfg, workdir: str | None, per_arm: int, k: int) -> dict[str, dict]:
   try:
     if workdir:
       t.resume()
-    arms = by_arm(t.parts.eval_examples, per_arm)
+    arms = by_arm(t.parts.eval_examples, per_arm, only)
     for name, examples in arms.items():
       with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "records.jsonl")
@@ -178,7 +188,7 @@ def main(argv):
   c.metrics.critic_heldout_batches = 0
   c.lock()
   cfg = config_lib.from_command_line(c)
-  return report(probe(cfg, FLAGS.workdir, FLAGS.per_arm, FLAGS.k), FLAGS.k)
+  return report(probe(cfg, FLAGS.workdir, FLAGS.per_arm, FLAGS.k, FLAGS.arms), FLAGS.k)
 
 
 def report(rows: dict[str, dict], k: int) -> None:

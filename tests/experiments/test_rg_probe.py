@@ -42,3 +42,15 @@ def test_the_table_of_an_evaluations_records(tmp_path):
   table = rg_probe.markdown(rows, 4)
   assert table.count("\n") == 2 + 3 and "| pooled | 16 |" in table
   json.dumps(rows)  # the --out file
+
+
+def test_by_arm_keeps_the_configs_arms_and_picks_some():
+  """--arms probes a subset without changing which problems each arm holds."""
+  import types  # pylint: disable=import-outside-toplevel
+  exs = [types.SimpleNamespace(uid=f"rg:{a}:7:{i}") for i in range(5) for a in ("x", "y", "z")]
+  every = rg_probe.by_arm(exs, 3)
+  assert list(every) == ["x", "y", "z"] and all(len(v) == 3 for v in every.values())
+  some = rg_probe.by_arm(exs, 3, "z, x")
+  assert list(some) == ["x", "z"] and some["z"] == every["z"]
+  with pytest.raises(ValueError, match="--arms"):
+    rg_probe.by_arm(exs, 3, "w")
